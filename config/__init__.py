@@ -1,0 +1,1 @@
+"""What the operator declares: settings, Celery configuration, queues, pools and ladders. No behaviour."""

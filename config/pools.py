@@ -1,0 +1,106 @@
+"""Worker pools: which queues each consumes, on which GPUs, with how many children and what caps.
+
+Operators override or add pools in the ``[pools.<name>]`` tables of ``FARM_CONFIG_FILE``::
+
+    [pools.gpu1]
+    queues = ["gpu1.tts", "tts"]
+    gpus = [1]
+    concurrency = 1
+    child_rss_cap_mb = 6144
+    gpu_memory_fraction = 0.45
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from config.file import ConfigFileError, section
+from config.queues import FAMILY_QUEUES, Family, gpu_queue
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One Celery worker (one main process and its prefork children).
+
+    Attributes:
+        name: Pool name; the worker's node name is ``<name>@<host>``.
+        queues: Queues it consumes.
+        gpus: GPU ids it may use. One id: the whole worker is pinned to it. Several: child *i*
+            is pinned to ``gpus[i % len(gpus)]`` (a replacement child reuses its index).
+        concurrency: Prefork children.
+        child_rss_cap_mb: The watchdog SIGKILLs a child whose RSS passes this while it runs a
+            job; the job then moves down its ladder. ``None`` disables the cap.
+        gpu_memory_fraction: Per-child cap on the CUDA caching allocator (torch), 0..1.
+        max_tasks_per_child: Recycle a child after this many jobs (leaks, fragmentation).
+        max_memory_per_child_mb: Recycle a child after a job that left it above this RSS.
+    """
+
+    name: str
+    queues: tuple[str, ...]
+    gpus: tuple[int, ...] = ()
+    concurrency: int = 2
+    child_rss_cap_mb: int | None = 2048
+    gpu_memory_fraction: float | None = None
+    max_tasks_per_child: int | None = 200
+    max_memory_per_child_mb: int | None = 1536
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            raise ConfigFileError(f"pool {self.name!r} consumes no queue")
+        if self.concurrency < 1:
+            raise ConfigFileError(f"pool {self.name!r}: concurrency must be >= 1")
+        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
+            raise ConfigFileError(f"pool {self.name!r}: gpu_memory_fraction must be in (0, 1]")
+        if self.child_rss_cap_mb is not None and self.child_rss_cap_mb <= 0:
+            raise ConfigFileError(f"pool {self.name!r}: child_rss_cap_mb must be positive")
+
+
+DEFAULT_POOLS: dict[str, Pool] = {
+    # Everything on the CPU: what `farm up` runs and what CI tests.
+    "cpu": Pool("cpu", queues=FAMILY_QUEUES),
+    # One GPU: its affinity queues first, then the family queues it shares with other GPUs.
+    "gpu0": Pool(
+        "gpu0",
+        queues=tuple(gpu_queue(0, f) for f in Family) + FAMILY_QUEUES,
+        gpus=(0,),
+        concurrency=2,
+        child_rss_cap_mb=8192,
+        gpu_memory_fraction=0.45,
+        max_memory_per_child_mb=6144,
+    ),
+}
+
+_FIELDS = {f.name for f in fields(Pool)}
+
+
+def _pool_from_table(name: str, table: object, base: Pool | None) -> Pool:
+    if not isinstance(table, dict):
+        raise ConfigFileError(f"[pools.{name}] must be a table")
+    unknown = set(table) - _FIELDS
+    if unknown:
+        raise ConfigFileError(f"[pools.{name}] unknown keys: {sorted(unknown)}")
+    values = {f: getattr(base, f) for f in _FIELDS} if base else {}
+    values.update(table)
+    values["name"] = name
+    for key in ("queues", "gpus"):
+        values[key] = tuple(values.get(key, ()))
+    try:
+        return Pool(**values)
+    except TypeError as exc:
+        raise ConfigFileError(f"[pools.{name}]: {exc}") from exc
+
+
+def get_pools() -> dict[str, Pool]:
+    """Declared pools, operator overrides applied on top of the defaults."""
+    pools = dict(DEFAULT_POOLS)
+    for name, table in section("pools").items():
+        pools[name] = _pool_from_table(name, table, pools.get(name))
+    return pools
+
+
+def get_pool(name: str) -> Pool:
+    pools = get_pools()
+    try:
+        return pools[name]
+    except KeyError:
+        raise ConfigFileError(f"no pool named {name!r}; declared: {sorted(pools)}") from None

@@ -1,0 +1,69 @@
+"""Typed settings read from the environment (prefix ``FARM_``).
+
+Every knob an operator turns lives here, with its default written down, so that nothing
+about the farm depends on an undocumented Celery default.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class FarmSettings(BaseSettings):
+    """Settings of one farm process (producer, worker or CLI).
+
+    Attributes:
+        broker_url: Celery broker. Empty means "none configured": ``farm up`` then starts an
+            embedded Redis, and everything else refuses to guess.
+        result_backend: Where results and attempt histories live. Defaults to the broker.
+        media_roots: Inputs must resolve (symlinks followed) inside one of these folders.
+        storage_dir: Artifacts of a job go under ``<storage_dir>/<job id>/``.
+        models_dir: Local model weights (nothing is downloaded at run time).
+        visibility_timeout: Seconds Redis waits before redelivering an unacked job. Must exceed
+            every hard time limit, or a long job is delivered twice while it still runs.
+        retry_delay: Seconds before a job that lost a rung runs again (Celery's per-task default
+            is 180 s, far too long for a downgrade).
+        transient_retries: Same-rung retries allowed for errors that are nobody's fault
+            (a broker hiccup, a worker that died under a job it did not cause).
+        watchdog_interval: Seconds between two RSS polls of the pool children.
+        config_file: Optional TOML file that overrides the declared pools and ladders.
+        pool: The pool (``config.pools``) this worker process serves; sets its caps.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
+
+    broker_url: str = ""
+    result_backend: str = ""
+    media_roots: Annotated[list[Path], NoDecode] = Field(default_factory=lambda: [Path.cwd()])
+    storage_dir: Path = Field(default_factory=lambda: Path.cwd() / "storage")
+    models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
+    visibility_timeout: int = 7200
+    retry_delay: float = 0.0
+    transient_retries: int = 2
+    watchdog_interval: float = 0.05
+    config_file: Path | None = None
+    pool: str = "cpu"
+
+    @field_validator("media_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        # os.pathsep-separated like PATH, because JSON lists in env vars are error-prone by hand.
+        if isinstance(value, str):
+            return [p for p in value.split(os.pathsep) if p]
+        return value
+
+    @property
+    def backend_url(self) -> str:
+        return self.result_backend or self.broker_url
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> FarmSettings:
+    """The process-wide settings, read once from the environment."""
+    return FarmSettings()

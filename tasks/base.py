@@ -1,0 +1,71 @@
+"""FarmTask: the Celery task base every job family uses.
+
+It does three things and nothing else: picks the rung (via ``tasks.ladder``), turns a
+``RetryRequest`` into Celery's retry under the same id, and makes sure a ``MemoryError``
+never reaches Celery (which would shut the whole worker down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Task
+
+from config.ladders import Variant, get_ladder
+from config.queues import TIME_LIMITS, Family
+from config.settings import get_settings
+from tasks.errors import ResourceFailure
+from tasks.history import AttemptLog
+from tasks.ladder import RetryRequest, run_ladder
+
+
+class FarmTask(Task):
+    """Base of the farm's tasks. Subclass attributes: ``family``."""
+
+    family: str = ""
+    # Celery's per-task default is 180 s: a downgrade should run at once. FARM_RETRY_DELAY.
+    default_retry_delay = 0
+    # Set per task in ``farm_task_options``; bounded by the ladder in any case.
+    max_retries = 8
+
+    def run_job(self, run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Run this job on its rung; the family adapter supplies ``run_variant``."""
+        settings = get_settings()
+        request = self.request
+        try:
+            outcome = run_ladder(
+                job_id=request.id,
+                ladder=get_ladder(self.family),
+                log=AttemptLog(self.backend.client, request.id, ttl=int(self.app.conf.result_expires)),
+                retries=request.retries,
+                worker=request.hostname or "",
+                transient_budget=settings.transient_retries,
+                run_variant=run_variant,
+            )
+        except MemoryError:
+            # Outside the engine (the engine's own are mapped in run_ladder). `from None` lets
+            # the frames holding the failed allocation go.
+            raise ResourceFailure("MemoryError outside the engine", outcome="oom") from None
+        if isinstance(outcome, RetryRequest):
+            raise self.retry(exc=outcome.exc, countdown=settings.retry_delay)
+        return outcome
+
+
+def farm_task_options(family: Family) -> dict[str, Any]:
+    """Decorator options shared by every family's task: base, name, limits, retry bound."""
+    from config.queues import TASK_NAMES
+
+    limits = TIME_LIMITS[family]
+    ladder = get_ladder(family.value)
+    return {
+        "bind": True,
+        "base": FarmTask,
+        "name": TASK_NAMES[family],
+        "family": family.value,
+        "soft_time_limit": limits.soft,
+        "time_limit": limits.hard,
+        # One attempt per rung plus the same-rung budget, plus one to report the exhausted ladder.
+        "max_retries": len(ladder) + get_settings().transient_retries,
+        "default_retry_delay": get_settings().retry_delay,
+    }

@@ -1,0 +1,139 @@
+"""The farm's one error tree, and the boundary that maps foreign exceptions into it.
+
+::
+
+    FarmError
+    ├── ResourceFailure          the attempt ran out of something: move the job one rung down
+    │     outcome = "oom" | "cuda_oom" | "timeout" | "killed"
+    ├── RungUnavailable          this pool cannot run this rung (package, weights, GPU missing):
+    │                            skip it without spending an attempt
+    ├── PermanentFailure         bad input or invalid options: fail now, never retry, never downgrade
+    │     ├── MediaNotFound
+    │     ├── MediaOutsideRoots
+    │     └── UnreadableMedia
+    ├── TransientFailure         nobody's fault (broker hiccup): retry the same rung, a bounded number of times
+    ├── NoRungLeft               raised in the worker when a job has failed on every rung
+    └── JobFailed                raised by the client for a job that ended FAILURE; carries the history
+          ├── JobRejected        it ended on a PermanentFailure
+          └── LadderExhausted    it fell off the last rung
+
+Every class takes a plain message so that Celery's JSON exception serialisation round-trips it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
+from typing import Any
+
+
+class FarmError(Exception):
+    """Root of every error the farm raises on purpose."""
+
+
+class ResourceFailure(FarmError):
+    """The attempt ran out of memory, GPU memory or time: the job moves one rung down."""
+
+    outcome = "oom"
+
+    def __init__(self, message: str, outcome: str | None = None) -> None:
+        super().__init__(message)
+        if outcome is not None:
+            self.outcome = outcome
+
+
+class RungUnavailable(FarmError):
+    """This pool cannot run the rung at all (missing package, weights or GPU)."""
+
+
+class PermanentFailure(FarmError):
+    """Bad input or options: the job fails now and is never retried."""
+
+
+class MediaNotFound(PermanentFailure):
+    pass
+
+
+class MediaOutsideRoots(PermanentFailure):
+    pass
+
+
+class UnreadableMedia(PermanentFailure):
+    pass
+
+
+class TransientFailure(FarmError):
+    """A failure that is nobody's fault; the same rung is retried a bounded number of times."""
+
+
+class NoRungLeft(FarmError):
+    """Worker side: the job lost every rung of its ladder to resource failures."""
+
+
+class JobFailed(FarmError):
+    """A job ended FAILURE. Attributes: ``job_id``, ``reason``, ``attempts`` (the history)."""
+
+    def __init__(self, job_id: str, reason: str, attempts: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(f"job {job_id} failed: {reason}")
+        self.job_id = job_id
+        self.reason = reason
+        self.attempts = attempts or []
+
+
+class JobRejected(JobFailed):
+    """The job failed on bad input or invalid options; retrying it would fail the same way."""
+
+
+class LadderExhausted(JobFailed):
+    """Every rung of the job's ladder failed for lack of resources."""
+
+
+def _is_cuda_oom(exc: BaseException) -> bool:
+    # Matched by name so that this module never imports torch.
+    name = type(exc).__name__
+    return name == "OutOfMemoryError" and type(exc).__module__.startswith("torch") or (
+        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+    )
+
+
+def _is_enomem(exc: BaseException) -> bool:
+    # PyAV raises av.error.MemoryError (an OSError with errno ENOMEM) when FFmpeg cannot
+    # allocate a context or a frame: the "couldn't allocate AVFormatContext" of the TTS story.
+    return isinstance(exc, OSError) and exc.errno == errno.ENOMEM
+
+
+@contextlib.contextmanager
+def map_exceptions() -> Iterator[None]:
+    """Translate foreign exceptions raised inside an engine into the farm's tree.
+
+    A ``MemoryError`` must never escape a task: Celery treats it as unrecoverable and shuts the
+    whole worker down (measured with 5.7.0).
+    """
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    # `from None` on the memory cases: a chained traceback keeps alive the frames that hold the
+    # allocation that failed, and the job's next rung may run in this same child.
+    try:
+        yield
+    except FarmError:
+        raise
+    except MemoryError as exc:
+        raise ResourceFailure(f"MemoryError: {exc or 'allocation failed'}", outcome="oom") from None
+    except SoftTimeLimitExceeded as exc:
+        raise ResourceFailure(f"soft time limit exceeded ({exc})", outcome="timeout") from exc
+    except Exception as exc:
+        if _is_cuda_oom(exc):
+            _empty_cuda_cache()
+            raise ResourceFailure(f"CUDA out of memory: {str(exc)[:300]}", outcome="cuda_oom") from None
+        if _is_enomem(exc):
+            raise ResourceFailure(f"FFmpeg/OS could not allocate memory: {exc}", outcome="oom") from exc
+        raise
+
+
+def _empty_cuda_cache() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

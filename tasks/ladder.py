@@ -1,0 +1,176 @@
+"""The downgrade policy, in one place: which rung a job runs on, and what each failure does.
+
+    resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
+    rung unavailable on this pool                     → next rung, no attempt spent
+    permanent failure (bad input)                     → FAILURE now, no retry
+    transient failure / worker died under the job     → same rung, at most FARM_TRANSIENT_RETRIES times
+    anything else (a bug)                             → FAILURE now, no retry
+    no rung left                                      → FAILURE, with the whole history
+
+A job's rung is derived from its history, not from Celery's retry count, because a redelivery
+after a whole-worker crash does not count as a retry but a same-rung transient retry does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from config.ladders import Ladder, Variant
+from tasks.engines import get_engine
+from tasks.errors import (
+    NoRungLeft,
+    PermanentFailure,
+    ResourceFailure,
+    RungUnavailable,
+    TransientFailure,
+    map_exceptions,
+)
+from tasks.history import RESOURCE_OUTCOMES, SKIP_OUTCOMES, Attempt, AttemptLog
+
+CHILD_LOST = "child process SIGKILLed while running (kernel OOM killer or an outside kill; no watchdog record)"
+
+
+def settle_open_attempts(
+    attempts: list[Attempt], kill: dict[str, Any] | None, retries: int, transient_budget: int
+) -> list[int]:
+    """Give an outcome to attempts that never finished; returns the indexes it changed.
+
+    Evidence, strongest first: the watchdog's kill record for that child; Celery's retry count
+    having moved on (it retries only a task whose child was lost); otherwise the message was
+    redelivered because the worker itself died, which is not the job's fault, until it
+    happens more than ``transient_budget`` times.
+    """
+    changed = []
+    for i, att in enumerate(attempts):
+        if att.outcome is not None:
+            continue
+        if kill and kill.get("pid") == att.pid:
+            att.outcome, att.reason = "killed", str(kill.get("reason", "killed by the watchdog"))
+            att.peak_rss_mb = kill.get("rss_mb")
+        elif retries > att.retries:
+            att.outcome, att.reason = "killed", CHILD_LOST
+        else:
+            lost_before = sum(1 for a in attempts[:i] if a.outcome == "worker_lost")
+            if lost_before >= transient_budget:
+                att.outcome = "killed"
+                att.reason = f"its worker died {lost_before + 1} times while running this job"
+            else:
+                att.outcome, att.reason = "worker_lost", "the worker process died; job redelivered"
+        changed.append(i)
+    return changed
+
+
+def current_rung(attempts: list[Attempt]) -> int:
+    """Rungs already lost to resource failures or skipped as unavailable."""
+    return sum(1 for a in attempts if a.outcome in RESOURCE_OUTCOMES or a.outcome in SKIP_OUTCOMES)
+
+
+def same_rung_retries(attempts: list[Attempt]) -> int:
+    return sum(1 for a in attempts if a.outcome == "transient")
+
+
+@dataclass(frozen=True)
+class RetryRequest:
+    """The job must run again (on the next rung, or the same one); raised through Celery's retry."""
+
+    reason: str
+    exc: Exception
+
+
+def _peak_rss_reset() -> None:
+    # Linux >= 4.0: writing 5 resets VmHWM, so the next read is this attempt's peak alone.
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def run_ladder(
+    *,
+    job_id: str,
+    ladder: Ladder,
+    log: AttemptLog,
+    retries: int,
+    worker: str,
+    transient_budget: int,
+    run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]],
+) -> dict[str, Any] | RetryRequest:
+    """Run the job on its current rung. Returns the result envelope, or a RetryRequest.
+
+    ``run_variant(variant, engine_fn)`` is the family's adapter: it calls the engine with the
+    job's input and the variant's parameters and returns the JSON-safe output.
+    """
+    attempts, kill = log.load()
+    for i in settle_open_attempts(attempts, kill, retries, transient_budget):
+        log.update(i, attempts[i])
+    rung = current_rung(attempts)
+    while rung < len(ladder):
+        variant = ladder.rungs[rung]
+        engine = get_engine(variant.engine)
+        why_not = engine.unavailable(variant)
+        if why_not:
+            attempts.append(Attempt(rung, variant.name, "unavailable", why_not, retries, worker=worker))
+            log.append(attempts[-1])
+            rung += 1
+            continue
+        attempt = Attempt(rung, variant.name, retries=retries, worker=worker)
+        index = log.append(attempt)
+        attempts.append(attempt)
+        _peak_rss_reset()
+        t0 = time.monotonic()
+
+        def finish(outcome: str, reason: str = "") -> None:
+            attempt.outcome, attempt.reason = outcome, reason
+            attempt.duration = round(time.monotonic() - t0, 3)
+            attempt.peak_rss_mb = _peak_rss_mb()
+            log.update(index, attempt)
+
+        try:
+            with map_exceptions():
+                output = run_variant(variant, engine.load())
+        except ResourceFailure as exc:
+            finish(exc.outcome, str(exc))
+            if rung + 1 >= len(ladder):
+                break
+            return RetryRequest(f"{variant.name}: {exc.outcome}; next rung {ladder.rungs[rung + 1].name}", exc)
+        except RungUnavailable as exc:
+            finish("unavailable", str(exc))
+            rung += 1
+            continue
+        except PermanentFailure as exc:
+            finish("rejected", str(exc))
+            raise
+        except TransientFailure as exc:
+            finish("transient", str(exc))
+            if same_rung_retries(attempts) > transient_budget:
+                raise
+            return RetryRequest(f"{variant.name}: transient failure, same rung", exc)
+        except Exception as exc:
+            finish("error", f"{type(exc).__name__}: {exc}")
+            raise
+        finish("ok")
+        return {
+            "job_id": job_id,
+            "family": ladder.family,
+            "variant": variant.name,
+            "rung": rung,
+            "output": output,
+            "attempts": [a.to_json() for a in attempts],
+        }
+    tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)
+    raise NoRungLeft(f"no rung of the {ladder.family} ladder is left to run ({tried})")

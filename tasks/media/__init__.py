@@ -1,0 +1,1 @@
+"""Media plumbing shared by the engines: input paths, streaming decode, intervals."""

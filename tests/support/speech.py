@@ -1,0 +1,91 @@
+"""Speech with known silences, synthesised by espeak-ng: the ground truth for VAD tests and benches."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+RATE = 16000
+PHRASES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please leave the package at the front door.",
+    "Someone is walking across the garden now.",
+    "Turn off the lights before you go to sleep.",
+)
+
+
+def espeak_available() -> bool:
+    return shutil.which("espeak-ng") is not None
+
+
+def speak(text: str, *, rate: int = RATE) -> np.ndarray:
+    """One phrase from espeak-ng as float32 mono at ``rate``, leading/trailing silence trimmed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "p.wav"
+        subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+        audio, sr = sf.read(wav, dtype="float32")
+    if sr != rate:
+        # espeak-ng speaks at 22050 Hz; linear interpolation is plenty for a VAD ground truth.
+        t_out = np.arange(int(len(audio) * rate / sr)) / rate
+        audio = np.interp(t_out, np.arange(len(audio)) / sr, audio).astype(np.float32)
+    loud = np.flatnonzero(np.abs(audio) > 0.02)
+    return audio[loud[0] : loud[-1] + 1]
+
+
+@dataclass(frozen=True)
+class SpeechTrack:
+    """Attributes: path (WAV file), truth (speech spans in seconds), duration (seconds)."""
+
+    path: Path
+    truth: list[tuple[float, float]]
+    duration: float
+
+
+def make_track(
+    path: Path, gaps: Sequence[float] = (1.0, 2.5, 2.0, 3.0, 1.5), phrases: Sequence[str] = PHRASES[:4]
+) -> SpeechTrack:
+    """``gaps[0]`` s of silence, then phrase, gap, phrase ... ending with ``gaps[-1]`` s of silence."""
+    if len(gaps) != len(phrases) + 1:
+        raise ValueError("need one more gap than phrases")
+    parts: list[np.ndarray] = []
+    truth: list[tuple[float, float]] = []
+    t = 0.0
+    for gap, phrase in zip(gaps, phrases, strict=False):
+        parts.append(np.zeros(int(gap * RATE), dtype=np.float32))
+        t += int(gap * RATE) / RATE
+        voice = speak(phrase)
+        parts.append(voice)
+        truth.append((t, t + voice.size / RATE))
+        t += voice.size / RATE
+    parts.append(np.zeros(int(gaps[-1] * RATE), dtype=np.float32))
+    audio = np.concatenate(parts)
+    sf.write(path, audio, RATE, subtype="PCM_16")
+    return SpeechTrack(path=path, truth=truth, duration=audio.size / RATE)
+
+
+def write_long_track(path: Path, seconds: float, pattern: SpeechTrack | None = None) -> float:
+    """A long WAV made by repeating a short speech track, written block by block (flat memory).
+
+    Returns the duration written. Used by the memory benchmark for 97-minute and 6-hour inputs.
+    """
+    if pattern is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            pattern = make_track(Path(tmp) / "pattern.wav")
+            unit, _ = sf.read(pattern.path, dtype="int16")
+    else:
+        unit, _ = sf.read(pattern.path, dtype="int16")
+    total = int(seconds * RATE)
+    written = 0
+    with sf.SoundFile(path, "w", samplerate=RATE, channels=1, subtype="PCM_16") as out:
+        while written < total:
+            chunk = unit[: total - written]
+            out.write(chunk)
+            written += chunk.size
+    return written / RATE

@@ -1,0 +1,1 @@
+"""How processes live: pools, the memory watchdog, metrics and the `farm` CLI."""

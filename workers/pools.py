@@ -1,0 +1,102 @@
+"""Start one Celery worker per declared pool, pinned to its GPUs before anything imports torch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from config.pools import Pool
+
+
+def node_name(pool: Pool) -> str:
+    return f"{pool.name}@{socket.gethostname()}"
+
+
+def pool_environment(pool: Pool, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a pool's worker must start with.
+
+    CUDA_VISIBLE_DEVICES is decided here, before the worker process exists, so no library can
+    initialise CUDA on the wrong device first. A pool without GPUs sees none; a pool spanning
+    several GPUs exposes all of them to the main process (which never touches CUDA) and each
+    child narrows it to one (``workers.limits``).
+    """
+    env = dict(os.environ if base is None else base)
+    env["FARM_POOL"] = pool.name
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
+    # glibc malloc arenas multiply RSS in threaded children (the TTS story's saw-tooth).
+    env.setdefault("MALLOC_ARENA_MAX", "2")
+    return env
+
+
+def worker_argv(
+    pool: Pool,
+    *,
+    queues: Sequence[str] | None = None,
+    concurrency: int | None = None,
+    loglevel: str = "INFO",
+    node: str | None = None,
+) -> list[str]:
+    """``python -m celery ... worker`` arguments for ``pool``."""
+    argv = [
+        sys.executable, "-m", "celery", "-A", "tasks.app", "worker",
+        "-n", node or f"{pool.name}@%h",
+        "-Q", ",".join(queues or pool.queues),
+        "-c", str(concurrency or pool.concurrency),
+        "-P", "prefork",
+        "-E",
+        "--loglevel", loglevel,
+    ]  # fmt: skip
+    if pool.max_tasks_per_child:
+        argv += ["--max-tasks-per-child", str(pool.max_tasks_per_child)]
+    if pool.max_memory_per_child_mb:
+        argv += ["--max-memory-per-child", str(pool.max_memory_per_child_mb * 1024)]  # KiB
+    return argv
+
+
+def exec_worker(pool: Pool, **options: Any) -> None:
+    """Replace this process with the pool's worker (signals then go straight to Celery)."""
+    argv = worker_argv(pool, **options)
+    os.execvpe(argv[0], argv, pool_environment(pool))
+
+
+def spawn_worker(
+    pool: Pool, *, env: Mapping[str, str] | None = None, logfile: Any = None, **options: Any
+) -> subprocess.Popen[bytes]:
+    """Start the pool's worker as a child process of this one (``farm up``, tests)."""
+    argv = worker_argv(pool, **options)
+    return subprocess.Popen(
+        argv,
+        env=pool_environment(pool, env),
+        stdin=subprocess.DEVNULL,
+        stdout=logfile or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if logfile else subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C reaches us, and we stop the worker in order
+    )
+
+
+def wait_ready(app: Any, node: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 60) -> None:
+    """Block until ``node`` answers a ping; raise if its process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"worker {node} exited with code {process.returncode} before it was ready")
+        if app.control.ping(destination=[node], timeout=0.5):
+            return
+    raise RuntimeError(f"worker {node} did not answer within {timeout} s")
+
+
+def stop_worker(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """Warm shutdown (SIGTERM: finish the running job), then SIGKILL if it will not stop."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
