@@ -29,14 +29,19 @@ class FarmTask(Task):
     # Set per task in ``farm_task_options``; bounded by the ladder in any case.
     max_retries = 8
 
-    def run_job(self, run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]]) -> dict[str, Any]:
-        """Run this job on its rung; the family adapter supplies ``run_variant``."""
+    def run_job(
+        self, run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]], *, ladder: str | None = None
+    ) -> dict[str, Any]:
+        """Run this job on its rung; the family adapter supplies ``run_variant``.
+
+        ``ladder`` names another declared ladder than the family's (pipelines, tests).
+        """
         settings = get_settings()
         request = self.request
         try:
             outcome = run_ladder(
                 job_id=request.id,
-                ladder=get_ladder(self.family),
+                ladder=get_ladder(ladder or self.family),
                 log=AttemptLog(self.backend.client, request.id, ttl=int(self.app.conf.result_expires)),
                 retries=request.retries,
                 worker=request.hostname or "",

@@ -40,6 +40,7 @@ def worker_argv(
     concurrency: int | None = None,
     loglevel: str = "INFO",
     node: str | None = None,
+    include: Sequence[str] = (),
 ) -> list[str]:
     """``python -m celery ... worker`` arguments for ``pool``."""
     argv = [
@@ -51,6 +52,8 @@ def worker_argv(
         "-E",
         "--loglevel", loglevel,
     ]  # fmt: skip
+    if include:
+        argv += ["--include", ",".join(include)]
     if pool.max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(pool.max_tasks_per_child)]
     if pool.max_memory_per_child_mb:

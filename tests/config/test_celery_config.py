@@ -1,0 +1,42 @@
+import pytest
+
+from config.celery import UnsafeConfiguration, celery_config, check_config, config_problems
+from config.queues import TASK_NAMES, TASK_ROUTES, TIME_LIMITS
+from config.settings import FarmSettings
+
+
+def safe() -> dict:
+    return celery_config(FarmSettings(broker_url="redis://127.0.0.1:1/0"))
+
+
+def test_default_configuration_is_safe() -> None:
+    conf = safe()
+    assert config_problems(conf) == []
+    assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
+    assert conf["task_acks_late"] and conf["worker_prefetch_multiplier"] == 1
+    assert conf["task_retry_on_worker_lost"] and not conf["task_reject_on_worker_lost"]
+    assert conf["broker_transport_options"]["visibility_timeout"] > max(t.hard for t in TIME_LIMITS.values())
+
+
+def test_pickle_is_refused() -> None:
+    conf = safe() | {"accept_content": ["json", "pickle"]}
+    with pytest.raises(UnsafeConfiguration, match=r"only json is allowed"):
+        check_config(conf)
+
+
+def test_visibility_timeout_not_above_time_limits_is_refused() -> None:
+    conf = celery_config(FarmSettings(broker_url="redis://x/0", visibility_timeout=600))
+    problems = config_problems(conf)
+    assert len(problems) == 1 and "FARM_VISIBILITY_TIMEOUT (600 s) must exceed" in problems[0]
+
+
+def test_missing_broker_and_early_ack_are_named() -> None:
+    conf = celery_config(FarmSettings(broker_url="")) | {"task_acks_late": False}
+    text = "\n".join(config_problems(conf))
+    assert "FARM_BROKER_URL is not set" in text and "task_acks_late is off" in text
+
+
+def test_every_task_routes_to_its_family_queue() -> None:
+    for family, name in TASK_NAMES.items():
+        assert TASK_ROUTES[name] == {"queue": family.value}
+        assert name.startswith(f"farm.{family.value}.")

@@ -1,0 +1,135 @@
+"""Test session set-up: a Redis of our own on a free port, media roots in a temp folder, workers on demand.
+
+The environment is set in ``pytest_configure``, before any test module imports ``tasks.app``
+(which reads its settings once). The machine's shared Redis is never used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_SESSION: dict[str, Any] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from workers.embedded import EmbeddedRedis
+
+    base = Path(tempfile.mkdtemp(prefix="mediafarm-tests-"))
+    media = base / "media"
+    media.mkdir()
+    redis = EmbeddedRedis(data_dir=base / "redis").start()
+    _SESSION.update(base=base, media=media, redis=redis)
+    os.environ.update(
+        FARM_BROKER_URL=redis.url,
+        FARM_RESULT_BACKEND=redis.url,
+        FARM_MEDIA_ROOTS=str(media),
+        FARM_STORAGE_DIR=str(base / "storage"),
+        FARM_MODELS_DIR=str(base / "models"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    # Adds the test pools and ladders (tests/support/farm-test.toml); the defaults stay as declared.
+    os.environ["FARM_CONFIG_FILE"] = str(REPO / "tests" / "support" / "farm-test.toml")
+    os.environ.pop("FARM_POOL", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    redis = _SESSION.get("redis")
+    if redis is not None:
+        redis.stop()
+    if "base" in _SESSION:
+        shutil.rmtree(_SESSION["base"], ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return _SESSION["redis"].url
+
+
+@pytest.fixture(scope="session")
+def media_root() -> Path:
+    return _SESSION["media"]
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    return _SESSION["base"]
+
+
+@pytest.fixture(scope="session")
+def speech_track(media_root: Path):
+    """Four espeak-ng sentences with 1-3 s silences between them, and their true spans."""
+    from tests.support.speech import espeak_available, make_track
+
+    if not espeak_available():
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); it makes the VAD ground truth")
+    return make_track(media_root / "speech.wav")
+
+
+class WorkerHandle:
+    """A running worker: its node name, process and log."""
+
+    def __init__(self, node: str, process: Any, log: Path) -> None:
+        self.node, self.process, self.log = node, process, log
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def main_pid(self) -> int:
+        return self.process.pid
+
+
+@pytest.fixture(scope="session")
+def start_worker(session_dir: Path) -> Iterator[Callable[..., WorkerHandle]]:
+    """Factory: start a real prefork worker; every worker it started is stopped at session end."""
+    from config.pools import get_pool
+    from tasks.app import app
+    from workers.pools import spawn_worker, stop_worker, wait_ready
+
+    started: list[WorkerHandle] = []
+
+    def start(
+        pool: str = "cpu",
+        *,
+        concurrency: int = 2,
+        queues: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        include: tuple[str, ...] = (),
+    ) -> WorkerHandle:
+        import socket
+
+        name = f"{pool}-t{uuid.uuid4().hex[:6]}"
+        node = f"{name}@{socket.gethostname()}"
+        log = session_dir / f"{name}.log"
+        full_env = {**os.environ, "FARM_POOL": pool, **(env or {})}
+        with log.open("wb") as fh:
+            process = spawn_worker(
+                get_pool(pool), env=full_env, logfile=fh, concurrency=concurrency, queues=queues,
+                node=node, include=include, loglevel="INFO",
+            )  # fmt: skip
+        try:
+            wait_ready(app, node, process, timeout=90)
+        except RuntimeError as exc:
+            stop_worker(process)
+            raise RuntimeError(f"{exc}\n--- worker log ---\n{log.read_text(errors='replace')[-4000:]}") from None
+        handle = WorkerHandle(node, process, log)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        stop_worker(handle.process, timeout=20)
+
+
+@pytest.fixture(scope="session")
+def cpu_worker(start_worker: Callable[..., WorkerHandle]) -> WorkerHandle:
+    """One real prefork worker with the default cpu pool, shared by the VAD integration tests."""
+    return start_worker("cpu", concurrency=2)

@@ -1,0 +1,51 @@
+"""The VAD engines as plain functions, on espeak-ng speech with known silences. No broker."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tasks.engines.vad import silero_spans, skipped, webrtc_spans
+
+TOLERANCE = 0.3  # seconds, per span boundary (issue #2)
+
+
+def assert_matches(spans, truth) -> None:
+    got = [(s.start, s.end) for s in spans]
+    assert len(got) == len(truth), f"{got} vs truth {truth}"
+    for (gs, ge), (ts, te) in zip(got, truth, strict=True):
+        assert abs(gs - ts) <= TOLERANCE and abs(ge - te) <= TOLERANCE, f"{got} vs truth {truth}"
+
+
+def test_silero_finds_each_sentence(speech_track) -> None:
+    result = silero_spans(speech_track.path)
+    assert_matches(result.spans, speech_track.truth)
+    assert result.duration == pytest.approx(speech_track.duration, abs=0.01)
+    assert result.model.startswith("silero-vad 6.") and not result.vad_skipped
+
+
+def test_webrtc_finds_each_sentence(speech_track) -> None:
+    result = webrtc_spans(speech_track.path)
+    assert_matches(result.spans, speech_track.truth)
+    assert result.model.startswith("webrtcvad")
+
+
+def test_silence_gives_no_spans(tmp_path: Path) -> None:
+    path = tmp_path / "quiet.wav"
+    rng = np.random.default_rng(0)
+    sf.write(path, (rng.standard_normal(16000 * 5) * 0.001).astype(np.float32), 16000)
+    assert silero_spans(path).spans == []
+    assert webrtc_spans(path).spans == []
+
+
+def test_skip_is_flagged_and_keeps_duration(speech_track) -> None:
+    result = skipped(speech_track.path)
+    assert result.vad_skipped and result.spans == []
+    assert result.duration == pytest.approx(speech_track.duration, abs=0.01)
+
+
+def test_model_state_does_not_leak_between_jobs(speech_track) -> None:
+    # The model is cached per process; a second run must give the same spans as the first.
+    first = silero_spans(speech_track.path).to_json()
+    assert silero_spans(speech_track.path).to_json() == first

@@ -1,0 +1,59 @@
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tasks.errors import UnreadableMedia
+from tasks.media.decode import audio_blocks, probe_duration
+
+
+def tone(path: Path, seconds: float, rate: int, channels: int = 1) -> None:
+    t = np.arange(int(seconds * rate)) / rate
+    mono = 0.5 * np.sin(2 * np.pi * 440 * t)
+    sf.write(path, np.stack([mono] * channels, axis=1) if channels > 1 else mono, rate)
+
+
+def test_blocks_are_fixed_size_16k_mono(tmp_path: Path) -> None:
+    path = tmp_path / "t.wav"
+    tone(path, 2.5, 44100, channels=2)
+    blocks = list(audio_blocks(path, block_seconds=1.0))
+    assert [b.size for b in blocks[:-1]] == [16000, 16000]
+    assert abs(sum(b.size for b in blocks) - 2.5 * 16000) < 200
+    assert all(b.dtype == np.float32 for b in blocks)
+    assert 0.4 < float(np.abs(blocks[0]).max()) < 0.6
+    assert probe_duration(path) == pytest.approx(2.5, abs=0.01)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI makes the test video")
+def test_video_file_audio_track_is_decoded(tmp_path: Path) -> None:
+    video = tmp_path / "clip.mp4"
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=10", "-f", "lavfi",
+         "-i", "sine=frequency=300:sample_rate=48000", "-t", "3", "-c:v", "mpeg4", "-c:a", "aac",
+         "-shortest", str(video)],
+        check=True,
+    )  # fmt: skip
+    total = sum(b.size for b in audio_blocks(video))
+    assert abs(total / 16000 - 3.0) < 0.1
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI makes the test video")
+def test_video_without_audio_is_named(tmp_path: Path) -> None:
+    video = tmp_path / "silent.mp4"
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=10", "-t", "1",
+         "-c:v", "mpeg4", str(video)],
+        check=True,
+    )  # fmt: skip
+    with pytest.raises(UnreadableMedia, match="no audio stream"):
+        list(audio_blocks(video))
+
+
+def test_text_renamed_wav_is_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "notes.wav"
+    path.write_text("this is not audio\n" * 50)
+    with pytest.raises(UnreadableMedia, match="not a media file FFmpeg can read: notes.wav"):
+        list(audio_blocks(path))
