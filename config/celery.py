@@ -7,11 +7,12 @@ child hoards jobs another could run).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery.exceptions import ImproperlyConfigured
 
-from config.queues import TASK_ROUTES, TIME_LIMITS
+from config.queues import TASK_ROUTES, time_limits
 from config.settings import FarmSettings
 
 
@@ -45,7 +46,12 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
         "result_expires": 7 * 24 * 3600,
         "task_routes": TASK_ROUTES,
         "task_default_queue": "default",
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            # A dead worker's jobs come back visibility_timeout + at most one sweep after it died.
+            "unacked_restore_interval": settings.restore_interval,
+            "unacked_restore_throttle": 1,
+        },
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "broker_connection_retry_on_startup": True,
         # Our watchdog handles what happens during a job; Celery's own recycling between jobs.
@@ -54,10 +60,11 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
     }
 
 
-def config_problems(conf: Any) -> list[str]:
+def config_problems(conf: Any, task_limits: Mapping[str, float] | None = None) -> list[str]:
     """What is unsafe in a Celery configuration (empty when it is safe).
 
-    ``conf`` is a Celery ``app.conf`` or any mapping with the same keys.
+    ``conf`` is a Celery ``app.conf`` or any mapping with the same keys; ``task_limits`` maps
+    registered task names to their hard time limits, when a worker knows them.
     """
     problems: list[str] = []
     accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
@@ -69,14 +76,15 @@ def config_problems(conf: Any) -> list[str]:
             "only json is allowed (a worker that unpickles a message runs the sender's code)"
         )
     visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout", 3600)
-    longest = max(limit.hard for limit in TIME_LIMITS.values())
-    task_limit = conf.get("task_time_limit")
-    if task_limit:
-        longest = max(longest, task_limit)
+    limits = {f"family {name}": limit.hard for name, limit in time_limits().items()}
+    limits |= {f"task {name}": hard for name, hard in (task_limits or {}).items() if hard}
+    if conf.get("task_time_limit"):
+        limits["task_time_limit"] = conf.get("task_time_limit")
+    longest_name, longest = max(limits.items(), key=lambda kv: kv[1])
     if visibility <= longest:
         problems.append(
             f"FARM_VISIBILITY_TIMEOUT ({visibility} s) must exceed the longest hard time limit "
-            f"({longest} s): otherwise Redis hands a still-running job to a second worker"
+            f"({longest} s, {longest_name}): otherwise Redis hands a still-running job to a second worker"
         )
     if not conf.get("task_acks_late"):
         problems.append("task_acks_late is off: a worker that dies mid-job would lose it")
@@ -90,8 +98,8 @@ def config_problems(conf: Any) -> list[str]:
     return problems
 
 
-def check_config(conf: Any) -> None:
+def check_config(conf: Any, task_limits: Mapping[str, float] | None = None) -> None:
     """Raise :class:`UnsafeConfiguration` naming every problem, or return quietly."""
-    problems = config_problems(conf)
+    problems = config_problems(conf, task_limits)
     if problems:
         raise UnsafeConfiguration("refusing to start, unsafe configuration:\n  - " + "\n  - ".join(problems))

@@ -54,12 +54,28 @@ class TimeLimits:
 
 
 # One attempt of a job, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
-TIME_LIMITS: dict[Family, TimeLimits] = {
-    Family.VAD: TimeLimits(soft=1800, hard=1900),
-    Family.YOLO: TimeLimits(soft=3600, hard=3700),
-    Family.TTS: TimeLimits(soft=600, hard=660),
-    Family.SUBTITLE: TimeLimits(soft=3600, hard=3700),
+# Operators override them in `[limits.<family>]` of FARM_CONFIG_FILE (see `time_limits`).
+TIME_LIMITS: dict[str, TimeLimits] = {
+    Family.VAD.value: TimeLimits(soft=1800, hard=1900),
+    Family.YOLO.value: TimeLimits(soft=3600, hard=3700),
+    Family.TTS.value: TimeLimits(soft=600, hard=660),
+    Family.SUBTITLE.value: TimeLimits(soft=3600, hard=3700),
 }
+
+
+def time_limits() -> dict[str, TimeLimits]:
+    """Declared limits with the operator file's ``[limits.<family>]`` tables applied."""
+    from config.file import ConfigFileError, section
+
+    limits = dict(TIME_LIMITS)
+    for family, table in section("limits").items():
+        try:
+            limits[family] = TimeLimits(soft=int(table["soft"]), hard=int(table["hard"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigFileError(f"[limits.{family}] needs integer soft and hard, got {table!r}") from None
+        if not 0 < limits[family].soft < limits[family].hard:
+            raise ConfigFileError(f"[limits.{family}]: need 0 < soft < hard, got {table!r}")
+    return limits
 
 # Redis keys the farm writes beside Celery's own (result backend database).
 KEY_PREFIX = "mediafarm"

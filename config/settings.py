@@ -27,6 +27,9 @@ class FarmSettings(BaseSettings):
         models_dir: Local model weights (nothing is downloaded at run time).
         visibility_timeout: Seconds Redis waits before redelivering an unacked job. Must exceed
             every hard time limit, or a long job is delivered twice while it still runs.
+        restore_interval: Seconds between two sweeps in which a worker hands back the unacked
+            jobs of dead workers whose visibility timeout has passed (kombu's default sweep is
+            every 100 s; ours scans every ``restore_interval``).
         retry_delay: Seconds before a job that lost a rung runs again (Celery's per-task default
             is 180 s, far too long for a downgrade).
         transient_retries: Same-rung retries allowed for errors that are nobody's fault
@@ -44,6 +47,7 @@ class FarmSettings(BaseSettings):
     storage_dir: Path = Field(default_factory=lambda: Path.cwd() / "storage")
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
+    restore_interval: int = 10
     retry_delay: float = 0.0
     transient_retries: int = 2
     watchdog_interval: float = 0.05

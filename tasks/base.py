@@ -13,7 +13,7 @@ from typing import Any
 from celery import Task
 
 from config.ladders import Variant, get_ladder
-from config.queues import TIME_LIMITS, Family
+from config.queues import Family, time_limits
 from config.settings import get_settings
 from tasks.errors import ResourceFailure
 from tasks.history import AttemptLog
@@ -61,7 +61,7 @@ def farm_task_options(family: Family) -> dict[str, Any]:
     """Decorator options shared by every family's task: base, name, limits, retry bound."""
     from config.queues import TASK_NAMES
 
-    limits = TIME_LIMITS[family]
+    limits = time_limits()[family.value]
     ladder = get_ladder(family.value)
     return {
         "bind": True,

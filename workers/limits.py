@@ -37,7 +37,9 @@ class ConfigCheck(bootsteps.Step):
     """Refuse to start a worker whose configuration would lose or duplicate jobs."""
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        check_config(worker.app.conf)
+        # The task modules are imported by now, so their own hard limits are checked too.
+        task_limits = {name: task.time_limit for name, task in worker.app.tasks.items() if task.time_limit}
+        check_config(worker.app.conf, task_limits)
         super().__init__(worker, **kwargs)
 
 

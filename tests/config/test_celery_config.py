@@ -38,5 +38,6 @@ def test_missing_broker_and_early_ack_are_named() -> None:
 
 def test_every_task_routes_to_its_family_queue() -> None:
     for family, name in TASK_NAMES.items():
+        assert TIME_LIMITS[family.value].soft < TIME_LIMITS[family.value].hard
         assert TASK_ROUTES[name] == {"queue": family.value}
         assert name.startswith(f"farm.{family.value}.")

@@ -1,0 +1,193 @@
+"""Kill-safe children and downgrade ladders, on a real Redis and real prefork workers (issue #3).
+
+The chaos family (tests/support/chaos.py) runs through the same FarmTask machinery as the
+media jobs; its engines really allocate, really raise and really sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+from tasks.client import JobHandle
+from tasks.errors import JobRejected, LadderExhausted
+
+pytestmark = pytest.mark.integration
+CHAOS = ("tests.support.chaos",)
+
+
+@pytest.fixture(scope="session")
+def chaos_worker(start_worker):
+    return start_worker("chaos", concurrency=2, include=CHAOS)
+
+
+def send(ladder: str, plan: dict[str, Any] | None = None) -> JobHandle:
+    from tests.support.chaos import chaos
+
+    result = chaos.apply_async(kwargs={"ladder": ladder, "plan": plan or {}}, queue="chaos")
+    return JobHandle(result.id, "chaos")
+
+
+def outcomes(attempts: list[dict[str, Any]]) -> list[str]:
+    return [a["outcome"] for a in attempts]
+
+
+def test_job_over_the_cap_is_killed_and_completes_on_the_next_rung(chaos_worker) -> None:
+    job = send("kill_once")
+    envelope = job.wait(timeout=60)
+    assert envelope["job_id"] == job.id and envelope["variant"] == "frugal" and envelope["rung"] == 1
+    killed, ok = envelope["attempts"]
+    assert (killed["outcome"], ok["outcome"]) == ("killed", "ok")
+    assert "watchdog" in killed["reason"] and "cap of 400 MiB" in killed["reason"]
+    assert killed["peak_rss_mb"] > 400 and killed["variant"] == "hungry"
+    assert killed["pid"] != ok["pid"] or killed["retries"] < ok["retries"]
+    assert chaos_worker.process.poll() is None
+
+
+def test_killed_on_every_rung_fails_after_exactly_as_many_attempts(chaos_worker) -> None:
+    job = send("kill_all")
+    with pytest.raises(LadderExhausted) as info:
+        job.wait(timeout=90)
+    assert outcomes(info.value.attempts) == ["killed", "killed", "killed"]
+    assert [a["variant"] for a in info.value.attempts] == ["big", "medium", "small"]
+    assert "NoRungLeft" in info.value.reason
+    assert job.state() == "FAILURE"
+
+
+def test_memory_error_moves_down_and_leaves_the_worker_alive(chaos_worker) -> None:
+    from tasks.app import app
+
+    job = send("memerr")
+    envelope = job.wait(timeout=60)
+    assert outcomes(envelope["attempts"]) == ["oom", "ok"] and envelope["variant"] == "frugal"
+    assert "MemoryError" in envelope["attempts"][0]["reason"]
+    # Same main process, still answering, still serving.
+    assert chaos_worker.process.poll() is None
+    assert app.control.ping(destination=[chaos_worker.node], timeout=2)
+    assert send("memerr").wait(timeout=60)["variant"] == "frugal"
+
+
+def test_unavailable_rungs_are_skipped_without_spending_attempts(chaos_worker) -> None:
+    envelope = send("unavailable_first").wait(timeout=60)
+    assert outcomes(envelope["attempts"]) == ["unavailable", "unavailable", "ok"]
+    fancy, gpu, _ = envelope["attempts"]
+    assert "a_package_that_is_not_installed" in fancy["reason"] and "GPU" in gpu["reason"]
+    assert {a["retries"] for a in envelope["attempts"]} == {0}  # no Celery retry was spent
+
+
+def test_bad_input_fails_once_without_retry(chaos_worker) -> None:
+    job = send("bad")
+    with pytest.raises(JobRejected, match="malformed on purpose"):
+        job.wait(timeout=60)
+    assert outcomes(job.attempts()) == ["rejected"]
+
+
+def test_main_process_never_imports_torch(cpu_worker, speech_track) -> None:
+    from tasks.app import app
+    from tasks.client import submit
+
+    # A VAD job imports torch in a child ...
+    assert submit("vad", media=str(speech_track.path)).wait(timeout=60)["variant"] == "silero-onnx"
+    [reply] = app.control.broadcast("farm_main_process", destination=[cpu_worker.node], reply=True, timeout=5)
+    report = reply[cpu_worker.node]
+    # ... and the main process still holds neither torch nor a CUDA context.
+    assert report["pid"] == cpu_worker.main_pid()
+    assert report["torch_imported"] is False and report["cuda_initialized"] is False
+    assert report["cuda_visible_devices"] == ""  # the cpu pool sees no GPU
+
+
+def test_children_are_the_oom_killers_first_choice(chaos_worker) -> None:
+    main = psutil.Process(chaos_worker.main_pid())
+    children = main.children()
+    assert children
+    for child in children:
+        assert int(open(f"/proc/{child.pid}/oom_score_adj").read()) == 1000
+    assert int(open(f"/proc/{main.pid}/oom_score_adj").read()) < 1000
+
+
+def test_200_jobs_with_random_child_kills_all_end_and_none_is_lost(chaos_worker) -> None:
+    jobs = [send("steady") for _ in range(200)]
+    main = psutil.Process(chaos_worker.main_pid())
+    killed_pids: list[int] = []
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def killer() -> None:
+        # 20 kills = 10% of the jobs, spread over the run. The children are busy nearly all
+        # the time (each job sleeps 0.2 s in one), so most kills land mid-job.
+        while len(killed_pids) < 20 and not stop.is_set():
+            time.sleep(rng.uniform(0.2, 0.6))
+            children = main.children()
+            if children:
+                victim = rng.choice(children)
+                try:
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed_pids.append(victim.pid)
+                except ProcessLookupError:
+                    pass
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + 240
+    for job in jobs:
+        try:
+            job.wait(timeout=max(1.0, deadline - time.monotonic()))
+            states[job.id] = "SUCCESS"
+        except LadderExhausted:
+            states[job.id] = "FAILURE"
+    stop.set()
+    thread.join(5)
+    assert len(states) == 200 and all(s in ("SUCCESS", "FAILURE") for s in states.values())
+    assert len(killed_pids) >= 15, "the killer did not get to kill enough children"
+    killed_jobs = 0
+    for job in jobs:
+        history = job.attempts()
+        assert history and history[-1]["outcome"] in ("ok", "killed"), history
+        for attempt in history[:-1]:
+            # Every attempt that did not finish was killed, and by one of our kills.
+            assert attempt["outcome"] == "killed" and attempt["pid"] in killed_pids, history
+        killed_jobs += any(a["outcome"] == "killed" for a in history)
+    assert killed_jobs >= 5  # most kills land on a busy child; idle-child kills cost no job
+    assert chaos_worker.process.poll() is None
+
+
+def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, session_dir) -> None:
+    from tests.conftest import REPO
+    from tests.support.chaos import chaos
+
+    # Short visibility timeout: every time limit must be below it, or the worker refuses to start.
+    base = (REPO / "tests" / "support" / "farm-test.toml").read_text()
+    short = base.replace("[limits.chaos]\nsoft = 60\nhard = 90", "[limits.chaos]\nsoft = 6\nhard = 7")
+    short += "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in ("vad", "yolo", "tts", "subtitle"))
+    config = session_dir / "short-visibility.toml"
+    config.write_text(short)
+    env = {"FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}
+    queue = "chaos-redeliver"
+    first = start_worker("chaos", concurrency=1, queues=[queue], env=env, include=CHAOS)
+
+    job = JobHandle(chaos.apply_async(kwargs={"ladder": "slow"}, queue=queue).id, "chaos")
+    deadline = time.monotonic() + 30
+    while not any(a["outcome"] is None for a in job.attempts()):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    # The whole worker dies mid-job: main process and children, as in a machine or container loss.
+    os.killpg(first.main_pid(), signal.SIGKILL)
+    first.process.wait(10)
+
+    second = start_worker("chaos", concurrency=1, queues=[queue], env=env, include=CHAOS)
+    killed_at = time.monotonic()
+    envelope = job.wait(timeout=120)
+    # Back after the visibility timeout plus about one sweep, not kombu's default 100 s sweep.
+    assert time.monotonic() - killed_at < 40
+    lost, ok = envelope["attempts"]
+    assert (lost["outcome"], ok["outcome"]) == ("worker_lost", "ok")
+    assert lost["rung"] == ok["rung"] == 0  # not the job's fault: same rung, no downgrade
+    assert (lost["worker"], ok["worker"]) == (first.node, second.node)

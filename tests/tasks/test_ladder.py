@@ -1,0 +1,43 @@
+"""The downgrade policy as plain functions: how an unfinished attempt is judged, which rung is next."""
+
+from tasks.history import Attempt
+from tasks.ladder import CHILD_LOST, current_rung, settle_open_attempts
+
+
+def open_attempt(rung: int = 0, retries: int = 0, pid: int = 100) -> Attempt:
+    return Attempt(rung=rung, variant=f"v{rung}", retries=retries, pid=pid)
+
+
+def test_watchdog_record_names_the_kill() -> None:
+    attempts = [open_attempt(pid=42)]
+    kill = {"pid": 42, "reason": "watchdog: child RSS 900 MiB passed the cap", "rss_mb": 900.0}
+    assert settle_open_attempts(attempts, kill, retries=1, transient_budget=2) == [0]
+    assert (attempts[0].outcome, attempts[0].peak_rss_mb) == ("killed", 900.0)
+    assert "watchdog" in attempts[0].reason
+    assert current_rung(attempts) == 1
+
+
+def test_kill_record_of_another_child_is_not_taken() -> None:
+    attempts = [open_attempt(pid=42)]
+    settle_open_attempts(attempts, {"pid": 7, "reason": "other"}, retries=1, transient_budget=2)
+    assert (attempts[0].outcome, attempts[0].reason) == ("killed", CHILD_LOST)
+
+
+def test_redelivery_without_retry_is_a_worker_loss_on_the_same_rung() -> None:
+    attempts = [open_attempt(retries=0)]
+    settle_open_attempts(attempts, None, retries=0, transient_budget=2)
+    assert attempts[0].outcome == "worker_lost"
+    assert current_rung(attempts) == 0
+
+
+def test_repeated_worker_loss_becomes_a_resource_failure() -> None:
+    attempts = [Attempt(0, "v0", "worker_lost"), Attempt(0, "v0", "worker_lost"), open_attempt()]
+    settle_open_attempts(attempts, None, retries=0, transient_budget=2)
+    assert attempts[2].outcome == "killed" and "died 3 times" in attempts[2].reason
+    assert current_rung(attempts) == 1
+
+
+def test_finished_attempts_are_left_alone_and_counted() -> None:
+    attempts = [Attempt(0, "v0", "oom"), Attempt(1, "v1", "unavailable"), Attempt(2, "v2", "transient")]
+    assert settle_open_attempts(attempts, {"pid": attempts[0].pid}, retries=3, transient_budget=2) == []
+    assert current_rung(attempts) == 2
