@@ -14,6 +14,7 @@ A job runs on the rung given by the number of resource failures it has had (see
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -93,8 +94,12 @@ def _variant_from_table(family: str, row: Any) -> Variant:
     )
 
 
+@functools.lru_cache(maxsize=64)
 def get_ladder(family: str) -> Ladder:
-    """The ladder of ``family``: the operator's if the config file declares one, else the default."""
+    """The ladder of ``family``: the operator's if the config file declares one, else the default.
+
+    Cached for the life of the process: a worker reads its configuration once, at start.
+    """
     override = section("ladders").get(family)
     if override is not None:
         rungs = override.get("rungs") if isinstance(override, dict) else None

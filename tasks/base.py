@@ -38,6 +38,13 @@ class FarmTask(Task):
         """
         settings = get_settings()
         request = self.request
+        redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        if redelivered or request.retries:
+            stored = self.backend.get_task_meta(request.id)
+            if stored.get("status") == "SUCCESS":
+                # Its worker died between storing the result and acking the message: the job
+                # is done, and running it again would only redo the work.
+                return stored["result"]
         try:
             outcome = run_ladder(
                 job_id=request.id,
@@ -47,6 +54,7 @@ class FarmTask(Task):
                 worker=request.hostname or "",
                 transient_budget=settings.transient_retries,
                 run_variant=run_variant,
+                fresh=not (redelivered or request.retries),
             )
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder). `from None` lets

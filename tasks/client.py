@@ -45,7 +45,9 @@ class JobHandle:
 
     def attempts(self) -> list[dict[str, Any]]:
         """Every attempt so far, oldest first (see ``tasks.history.Attempt``)."""
-        return read_attempts(app.backend.client, self.id)
+        result = self._result
+        envelope = result.result if result.state == "SUCCESS" else None
+        return read_attempts(app.backend.client, self.id, envelope if isinstance(envelope, dict) else None)
 
     def wait(self, timeout: float | None = None, poll: float = 0.1) -> dict[str, Any]:
         """Block until the job ends; return its result envelope or raise a typed failure.

@@ -27,6 +27,8 @@ import errno
 from collections.abc import Iterator
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 
 class FarmError(Exception):
     """Root of every error the farm raises on purpose."""
@@ -110,8 +112,6 @@ def map_exceptions() -> Iterator[None]:
     A ``MemoryError`` must never escape a task: Celery treats it as unrecoverable and shuts the
     whole worker down (measured with 5.7.0).
     """
-    from celery.exceptions import SoftTimeLimitExceeded
-
     # `from None` on the memory cases: a chained traceback keeps alive the frames that hold the
     # allocation that failed, and the job's next rung may run in this same child.
     try:

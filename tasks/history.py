@@ -11,11 +11,12 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from config.queues import history_key, kill_key
 
+HOST = socket.gethostname()
 # Outcomes that move a job one rung down.
 RESOURCE_OUTCOMES = frozenset({"killed", "oom", "cuda_oom", "timeout"})
 # Outcomes that do not run the rung again (the rung is skipped, no attempt spent).
@@ -50,12 +51,13 @@ class Attempt:
     started: float = field(default_factory=time.time)
     duration: float | None = None
     peak_rss_mb: float | None = None
-    host: str = field(default_factory=socket.gethostname)
+    host: str = HOST
     worker: str = ""
     pid: int = field(default_factory=os.getpid)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Flat fields only, so a shallow copy is the JSON form (dataclasses.asdict deep-copies, 10x slower).
+        return dict(self.__dict__)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Attempt:
@@ -86,8 +88,51 @@ class AttemptLog:
         length, _ = pipe.execute()
         return int(length) - 1
 
+    def append_behind(self, attempt: Attempt) -> PendingAppend:
+        """Send the new attempt's record without waiting for Redis to answer.
+
+        The record is what lets a later attempt recognise this one as killed, so it must be
+        sent before the engine runs; but nothing needs its answer until the attempt ends, and a
+        round trip per job is most of the farm's per-job cost (bench/overhead.py). Once written
+        to the socket it reaches Redis even if this process is SIGKILLed: the kernel still
+        delivers a dead process's sent bytes.
+        """
+        connection = self.client.connection_pool.get_connection()
+        try:
+            connection.send_packed_command(
+                connection.pack_commands(
+                    [("RPUSH", self._key, json.dumps(attempt.to_json())), ("EXPIRE", self._key, self.ttl)]
+                )
+            )
+        except BaseException:
+            self.client.connection_pool.release(connection)
+            raise
+        return PendingAppend(self.client.connection_pool, connection)
+
     def update(self, index: int, attempt: Attempt) -> None:
         self.client.lset(self._key, index, json.dumps(attempt.to_json()))
+
+
+class PendingAppend:
+    """The unanswered RPUSH + EXPIRE of :meth:`AttemptLog.append_behind`."""
+
+    def __init__(self, pool: Any, connection: Any) -> None:
+        self._pool, self._connection = pool, connection
+        self._index: int | None = None
+
+    def index(self) -> int:
+        """Read Redis's answers (once), hand the connection back; the attempt's index."""
+        if self._index is None:
+            try:
+                length = self._connection.read_response()
+                self._connection.read_response()
+            except BaseException:
+                self._connection.disconnect()  # its replies are out of step now
+                raise
+            finally:
+                self._pool.release(self._connection)
+            self._index = int(length) - 1
+        return self._index
 
 
 def record_kill(client: Any, job_id: str, record: dict[str, Any], ttl: int) -> None:
@@ -95,6 +140,12 @@ def record_kill(client: Any, job_id: str, record: dict[str, Any], ttl: int) -> N
     client.set(kill_key(job_id), json.dumps(record), ex=ttl)
 
 
-def read_attempts(client: Any, job_id: str) -> list[dict[str, Any]]:
-    """The history as plain dicts, for the client and the CLI."""
+def read_attempts(client: Any, job_id: str, envelope: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The history as plain dicts, for the client and the CLI.
+
+    For a job that succeeded, pass its result envelope: its ``attempts`` are the complete
+    history (the log's copy of the last attempt is never completed, see ``run_ladder``).
+    """
+    if envelope is not None and isinstance(envelope.get("attempts"), list):
+        return envelope["attempts"]
     return [json.loads(r) for r in client.lrange(history_key(job_id), 0, -1)]

@@ -109,15 +109,23 @@ def run_ladder(
     worker: str,
     transient_budget: int,
     run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]],
+    fresh: bool = False,
 ) -> dict[str, Any] | RetryRequest:
     """Run the job on its current rung. Returns the result envelope, or a RetryRequest.
 
     ``run_variant(variant, engine_fn)`` is the family's adapter: it calls the engine with the
     job's input and the variant's parameters and returns the JSON-safe output.
+
+    ``fresh``: the first delivery of a job never retried, so it has no history to read. This
+    saves the common path a Redis round trip. A successful attempt is completed in the result
+    envelope only (another round trip saved); the log keeps it open, and readers of a
+    successful job's history take the envelope's (``tasks.history.read_attempts``).
     """
-    attempts, kill = log.load()
-    for i in settle_open_attempts(attempts, kill, retries, transient_budget):
-        log.update(i, attempts[i])
+    attempts: list[Attempt] = []
+    if not fresh:
+        attempts, kill = log.load()
+        for i in settle_open_attempts(attempts, kill, retries, transient_budget):
+            log.update(i, attempts[i])
     rung = current_rung(attempts)
     while rung < len(ladder):
         variant = ladder.rungs[rung]
@@ -129,16 +137,18 @@ def run_ladder(
             rung += 1
             continue
         attempt = Attempt(rung, variant.name, retries=retries, worker=worker)
-        index = log.append(attempt)
+        pending = log.append_behind(attempt)
         attempts.append(attempt)
         _peak_rss_reset()
         t0 = time.monotonic()
 
-        def finish(outcome: str, reason: str = "") -> None:
+        def finish(outcome: str, reason: str = "", write: bool = True) -> None:
             attempt.outcome, attempt.reason = outcome, reason
             attempt.duration = round(time.monotonic() - t0, 3)
             attempt.peak_rss_mb = _peak_rss_mb()
-            log.update(index, attempt)
+            index = pending.index()
+            if write:
+                log.update(index, attempt)
 
         try:
             with map_exceptions():
@@ -163,7 +173,7 @@ def run_ladder(
         except Exception as exc:
             finish("error", f"{type(exc).__name__}: {exc}")
             raise
-        finish("ok")
+        finish("ok", write=False)
         return {
             "job_id": job_id,
             "family": ladder.family,

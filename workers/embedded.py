@@ -84,7 +84,11 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
             "--daemonize", "no",
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        # Its own output file, never our stdout: a server left behind must not hold our pipes open.
+        with (self.data_dir / "redis.stdout").open("ab") as out:
+            self.process = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -30,6 +30,16 @@ def test_unknown_family_and_pool_are_named() -> None:
         get_pool("nope")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Settings and ladders are read once per process; these tests change them."""
+    from config.settings import get_settings
+
+    yield
+    get_settings.cache_clear()
+    get_ladder.cache_clear()
+
+
 def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from config.settings import get_settings
 
@@ -40,6 +50,7 @@ def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pyte
     )
     monkeypatch.setenv("FARM_CONFIG_FILE", str(path))
     get_settings.cache_clear()
+    get_ladder.cache_clear()
     try:
         cpu = get_pools()["cpu"]
         assert cpu.child_rss_cap_mb == 512 and cpu.queues == ("vad", "yolo", "tts", "subtitle")
@@ -67,6 +78,7 @@ def test_bad_config_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     path.write_text(body)
     monkeypatch.setenv("FARM_CONFIG_FILE", str(path))
     get_settings.cache_clear()
+    get_ladder.cache_clear()
     try:
         with pytest.raises(ConfigFileError, match=message):
             get_pools()

@@ -22,7 +22,9 @@ MB = 1024 * 1024
 
 
 def ok(plan: dict[str, Any], sleep: float = 0.0) -> dict[str, Any]:
-    time.sleep(float(plan.get("sleep", sleep)))
+    seconds = float(plan.get("sleep", sleep))
+    if seconds:
+        time.sleep(seconds)
     return {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 

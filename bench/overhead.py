@@ -1,0 +1,179 @@
+"""What the farm's task machinery costs, and how fast a killed job comes back on its next rung.
+
+    .venv/bin/python bench/overhead.py --jobs 2000 --rounds 3 --kills 10
+
+1. Throughput: the same no-op job, as a bare Celery task and through FarmTask (ladder, attempt
+   history in Redis, watchdog thread polling the children), on one worker with the same pool
+   settings (prefork 2, prefetch 1, events on, acks_late, Redis broker and backend). Each round
+   sends ``--jobs`` of each kind (order alternating between rounds) and times first send to last
+   result. Reported: per-round ratio farm/bare, and the median ratio.
+2. Kill → next rung: a job whose first rung allocates past the pool's RSS cap. Latency from the
+   watchdog's kill record (written just before SIGKILL) to the start of the next rung's attempt,
+   and from an outside SIGKILL (what the kernel OOM killer does) to the same point.
+
+The worker and an embedded Redis are started by the script; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+CONFIG = """
+[limits.chaos]
+soft = 60
+hard = 90
+
+[pools.bench]
+queues = ["bench"]
+concurrency = 2
+child_rss_cap_mb = 400
+max_tasks_per_child = 100000
+
+[ladders.noop]
+rungs = [{ name = "noop", engine = "ok" }]
+
+[ladders.kill_once]
+rungs = [
+  { name = "hungry", engine = "hog", params = { mb = 900 } },
+  { name = "frugal", engine = "ok" },
+]
+
+[ladders.slow_then_ok]
+rungs = [
+  { name = "sleepy", engine = "ok", params = { sleep = 30 } },
+  { name = "frugal", engine = "ok" },
+]
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "overhead.json")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="mediafarm-bench-"))
+    (workdir / "farm.toml").write_text(CONFIG)
+    from workers.embedded import EmbeddedRedis
+
+    # A SIGTERM (timeout, Ctrl-C from a supervisor) must still stop the worker and Redis we started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    redis = EmbeddedRedis(data_dir=workdir / "redis").start()
+    try:
+        run(args, workdir, redis)
+    finally:
+        redis.stop()
+
+
+def run(args: argparse.Namespace, workdir: Path, redis) -> None:
+    os.environ.update(
+        FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url, FARM_CONFIG_FILE=str(workdir / "farm.toml"),
+        FARM_POOL="bench", FARM_MEDIA_ROOTS=str(workdir), PYTHONPATH=str(REPO),
+    )  # fmt: skip
+    from bench.overhead_tasks import bare_noop
+    from config.pools import get_pool
+    from tasks.app import app
+    from tests.support.chaos import chaos
+    from workers.pools import spawn_worker, stop_worker, wait_ready
+
+    node = f"bench-{os.getpid()}@{os.uname().nodename}"
+    with (workdir / "worker.log").open("wb") as log:
+        worker = spawn_worker(
+            get_pool("bench"), logfile=log, node=node, loglevel="WARNING",
+            include=("tests.support.chaos", "bench.overhead_tasks"),
+        )  # fmt: skip
+    try:
+        wait_ready(app, node, worker)
+        results = {"throughput": throughput(args, bare_noop, chaos), "kill_latency": kill_latency(args, chaos, worker)}
+    finally:
+        stop_worker(worker)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    report(results)
+
+
+def run_batch(send, n: int) -> float:
+    t0 = time.perf_counter()
+    handles = [send() for _ in range(n)]
+    for h in handles:
+        h.get(timeout=300)
+    return time.perf_counter() - t0
+
+
+def throughput(args: argparse.Namespace, bare_noop, chaos) -> dict:
+    send_bare = lambda: bare_noop.apply_async(kwargs={"ladder": "noop"}, queue="bench")  # noqa: E731
+    send_farm = lambda: chaos.apply_async(kwargs={"ladder": "noop"}, queue="bench")  # noqa: E731
+    run_batch(send_bare, 200), run_batch(send_farm, 200)  # warm-up: children import, connections open
+    rounds = []
+    for r in range(args.rounds):
+        order = [("bare", send_bare), ("farm", send_farm)]
+        if r % 2:
+            order.reverse()
+        rates = {name: args.jobs / run_batch(send, args.jobs) for name, send in order}
+        rounds.append({"bare_jobs_per_s": round(rates["bare"], 1), "farm_jobs_per_s": round(rates["farm"], 1),
+                       "ratio": round(rates["farm"] / rates["bare"], 3)})  # fmt: skip
+        print(f"round {r + 1}: {rounds[-1]}", flush=True)
+    return {"jobs": args.jobs, "rounds": rounds, "median_ratio": statistics.median(r["ratio"] for r in rounds)}
+
+
+def kill_latency(args: argparse.Namespace, chaos, worker) -> dict:
+    from tasks.client import JobHandle
+
+    watchdog, outside = [], []
+    for _ in range(args.kills):
+        job = JobHandle(chaos.apply_async(kwargs={"ladder": "kill_once"}, queue="bench").id, "chaos")
+        envelope = job.wait(timeout=120)
+        killed, ok = envelope["attempts"]
+        kill_record = json.loads(chaos.backend.client.get(f"mediafarm:kill:{job.id}"))
+        watchdog.append(ok["started"] - kill_record["at"])
+        assert killed["outcome"] == "killed"
+    import psutil
+
+    for _ in range(args.kills):
+        job = JobHandle(chaos.apply_async(kwargs={"ladder": "slow_then_ok"}, queue="bench").id, "chaos")
+        while True:
+            running = [a for a in job.attempts() if a["outcome"] is None]
+            if running:
+                break
+            time.sleep(0.01)
+        # Mid-job, as an OOM kill is: the main process has taken the child's "accepted" message by now.
+        time.sleep(0.5)
+        pid = running[0]["pid"]
+        assert pid in {c.pid for c in psutil.Process(worker.pid).children()}
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        envelope = job.wait(timeout=120)
+        outside.append(envelope["attempts"][1]["started"] - killed_at)
+    return {
+        "watchdog_kill_to_next_rung_s": {"median": round(statistics.median(watchdog), 3), "max": round(max(watchdog), 3),
+                                         "runs": len(watchdog)},
+        "outside_sigkill_to_next_rung_s": {"median": round(statistics.median(outside), 3), "max": round(max(outside), 3),
+                                           "runs": len(outside)},
+    }  # fmt: skip
+
+
+def report(results: dict) -> None:
+    t = results["throughput"]
+    k = results["kill_latency"]
+    print(f"\nthroughput ratio farm/bare, median of {len(t['rounds'])} rounds: {t['median_ratio']:.3f} "
+          f"({'PASS' if t['median_ratio'] >= 0.95 else 'FAIL'} target >= 0.95)")  # fmt: skip
+    w = k["watchdog_kill_to_next_rung_s"]["median"]
+    print(f"watchdog kill -> next rung, median: {w:.3f} s ({'PASS' if w <= 1.5 else 'FAIL'} target <= 1.5 s)")
+    print(f"outside SIGKILL -> next rung, median: {k['outside_sigkill_to_next_rung_s']['median']:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
