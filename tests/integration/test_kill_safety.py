@@ -191,3 +191,20 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, s
     assert (lost["outcome"], ok["outcome"]) == ("worker_lost", "ok")
     assert lost["rung"] == ok["rung"] == 0  # not the job's fault: same rung, no downgrade
     assert (lost["worker"], ok["worker"]) == (first.node, second.node)
+
+
+def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
+    # A worker that dies between storing SUCCESS and acking gets its message redelivered; the
+    # redelivery must return the stored result instead of running the job a second time.
+    from tests.support.chaos import chaos
+
+    job = send("memerr")
+    first = job.wait(timeout=60)
+    assert outcomes(first["attempts"]) == ["oom", "ok"]
+    again = chaos.apply_async(kwargs={"ladder": "memerr"}, queue="chaos", task_id=job.id, retries=1)
+    assert again.get(timeout=60)["attempts"] == first["attempts"]
+    # No new attempt was recorded: the stored envelope came back untouched.
+    from tasks.app import app
+    from tasks.history import read_attempts
+
+    assert len(read_attempts(app.backend.client, job.id)) == 2

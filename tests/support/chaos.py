@@ -46,14 +46,19 @@ def bad_input(plan: dict[str, Any]) -> dict[str, Any]:
     raise PermanentFailure("chaos: this input is malformed on purpose")
 
 
-def cuda_hog(plan: dict[str, Any], gib: float = 1000.0) -> dict[str, Any]:
-    """Ask torch for more GPU memory than the child's fraction allows (GPU machines only)."""
+def cuda_hog(plan: dict[str, Any], times_cap: float = 1.5) -> dict[str, Any]:
+    """Ask for ``times_cap`` x the child's GPU memory cap: more than the pool's fraction allows but,
+    for a fraction <= 0.6, less than the GPU has, so only the cap can refuse it (GPU machines only)."""
     import torch
 
+    from config.pools import get_pool
+    from config.settings import get_settings
     from tasks.engines.gpu import torch_device
 
     device = torch_device()
-    block = torch.empty(int(gib * 1024**3), dtype=torch.uint8, device=device)
+    fraction = get_pool(get_settings().pool).gpu_memory_fraction or 1.0
+    total = torch.cuda.get_device_properties(0).total_memory
+    block = torch.empty(int(times_cap * fraction * total), dtype=torch.uint8, device=device)
     return {"allocated": block.numel()}
 
 

@@ -1,0 +1,32 @@
+# One image for every mediafarm service; pools differ by the extras they install and their command.
+#   docker build --build-arg EXTRAS=vad,flower -t mediafarm:cpu .
+#   docker build --build-arg EXTRAS=all --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 -t mediafarm:gpu .
+FROM python:3.11-slim
+
+ARG EXTRAS=vad,embedded,flower
+# Where pip takes torch from: the CPU wheel index keeps the CPU image small; a CUDA index for GPU pools.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.9.1
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends espeak-ng \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+# torch first and pinned: silero-vad depends on it and an unpinned resolve pulls a multi-GB build.
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+COPY pyproject.toml README.md ./
+COPY config ./config
+COPY tasks ./tasks
+COPY workers ./workers
+RUN pip install --no-cache-dir ".[${EXTRAS}]"
+
+# Glibc arenas multiply RSS in threaded children (the TTS story's saw-tooth).
+ENV MALLOC_ARENA_MAX=2 \
+    FARM_MEDIA_ROOTS=/media \
+    FARM_STORAGE_DIR=/storage \
+    FARM_MODELS_DIR=/models
+RUN useradd --create-home --uid 1000 farm && mkdir -p /media /storage /models && chown farm /storage
+USER farm
+ENTRYPOINT ["farm"]
+CMD ["worker", "--pool", "cpu"]
