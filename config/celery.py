@@ -54,17 +54,25 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
         },
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "broker_connection_retry_on_startup": True,
-        # Our watchdog handles what happens during a job; Celery's own recycling between jobs.
         "worker_hijack_root_logger": False,
-        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # When the broker connection drops, kombu hands every unacked message back to the queue,
+        # running jobs included; cancelling them avoids running the same job twice at once. The
+        # redelivered job finds its attempt open and reruns the same rung ("worker_lost").
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Cold shutdown (SIGQUIT, or a second SIGTERM) waits this long for running jobs, then hands
+        # their messages back to the queue at once instead of after the visibility timeout.
+        "worker_soft_shutdown_timeout": settings.soft_shutdown_timeout,
     }
 
 
-def config_problems(conf: Any, task_limits: Mapping[str, float] | None = None) -> list[str]:
+def config_problems(
+    conf: Any, task_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0
+) -> list[str]:
     """What is unsafe in a Celery configuration (empty when it is safe).
 
     ``conf`` is a Celery ``app.conf`` or any mapping with the same keys; ``task_limits`` maps
-    registered task names to their hard time limits, when a worker knows them.
+    registered task names to their hard time limits, when a worker knows them; ``retry_delay``
+    is FARM_RETRY_DELAY.
     """
     problems: list[str] = []
     accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
@@ -86,6 +94,19 @@ def config_problems(conf: Any, task_limits: Mapping[str, float] | None = None) -
             f"FARM_VISIBILITY_TIMEOUT ({visibility} s) must exceed the longest hard time limit "
             f"({longest} s, {longest_name}): otherwise Redis hands a still-running job to a second worker"
         )
+    if retry_delay and visibility <= longest + retry_delay:
+        problems.append(
+            f"FARM_RETRY_DELAY ({retry_delay:g} s) plus the longest hard time limit ({longest:g} s) must "
+            f"stay below FARM_VISIBILITY_TIMEOUT ({visibility} s): a delayed retry would be delivered twice"
+        )
+    backend = str(conf.get("result_backend") or "")
+    if backend and not backend.startswith(("redis://", "rediss://", "unix://")):
+        problems.append(
+            f"result backend {backend.split('://')[0]}:// is not Redis: the attempt histories and kill "
+            "records live beside the results, in Redis"
+        )
+    if not conf.get("task_retry_on_worker_lost"):
+        problems.append("task_retry_on_worker_lost is off: a job whose child is killed would fail instead of moving down")
     if not conf.get("task_acks_late"):
         problems.append("task_acks_late is off: a worker that dies mid-job would lose it")
     if conf.get("task_reject_on_worker_lost") and not conf.get("task_retry_on_worker_lost"):
@@ -98,8 +119,8 @@ def config_problems(conf: Any, task_limits: Mapping[str, float] | None = None) -
     return problems
 
 
-def check_config(conf: Any, task_limits: Mapping[str, float] | None = None) -> None:
+def check_config(conf: Any, task_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0) -> None:
     """Raise :class:`UnsafeConfiguration` naming every problem, or return quietly."""
-    problems = config_problems(conf, task_limits)
+    problems = config_problems(conf, task_limits, retry_delay)
     if problems:
         raise UnsafeConfiguration("refusing to start, unsafe configuration:\n  - " + "\n  - ".join(problems))

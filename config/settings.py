@@ -30,6 +30,8 @@ class FarmSettings(BaseSettings):
         restore_interval: Seconds between two sweeps in which a worker hands back the unacked
             jobs of dead workers whose visibility timeout has passed (kombu's default sweep is
             every 100 s; ours scans every ``restore_interval``).
+        soft_shutdown_timeout: Seconds a cold-shutting-down worker waits for running jobs before
+            handing their messages back to the queue (Celery's ``worker_soft_shutdown_timeout``).
         retry_delay: Seconds before a job that lost a rung runs again (Celery's per-task default
             is 180 s, far too long for a downgrade).
         transient_retries: Same-rung retries allowed for errors that are nobody's fault
@@ -48,6 +50,7 @@ class FarmSettings(BaseSettings):
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
     restore_interval: int = 10
+    soft_shutdown_timeout: float = 60.0
     retry_delay: float = 0.0
     transient_retries: int = 2
     watchdog_interval: float = 0.05

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Task
+from redis.exceptions import RedisError
 
 from config.ladders import Variant, get_ladder
 from config.queues import Family, time_limits
 from config.settings import get_settings
-from tasks.errors import ResourceFailure
+
+from tasks.errors import ResourceFailure, TransientFailure
 from tasks.history import AttemptLog
 from tasks.ladder import RetryRequest, run_ladder
 
@@ -28,6 +30,9 @@ class FarmTask(Task):
     default_retry_delay = 0
     # Set per task in ``farm_task_options``; bounded by the ladder in any case.
     max_retries = 8
+    # Enforced by the worker's watchdog with a SIGKILL, so an overrun moves the job down a rung
+    # (``workers.limits``). Celery's own ``time_limit`` would fail the job instead.
+    farm_hard_limit: float | None = None
 
     def run_job(
         self, run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]], *, ladder: str | None = None
@@ -39,13 +44,14 @@ class FarmTask(Task):
         settings = get_settings()
         request = self.request
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
-        if redelivered or request.retries:
-            stored = self.backend.get_task_meta(request.id)
-            if stored.get("status") == "SUCCESS":
-                # Its worker died between storing the result and acking the message: the job
-                # is done, and running it again would only redo the work.
-                return stored["result"]
+        fresh = not (redelivered or request.retries)
         try:
+            if not fresh:
+                stored = self.backend.get_task_meta(request.id)
+                if stored.get("status") == "SUCCESS":
+                    # Its worker died between storing the result and acking the message: the job
+                    # is done, and running it again would only redo the work.
+                    return stored["result"]
             outcome = run_ladder(
                 job_id=request.id,
                 ladder=get_ladder(ladder or self.family),
@@ -54,12 +60,18 @@ class FarmTask(Task):
                 worker=request.hostname or "",
                 transient_budget=settings.transient_retries,
                 run_variant=run_variant,
-                fresh=not (redelivered or request.retries),
+                fresh=fresh,
             )
         except MemoryError:
-            # Outside the engine (the engine's own are mapped in run_ladder). `from None` lets
-            # the frames holding the failed allocation go.
-            raise ResourceFailure("MemoryError outside the engine", outcome="oom") from None
+            # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
+            # one. `from None` lets the frames holding the failed allocation go. The open attempt,
+            # if any, is settled by the next run as a lost child: one rung down.
+            outcome = RetryRequest("MemoryError outside the engine", ResourceFailure("MemoryError", outcome="oom"))
+        except RedisError as exc:
+            # The attempt log or result backend failed (a broker hiccup), not the job: same rung,
+            # bounded by max_retries; the retry itself goes through the same Redis, so a Redis that
+            # stays down ends the job FAILED rather than looping.
+            outcome = RetryRequest(f"Redis error: {exc}", TransientFailure(f"Redis error: {exc}"))
         if isinstance(outcome, RetryRequest):
             raise self.retry(exc=outcome.exc, countdown=settings.retry_delay)
         return outcome
@@ -77,7 +89,7 @@ def farm_task_options(family: Family) -> dict[str, Any]:
         "name": TASK_NAMES[family],
         "family": family.value,
         "soft_time_limit": limits.soft,
-        "time_limit": limits.hard,
+        "farm_hard_limit": limits.hard,
         # One attempt per rung plus the same-rung budget, plus one to report the exhausted ladder.
         "max_retries": len(ladder) + get_settings().transient_retries,
         "default_retry_delay": get_settings().retry_delay,

@@ -25,7 +25,7 @@ from tasks.history import read_attempts
 # Failures that mean "the input or the call was wrong": retrying would fail the same way.
 _REJECTED = {"PermanentFailure", "MediaNotFound", "MediaOutsideRoots", "UnreadableMedia", "TypeError"}
 # Failures that mean "it ran out of resources on every rung".
-_EXHAUSTED = {"NoRungLeft", "ResourceFailure", "WorkerLostError", "TimeLimitExceeded"}
+_EXHAUSTED = {"NoRungLeft", "ResourceFailure", "WorkerLostError"}
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,9 @@ def submit(family: str, *, queue: str | None = None, **job: Any) -> JobHandle:
     options: dict[str, Any] = {}
     if queue is not None:
         options["queue"] = queue
-    async_result = app.send_task(TASK_NAMES[fam], kwargs=job, **options)
+    # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task that
+    # happens to be registered in this process onto the message, and those override the worker's.
+    async_result = app.send_task(TASK_NAMES[fam], kwargs=job, soft_time_limit=None, time_limit=None, **options)
     return JobHandle(id=async_result.id, family=fam.value)
 
 

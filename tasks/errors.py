@@ -13,6 +13,7 @@
     │     └── UnreadableMedia
     ├── TransientFailure         nobody's fault (broker hiccup): retry the same rung, a bounded number of times
     ├── NoRungLeft               raised in the worker when a job has failed on every rung
+    ├── EngineError              an engine failed in a way nobody foresaw (a bug): fail, no retry
     └── JobFailed                raised by the client for a job that ended FAILURE; carries the history
           ├── JobRejected        it ended on a PermanentFailure
           └── LadderExhausted    it fell off the last rung
@@ -71,6 +72,10 @@ class TransientFailure(FarmError):
 
 class NoRungLeft(FarmError):
     """Worker side: the job lost every rung of its ladder to resource failures."""
+
+
+class EngineError(FarmError):
+    """Worker side: an engine raised something outside the tree (a bug); the job fails, not retried."""
 
 
 class JobFailed(FarmError):

@@ -109,6 +109,9 @@ class AttemptLog:
             raise
         return PendingAppend(self.client.connection_pool, connection)
 
+    def clear_kill(self) -> None:
+        self.client.delete(kill_key(self.job_id))
+
     def update(self, index: int, attempt: Attempt) -> None:
         self.client.lset(self._key, index, json.dumps(attempt.to_json()))
 
@@ -133,6 +136,13 @@ class PendingAppend:
                 self._pool.release(self._connection)
             self._index = int(length) - 1
         return self._index
+
+    def settle_quietly(self) -> None:
+        """Read the replies if they can be read; a broken connection is dropped, not raised."""
+        try:
+            self.index()
+        except Exception:  # noqa: BLE001 - the connection is already disconnected and released
+            pass
 
 
 def record_kill(client: Any, job_id: str, record: dict[str, Any], ttl: int) -> None:

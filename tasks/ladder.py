@@ -21,6 +21,7 @@ from typing import Any
 from config.ladders import Ladder, Variant
 from tasks.engines import get_engine
 from tasks.errors import (
+    EngineError,
     NoRungLeft,
     PermanentFailure,
     ResourceFailure,
@@ -47,8 +48,9 @@ def settle_open_attempts(
     for i, att in enumerate(attempts):
         if att.outcome is not None:
             continue
-        if kill and kill.get("pid") == att.pid:
-            att.outcome, att.reason = "killed", str(kill.get("reason", "killed by the watchdog"))
+        if kill_matches(kill, att):
+            att.outcome = str(kill.get("outcome", "killed"))
+            att.reason = str(kill.get("reason", "killed by the watchdog"))
             att.peak_rss_mb = kill.get("rss_mb")
         elif retries > att.retries:
             att.outcome, att.reason = "killed", CHILD_LOST
@@ -61,6 +63,17 @@ def settle_open_attempts(
                 att.outcome, att.reason = "worker_lost", "the worker process died; job redelivered"
         changed.append(i)
     return changed
+
+
+def kill_matches(kill: dict[str, Any] | None, attempt: Attempt) -> bool:
+    """Is the watchdog's record about this attempt? Pids repeat across hosts and containers, so
+    the worker node and the time must match too."""
+    return bool(
+        kill
+        and kill.get("pid") == attempt.pid
+        and kill.get("worker") == attempt.worker
+        and float(kill.get("at", 0)) >= attempt.started
+    )
 
 
 def current_rung(attempts: list[Attempt]) -> int:
@@ -126,6 +139,8 @@ def run_ladder(
         attempts, kill = log.load()
         for i in settle_open_attempts(attempts, kill, retries, transient_budget):
             log.update(i, attempts[i])
+        if kill is not None:
+            log.clear_kill()  # used, or stale: either way it must not judge a later attempt
     rung = current_rung(attempts)
     while rung < len(ladder):
         variant = ladder.rungs[rung]
@@ -142,13 +157,16 @@ def run_ladder(
         _peak_rss_reset()
         t0 = time.monotonic()
 
-        def finish(outcome: str, reason: str = "", write: bool = True) -> None:
+        def finish(outcome: str, reason: str = "") -> None:
             attempt.outcome, attempt.reason = outcome, reason
             attempt.duration = round(time.monotonic() - t0, 3)
             attempt.peak_rss_mb = _peak_rss_mb()
-            index = pending.index()
-            if write:
-                log.update(index, attempt)
+            if outcome == "ok":
+                # Completed in the envelope; the record's reply is read only to free the connection,
+                # and a Redis error here must not throw away a finished result.
+                pending.settle_quietly()
+            else:
+                log.update(pending.index(), attempt)
 
         try:
             with map_exceptions():
@@ -172,8 +190,9 @@ def run_ladder(
             return RetryRequest(f"{variant.name}: transient failure, same rung", exc)
         except Exception as exc:
             finish("error", f"{type(exc).__name__}: {exc}")
-            raise
-        finish("ok", write=False)
+            # A bug or an unforeseen failure in the engine: no retry, but not "bad input" either.
+            raise EngineError(f"{variant.name}: {type(exc).__name__}: {exc}") from exc
+        finish("ok")
         return {
             "job_id": job_id,
             "family": ladder.family,

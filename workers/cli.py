@@ -87,7 +87,7 @@ def worker(
         selected = get_pool(pool)
     except ConfigFileError as exc:
         _fail(str(exc))
-    problems = config_problems(celery_config(get_settings()))
+    problems = config_problems(celery_config(get_settings()), retry_delay=get_settings().retry_delay)
     if problems:
         _fail("refusing to start, unsafe configuration:\n  - " + "\n  - ".join(problems))
     from workers.pools import exec_worker
@@ -144,9 +144,12 @@ def up(
             f"broker {os.environ.get('FARM_BROKER_URL')}. Ctrl-C to stop."
         )
         try:
-            farm.process.wait()
+            code = farm.process.wait()
         except KeyboardInterrupt:
-            console.print("stopping the worker (finishing running jobs) ...")
+            console.print("stopping the worker (finishing running jobs; Ctrl-C again to kill it) ...")
+            code = None
+    if code:
+        _fail(f"the worker exited with code {code}; farm stopped", code=1)
     console.print("farm stopped")
 
 

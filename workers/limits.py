@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -38,28 +37,39 @@ class ConfigCheck(bootsteps.Step):
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         # The task modules are imported by now, so their own hard limits are checked too.
-        task_limits = {name: task.time_limit for name, task in worker.app.tasks.items() if task.time_limit}
-        check_config(worker.app.conf, task_limits)
+        check_config(worker.app.conf, hard_limits(worker.app), retry_delay=get_settings().retry_delay)
         super().__init__(worker, **kwargs)
 
 
-def _job_on(pid: int) -> tuple[str, str] | None:
-    """(job id, task name) of the request a pool child is running, from the worker's own state."""
+def hard_limits(app: Any) -> dict[str, float]:
+    """Hard time limit of each registered task: the farm's (enforced by the watchdog) or Celery's."""
+    limits = {}
+    for name, task in app.tasks.items():
+        hard = getattr(task, "farm_hard_limit", None) or task.time_limit
+        if hard:
+            limits[name] = float(hard)
+    return limits
+
+
+def _active_jobs() -> dict[int, Any]:
+    """Requests running in pool children, by child pid, from the worker's own state."""
     from celery.worker import state
 
     for _ in range(3):
         try:
-            for request in list(state.active_requests):
-                if request.worker_pid == pid:
-                    return request.id, request.name
-            return None
+            return {r.worker_pid: r for r in list(state.active_requests) if r.worker_pid}
         except RuntimeError:  # the set changed while we copied it; look again
             continue
-    return None
+    return {}
 
 
 class MemoryWatchdog(bootsteps.StartStopStep):
-    """Per-child RSS cap enforced while the job runs."""
+    """Per-child RSS cap and per-job hard time limit, enforced while the job runs.
+
+    Both end in a SIGKILL of the child, so both take Celery's worker-lost retry path and the job
+    comes back one rung down. (Celery's own hard time limit acks the job and fails it: no
+    downgrade, so farm tasks leave it unset and declare ``farm_hard_limit`` instead.)
+    """
 
     requires = {"celery.worker.components:Pool"}
 
@@ -71,15 +81,21 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self.cap = self.pool.child_rss_cap_mb * MB if self.pool.child_rss_cap_mb else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._redis: Any = None
         self.kills = 0
 
     def start(self, worker: Any) -> None:
-        if self.cap is None:
-            log.info("watchdog off: pool %s has no child_rss_cap_mb", self.pool.name)
-            return
+        import redis
+
+        # Its own client with short timeouts: a slow Redis must not hold up a kill for long.
+        self._redis = redis.Redis.from_url(
+            get_settings().backend_url, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
+        self._limits = hard_limits(worker.app)
         self._thread = threading.Thread(target=self._run, args=(worker,), name="farm-watchdog", daemon=True)
         self._thread.start()
-        log.info("watchdog on: pool %s, child RSS cap %d MiB", self.pool.name, self.pool.child_rss_cap_mb)
+        cap = f"{self.pool.child_rss_cap_mb} MiB" if self.cap else "none"
+        log.info("watchdog on: pool %s, child RSS cap %s, hard limits %s", self.pool.name, cap, self._limits)
 
     def stop(self, worker: Any) -> None:
         self._stop.set()
@@ -91,39 +107,46 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 children = me.children()
             except psutil.Error:
                 continue
+            jobs = _active_jobs()
+            now = time.time()
             for child in children:
+                request = jobs.get(child.pid)
                 try:
                     rss = child.memory_info().rss
                 except psutil.Error:
                     continue
                 if self.cap is not None and rss > self.cap:
-                    self._kill(worker, child.pid, rss)
+                    reason = (
+                        f"watchdog: child RSS {rss / MB:.0f} MiB passed the pool {self.pool.name!r} cap of "
+                        f"{self.pool.child_rss_cap_mb} MiB"
+                    )
+                    self._kill(worker, child, request, rss, "killed", reason)
+                elif request is not None and request.time_start:
+                    limit = self._limits.get(request.name)
+                    if limit and now - request.time_start > limit:
+                        reason = f"watchdog: hard time limit of {limit:.0f} s passed ({now - request.time_start:.0f} s)"
+                        self._kill(worker, child, request, rss, "timeout", reason)
 
-    def _kill(self, worker: Any, pid: int, rss: int) -> None:
-        job = _job_on(pid)
-        reason = (
-            f"watchdog: child RSS {rss / MB:.0f} MiB passed the pool {self.pool.name!r} cap of "
-            f"{self.pool.child_rss_cap_mb} MiB"
-        )
-        if job is not None:
+    def _kill(self, worker: Any, child: psutil.Process, request: Any, rss: int, outcome: str, reason: str) -> None:
+        if request is not None:
             from tasks.history import record_kill
 
-            job_id, _name = job
-            record = {"pid": pid, "rss_mb": round(rss / MB, 1), "cap_mb": self.pool.child_rss_cap_mb,
-                      "reason": reason, "at": time.time(), "worker": worker.hostname}
+            record = {"pid": child.pid, "rss_mb": round(rss / MB, 1), "cap_mb": self.pool.child_rss_cap_mb,
+                      "outcome": outcome, "reason": reason, "at": time.time(), "worker": worker.hostname}  # fmt: skip
             try:
-                record_kill(worker.app.backend.client, job_id, record, ttl=int(worker.app.conf.result_expires))
+                record_kill(self._redis, request.id, record, ttl=int(worker.app.conf.result_expires))
             except Exception:  # the kill matters more than its record
-                log.exception("could not record the kill reason of job %s", job_id)
+                log.exception("could not record the kill reason of job %s", request.id)
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            # psutil checks the process is still the one we measured (pid reuse).
+            child.kill()
+        except psutil.Error:
             return
         self.kills += 1
-        log.warning("%s; killed pid %d (job %s)", reason, pid, job[0] if job else "none")
+        log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
         from workers.metrics import CHILD_KILLS
 
-        CHILD_KILLS.labels(pool=self.pool.name, reason="rss_cap").inc()
+        CHILD_KILLS.labels(pool=self.pool.name, reason=outcome).inc()
 
 
 def _on_child_start(**_: Any) -> None:

@@ -70,14 +70,17 @@ def exec_worker(pool: Pool, **options: Any) -> None:
 def spawn_worker(
     pool: Pool, *, env: Mapping[str, str] | None = None, logfile: Any = None, **options: Any
 ) -> subprocess.Popen[bytes]:
-    """Start the pool's worker as a child process of this one (``farm up``, tests)."""
+    """Start the pool's worker as a child process of this one (``farm up``, tests).
+
+    Its output goes to ``logfile``, or to this process's own stdout/stderr when there is none.
+    """
     argv = worker_argv(pool, **options)
     return subprocess.Popen(
         argv,
         env=pool_environment(pool, env),
         stdin=subprocess.DEVNULL,
-        stdout=logfile or subprocess.DEVNULL,
-        stderr=subprocess.STDOUT if logfile else subprocess.DEVNULL,
+        stdout=logfile,
+        stderr=subprocess.STDOUT if logfile else None,
         start_new_session=True,  # Ctrl-C reaches us, and we stop the worker in order
     )
 
@@ -94,12 +97,15 @@ def wait_ready(app: Any, node: str, process: subprocess.Popen[bytes] | None = No
 
 
 def stop_worker(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    """Warm shutdown (SIGTERM: finish the running job), then SIGKILL if it will not stop."""
+    """Warm shutdown (SIGTERM: finish the running job), then SIGKILL if it will not stop.
+
+    A second Ctrl-C while waiting skips the wait; the worker is never left running behind us.
+    """
     if process.poll() is None:
         process.terminate()
         try:
             process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
             process.kill()
             process.wait()
     return process.returncode

@@ -41,3 +41,15 @@ def test_every_task_routes_to_its_family_queue() -> None:
         assert TIME_LIMITS[family.value].soft < TIME_LIMITS[family.value].hard
         assert TASK_ROUTES[name] == {"queue": family.value}
         assert name.startswith(f"farm.{family.value}.")
+
+
+def test_backend_that_is_not_redis_and_disabled_retry_are_named() -> None:
+    conf = safe() | {"result_backend": "rpc://", "task_retry_on_worker_lost": False}
+    text = "\n".join(config_problems(conf))
+    assert "result backend rpc:// is not Redis" in text and "task_retry_on_worker_lost is off" in text
+
+
+def test_retry_delay_that_outlasts_the_visibility_timeout_is_refused() -> None:
+    conf = celery_config(FarmSettings(broker_url="redis://x/0"))
+    assert config_problems(conf, retry_delay=60) == []
+    assert any("FARM_RETRY_DELAY (7000 s)" in p for p in config_problems(conf, retry_delay=7000))

@@ -159,21 +159,55 @@ def test_200_jobs_with_random_child_kills_all_end_and_none_is_lost(chaos_worker)
     assert chaos_worker.process.poll() is None
 
 
-def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, session_dir) -> None:
-    from tests.conftest import REPO
-    from tests.support.chaos import chaos
+SHORT_QUEUE = "chaos-short"
 
-    # Short visibility timeout: every time limit must be below it, or the worker refuses to start.
+
+@pytest.fixture(scope="module")
+def short_env(session_dir) -> dict[str, str]:
+    """Short time limits (soft 6 s, hard 7 s) and a 10 s visibility timeout: every limit must stay
+    below the visibility timeout, or the worker refuses to start."""
+    from tests.conftest import REPO
+
     base = (REPO / "tests" / "support" / "farm-test.toml").read_text()
     short = base.replace("[limits.chaos]\nsoft = 60\nhard = 90", "[limits.chaos]\nsoft = 6\nhard = 7")
     short += "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in ("vad", "yolo", "tts", "subtitle"))
-    config = session_dir / "short-visibility.toml"
+    config = session_dir / "short-limits.toml"
     config.write_text(short)
-    env = {"FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}
-    queue = "chaos-redeliver"
-    first = start_worker("chaos", concurrency=1, queues=[queue], env=env, include=CHAOS)
+    return {"FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}
 
-    job = JobHandle(chaos.apply_async(kwargs={"ladder": "slow"}, queue=queue).id, "chaos")
+
+def send_short(ladder: str) -> JobHandle:
+    from tasks.app import app
+
+    # As the client does: no time limits on the message, so the worker's own apply. (A task
+    # registered in this process would otherwise stamp this process's limits on it.)
+    result = app.send_task(
+        "farm.test.chaos", kwargs={"ladder": ladder}, queue=SHORT_QUEUE, soft_time_limit=None, time_limit=None
+    )
+    return JobHandle(result.id, "chaos")
+
+
+def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(start_worker, short_env) -> None:
+    worker = start_worker("chaos", concurrency=2, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
+    soft, hard = send_short("overrun_soft"), send_short("overrun_hard")
+    soft_env, hard_env = soft.wait(timeout=60), hard.wait(timeout=60)
+    assert outcomes(soft_env["attempts"]) == ["timeout", "ok"] and "soft time limit" in soft_env["attempts"][0]["reason"]
+    # The stubborn engine ignores the soft limit; the watchdog kills it at the hard one.
+    assert outcomes(hard_env["attempts"]) == ["timeout", "ok"], hard_env["attempts"]
+    assert "hard time limit of 7 s" in hard_env["attempts"][0]["reason"]
+    assert hard_env["variant"] == "frugal" and worker.process.poll() is None
+    stop_worker_now(worker)
+
+
+def stop_worker_now(worker) -> None:
+    from workers.pools import stop_worker
+
+    stop_worker(worker.process, timeout=20)
+
+
+def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, short_env) -> None:
+    first = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
+    job = send_short("slow")
     deadline = time.monotonic() + 30
     while not any(a["outcome"] is None for a in job.attempts()):
         assert time.monotonic() < deadline, "the job never started"
@@ -182,7 +216,7 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, s
     os.killpg(first.main_pid(), signal.SIGKILL)
     first.process.wait(10)
 
-    second = start_worker("chaos", concurrency=1, queues=[queue], env=env, include=CHAOS)
+    second = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
     killed_at = time.monotonic()
     envelope = job.wait(timeout=120)
     # Back after the visibility timeout plus about one sweep, not kombu's default 100 s sweep.
@@ -193,18 +227,49 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, s
     assert (lost["worker"], ok["worker"]) == (first.node, second.node)
 
 
+def test_cold_shutdown_hands_a_running_job_back_at_once(start_worker) -> None:
+    # What `docker compose stop` does to a worker (stop_signal SIGQUIT): the running job's message
+    # must go back to the queue when the soft-shutdown time is up, not after the visibility timeout.
+    env = {"FARM_SOFT_SHUTDOWN_TIMEOUT": "1"}  # the default 7200 s visibility timeout stays
+    first = start_worker("chaos", concurrency=1, queues=["chaos-cold"], env=env, include=CHAOS)
+    from tasks.app import app
+
+    job = JobHandle(app.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos-cold").id, "chaos")
+    deadline = time.monotonic() + 30
+    while not any(a["outcome"] is None for a in job.attempts()):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    os.kill(first.main_pid(), signal.SIGQUIT)
+    assert first.process.wait(30) is not None
+    second = start_worker("chaos", concurrency=1, queues=["chaos-cold"], env=env, include=CHAOS)
+    envelope = job.wait(timeout=60)  # far less than the 7200 s visibility timeout
+    assert outcomes(envelope["attempts"]) == ["worker_lost", "ok"], envelope["attempts"]
+    assert envelope["attempts"][1]["worker"] == second.node
+
+
 def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
     # A worker that dies between storing SUCCESS and acking gets its message redelivered; the
     # redelivery must return the stored result instead of running the job a second time.
     from tests.support.chaos import chaos
 
-    job = send("memerr")
-    first = job.wait(timeout=60)
-    assert outcomes(first["attempts"]) == ["oom", "ok"]
-    again = chaos.apply_async(kwargs={"ladder": "memerr"}, queue="chaos", task_id=job.id, retries=1)
-    assert again.get(timeout=60)["attempts"] == first["attempts"]
-    # No new attempt was recorded: the stored envelope came back untouched.
     from tasks.app import app
     from tasks.history import read_attempts
 
+    job = send("memerr")
+    first = job.wait(timeout=60)
+    assert outcomes(first["attempts"]) == ["oom", "ok"]
+    inspect = app.control.inspect([chaos_worker.node], timeout=2)
+
+    def processed() -> int:
+        return inspect.stats()[chaos_worker.node]["total"].get("farm.test.chaos", 0)
+
+    before = processed()
+    chaos.apply_async(kwargs={"ladder": "memerr"}, queue="chaos", task_id=job.id, retries=1)
+    deadline = time.monotonic() + 60
+    while processed() == before:
+        assert time.monotonic() < deadline, "the redelivered message was never processed"
+        time.sleep(0.1)
+    meta = app.backend.get_task_meta(job.id)
+    assert meta["status"] == "SUCCESS" and meta["result"]["attempts"] == first["attempts"]
+    # No new attempt was recorded: the stored envelope came back untouched.
     assert len(read_attempts(app.backend.client, job.id)) == 2

@@ -38,6 +38,20 @@ def hog(plan: dict[str, Any], mb: int = 800, step_mb: int = 25, hold: float = 30
     return {"pid": os.getpid(), "held_mb": len(held) * step_mb}
 
 
+def stubborn(plan: dict[str, Any], seconds: float = 30.0) -> dict[str, Any]:
+    """Keep running through the soft time limit, like C code (FFmpeg, CUDA) that a Python signal
+    cannot interrupt; only the hard limit can stop it."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)
+        except SoftTimeLimitExceeded:
+            continue
+    return {"pid": os.getpid()}
+
+
 def memory_error(plan: dict[str, Any]) -> dict[str, Any]:
     raise MemoryError("simulated allocation failure of 64 GiB")
 
@@ -81,6 +95,7 @@ for _name, _target, _needs in (
     ("ok", "ok", ()),
     ("hog", "hog", ()),
     ("memory_error", "memory_error", ()),
+    ("stubborn", "stubborn", ()),
     ("bad_input", "bad_input", ()),
     ("needs_missing", "ok", ("a_package_that_is_not_installed",)),
     ("cuda_hog", "cuda_hog", ("torch",)),
@@ -91,7 +106,7 @@ for _name, _target, _needs in (
 
 @app.task(
     bind=True, base=FarmTask, name="farm.test.chaos", family="chaos", max_retries=10, default_retry_delay=0,
-    soft_time_limit=time_limits()["chaos"].soft, time_limit=time_limits()["chaos"].hard, queue="chaos",
+    soft_time_limit=time_limits()["chaos"].soft, farm_hard_limit=time_limits()["chaos"].hard, queue="chaos",
 )  # fmt: skip
 def chaos(self: FarmTask, ladder: str, plan: dict[str, Any] | None = None) -> dict[str, Any]:
     def run_variant(variant: Variant, engine: Callable[..., Any]) -> dict[str, Any]:

@@ -5,12 +5,16 @@ from tasks.ladder import CHILD_LOST, current_rung, settle_open_attempts
 
 
 def open_attempt(rung: int = 0, retries: int = 0, pid: int = 100) -> Attempt:
-    return Attempt(rung=rung, variant=f"v{rung}", retries=retries, pid=pid)
+    return Attempt(rung=rung, variant=f"v{rung}", retries=retries, pid=pid, worker="cpu@a", started=1000.0)
+
+
+def kill_record(pid: int, worker: str = "cpu@a", at: float = 1001.0, **extra) -> dict:
+    return {"pid": pid, "worker": worker, "at": at, "reason": "watchdog: child RSS 900 MiB passed the cap", **extra}
 
 
 def test_watchdog_record_names_the_kill() -> None:
     attempts = [open_attempt(pid=42)]
-    kill = {"pid": 42, "reason": "watchdog: child RSS 900 MiB passed the cap", "rss_mb": 900.0}
+    kill = kill_record(42, rss_mb=900.0)
     assert settle_open_attempts(attempts, kill, retries=1, transient_budget=2) == [0]
     assert (attempts[0].outcome, attempts[0].peak_rss_mb) == ("killed", 900.0)
     assert "watchdog" in attempts[0].reason
@@ -18,9 +22,20 @@ def test_watchdog_record_names_the_kill() -> None:
 
 
 def test_kill_record_of_another_child_is_not_taken() -> None:
+    # Another pid; the same pid on another worker (containers reuse small pids); an older kill.
+    for kill in (kill_record(7), kill_record(42, worker="gpu0@b"), kill_record(42, at=999.0)):
+        attempts = [open_attempt(pid=42)]
+        settle_open_attempts(attempts, kill, retries=1, transient_budget=2)
+        assert (attempts[0].outcome, attempts[0].reason) == ("killed", CHILD_LOST)
     attempts = [open_attempt(pid=42)]
-    settle_open_attempts(attempts, {"pid": 7, "reason": "other"}, retries=1, transient_budget=2)
-    assert (attempts[0].outcome, attempts[0].reason) == ("killed", CHILD_LOST)
+    settle_open_attempts(attempts, kill_record(42, worker="gpu0@b"), retries=0, transient_budget=2)
+    assert attempts[0].outcome == "worker_lost"
+
+
+def test_hard_time_limit_kill_is_a_timeout() -> None:
+    attempts = [open_attempt(pid=42)]
+    settle_open_attempts(attempts, kill_record(42, outcome="timeout"), retries=1, transient_budget=2)
+    assert attempts[0].outcome == "timeout" and current_rung(attempts) == 1
 
 
 def test_redelivery_without_retry_is_a_worker_loss_on_the_same_rung() -> None:
@@ -39,5 +54,5 @@ def test_repeated_worker_loss_becomes_a_resource_failure() -> None:
 
 def test_finished_attempts_are_left_alone_and_counted() -> None:
     attempts = [Attempt(0, "v0", "oom"), Attempt(1, "v1", "unavailable"), Attempt(2, "v2", "transient")]
-    assert settle_open_attempts(attempts, {"pid": attempts[0].pid}, retries=3, transient_budget=2) == []
+    assert settle_open_attempts(attempts, kill_record(attempts[0].pid), retries=3, transient_budget=2) == []
     assert current_rung(attempts) == 2
