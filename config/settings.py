@@ -38,6 +38,7 @@ class FarmSettings(BaseSettings):
             (a broker hiccup, a worker that died under a job it did not cause).
         watchdog_interval: Seconds between two RSS polls of the pool children.
         config_file: Optional TOML file that overrides the declared pools and ladders.
+        metrics_port: Port of the worker's Prometheus endpoint (kills, child RSS); 0 turns it off.
         pool: The pool (``config.pools``) this worker process serves; sets its caps.
     """
 
@@ -56,6 +57,7 @@ class FarmSettings(BaseSettings):
     watchdog_interval: float = 0.05
     config_file: Path | None = None
     pool: str = "cpu"
+    metrics_port: int = 0
 
     @field_validator("media_roots", mode="before")
     @classmethod

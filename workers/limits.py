@@ -92,6 +92,11 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             get_settings().backend_url, socket_timeout=0.5, socket_connect_timeout=0.5
         )
         self._limits = hard_limits(worker.app)
+        from workers.metrics import CHILD_RSS_CAP, serve
+
+        serve(get_settings().metrics_port)
+        if self.cap:
+            CHILD_RSS_CAP.labels(pool=self.pool.name).set(self.cap)
         self._thread = threading.Thread(target=self._run, args=(worker,), name="farm-watchdog", daemon=True)
         self._thread.start()
         cap = f"{self.pool.child_rss_cap_mb} MiB" if self.cap else "none"
@@ -101,6 +106,8 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self._stop.set()
 
     def _run(self, worker: Any) -> None:
+        from workers.metrics import CHILD_RSS_MAX
+
         me = psutil.Process()
         while not self._stop.wait(self.interval):
             try:
@@ -109,12 +116,14 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 continue
             jobs = _active_jobs()
             now = time.time()
+            largest = 0
             for child in children:
                 request = jobs.get(child.pid)
                 try:
                     rss = child.memory_info().rss
                 except psutil.Error:
                     continue
+                largest = max(largest, rss)
                 if self.cap is not None and rss > self.cap:
                     reason = (
                         f"watchdog: child RSS {rss / MB:.0f} MiB passed the pool {self.pool.name!r} cap of "
@@ -126,6 +135,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                     if limit and now - request.time_start > limit:
                         reason = f"watchdog: hard time limit of {limit:.0f} s passed ({now - request.time_start:.0f} s)"
                         self._kill(worker, child, request, rss, "timeout", reason)
+            CHILD_RSS_MAX.labels(pool=self.pool.name).set(largest)
 
     def _kill(self, worker: Any, child: psutil.Process, request: Any, rss: int, outcome: str, reason: str) -> None:
         if request is not None:

@@ -25,7 +25,19 @@ CHAOS = ("tests.support.chaos",)
 
 @pytest.fixture(scope="session")
 def chaos_worker(start_worker):
-    return start_worker("chaos", concurrency=2, include=CHAOS)
+    from workers.embedded import free_port
+
+    port = free_port()
+    worker = start_worker("chaos", concurrency=2, include=CHAOS, env={"FARM_METRICS_PORT": str(port)})
+    worker.metrics_url = f"http://127.0.0.1:{port}/metrics"
+    return worker
+
+
+def scrape(url: str, name: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 def send(ladder: str, plan: dict[str, Any] | None = None) -> JobHandle:
@@ -40,6 +52,7 @@ def outcomes(attempts: list[dict[str, Any]]) -> list[str]:
 
 
 def test_job_over_the_cap_is_killed_and_completes_on_the_next_rung(chaos_worker) -> None:
+    kills_before = scrape(chaos_worker.metrics_url, 'mediafarm_child_kills_total{pool="chaos",reason="killed"}')
     job = send("kill_once")
     envelope = job.wait(timeout=60)
     assert envelope["job_id"] == job.id and envelope["variant"] == "frugal" and envelope["rung"] == 1
@@ -49,6 +62,10 @@ def test_job_over_the_cap_is_killed_and_completes_on_the_next_rung(chaos_worker)
     assert killed["peak_rss_mb"] > 400 and killed["variant"] == "hungry"
     assert killed["pid"] != ok["pid"] or killed["retries"] < ok["retries"]
     assert chaos_worker.process.poll() is None
+    # Operators see it in Prometheus.
+    kills = scrape(chaos_worker.metrics_url, 'mediafarm_child_kills_total{pool="chaos",reason="killed"}')
+    assert kills == kills_before + 1
+    assert scrape(chaos_worker.metrics_url, 'mediafarm_child_rss_cap_bytes{pool="chaos"}') == 400 * 1024 * 1024
 
 
 def test_killed_on_every_rung_fails_after_exactly_as_many_attempts(chaos_worker) -> None:
