@@ -52,6 +52,7 @@ def settle_open_attempts(
             att.outcome = str(kill.get("outcome", "killed"))
             att.reason = str(kill.get("reason", "killed by the watchdog"))
             att.peak_rss_mb = kill.get("rss_mb")
+            att.duration = round(float(kill["at"]) - att.started, 3)
         elif retries > att.retries:
             att.outcome, att.reason = "killed", CHILD_LOST
         else:

@@ -16,7 +16,7 @@ def test_watchdog_record_names_the_kill() -> None:
     attempts = [open_attempt(pid=42)]
     kill = kill_record(42, rss_mb=900.0)
     assert settle_open_attempts(attempts, kill, retries=1, transient_budget=2) == [0]
-    assert (attempts[0].outcome, attempts[0].peak_rss_mb) == ("killed", 900.0)
+    assert (attempts[0].outcome, attempts[0].peak_rss_mb, attempts[0].duration) == ("killed", 900.0, 1.0)
     assert "watchdog" in attempts[0].reason
     assert current_rung(attempts) == 1
 
