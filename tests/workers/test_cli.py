@@ -70,3 +70,40 @@ def test_plain_celery_worker_refuses_unsafe_configuration_too(redis_url: str) ->
 def test_unknown_pool_is_named(redis_url: str) -> None:
     proc = run(["worker", "--pool", "nope"], clean_env(FARM_BROKER_URL=redis_url), timeout=60)
     assert proc.returncode == 2 and "no pool named 'nope'" in proc.stderr
+
+
+@pytest.mark.integration
+def test_up_serves_jobs_and_ctrl_c_stops_everything_it_started() -> None:
+    import re
+    import signal
+    import socket
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        FARM + ["up", "--concurrency", "1"], env=clean_env(), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("farm up:") for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stdout.readline())
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert len(started) >= 2  # the embedded Redis and the worker (with its child)
+        # A producer elsewhere submits to it; the media root defaults to the working directory.
+        sample = REPO / "tasks" / "media" / "samples" / "speech.ogg"
+        env = clean_env(FARM_BROKER_URL=f"redis://127.0.0.1:{port}/0")
+        job = run(["submit", "vad", str(sample), "--wait", "--json"], env, timeout=120)
+        assert job.returncode == 0 and job.stdout.count('"start"') == 3, job.stdout + job.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "farm stopped" in out
+    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        pass
