@@ -11,3 +11,9 @@ from tasks.app import app
 @app.task(name="bench.bare_noop", soft_time_limit=time_limits()["chaos"].soft)
 def bare_noop(ladder: str = "noop", plan: dict | None = None) -> dict:
     return {}
+
+
+@app.task(name="bench.bare_untracked", soft_time_limit=time_limits()["chaos"].soft, track_started=False)
+def bare_untracked(ladder: str = "noop", plan: dict | None = None) -> dict:
+    """The strictest baseline: no STARTED write either (the farm's attempt record replaces it)."""
+    return {}

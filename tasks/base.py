@@ -30,6 +30,10 @@ class FarmTask(Task):
     default_retry_delay = 0
     # Set per task in ``farm_task_options``; bounded by the ladder in any case.
     max_retries = 8
+    # The attempt record written as the job starts replaces Celery's STARTED write (one Redis round
+    # trip a job saved): JobHandle.state() reports STARTED from it, and the worker still sends
+    # task-started events for Flower.
+    track_started = False
     # Enforced by the worker's watchdog with a SIGKILL, so an overrun moves the job down a rung
     # (``workers.limits``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None

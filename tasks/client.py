@@ -40,8 +40,15 @@ class JobHandle:
         return AsyncResult(self.id, app=app)
 
     def state(self) -> str:
-        """Celery state: PENDING, STARTED, RETRY (moving down a rung), SUCCESS or FAILURE."""
-        return self._result.state
+        """PENDING, STARTED, RETRY (moving down a rung), SUCCESS or FAILURE.
+
+        Farm tasks do not write Celery's STARTED state (``FarmTask.track_started``); a job whose
+        attempt is running is STARTED.
+        """
+        state = self._result.state
+        if state == "PENDING" and any(a.get("outcome") is None for a in self.attempts()):
+            return "STARTED"
+        return state
 
     def attempts(self) -> list[dict[str, Any]]:
         """Every attempt so far, oldest first (see ``tasks.history.Attempt``)."""

@@ -226,9 +226,10 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, s
     first = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
     job = send_short("slow")
     deadline = time.monotonic() + 30
-    while not any(a["outcome"] is None for a in job.attempts()):
+    while job.state() != "STARTED":
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.05)
+    assert any(a["outcome"] is None for a in job.attempts())
     # The whole worker dies mid-job: main process and children, as in a machine or container loss.
     os.killpg(first.main_pid(), signal.SIGKILL)
     first.process.wait(10)
