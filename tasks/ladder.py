@@ -114,6 +114,28 @@ def _peak_rss_mb() -> float | None:
     return None
 
 
+class _Running:
+    """One attempt from its start record to its outcome."""
+
+    def __init__(self, log: AttemptLog, attempt: Attempt) -> None:
+        self.log, self.attempt = log, attempt
+        self.pending = log.append_behind(attempt)
+        _peak_rss_reset()
+        self.t0 = time.monotonic()
+
+    def finish(self, outcome: str, reason: str = "") -> None:
+        attempt = self.attempt
+        attempt.outcome, attempt.reason = outcome, reason
+        attempt.duration = round(time.monotonic() - self.t0, 3)
+        attempt.peak_rss_mb = _peak_rss_mb()
+        if outcome == "ok":
+            # Completed in the envelope; the record's reply is read only to free the connection,
+            # and a Redis error here must not throw away a finished result.
+            self.pending.settle_quietly()
+        else:
+            self.log.update(self.pending.index(), attempt)
+
+
 def run_ladder(
     *,
     job_id: str,
@@ -152,23 +174,9 @@ def run_ladder(
             log.append(attempts[-1])
             rung += 1
             continue
-        attempt = Attempt(rung, variant.name, retries=retries, worker=worker)
-        pending = log.append_behind(attempt)
-        attempts.append(attempt)
-        _peak_rss_reset()
-        t0 = time.monotonic()
-
-        def finish(outcome: str, reason: str = "") -> None:
-            attempt.outcome, attempt.reason = outcome, reason
-            attempt.duration = round(time.monotonic() - t0, 3)
-            attempt.peak_rss_mb = _peak_rss_mb()
-            if outcome == "ok":
-                # Completed in the envelope; the record's reply is read only to free the connection,
-                # and a Redis error here must not throw away a finished result.
-                pending.settle_quietly()
-            else:
-                log.update(pending.index(), attempt)
-
+        running = _Running(log, Attempt(rung, variant.name, retries=retries, worker=worker))
+        attempts.append(running.attempt)
+        finish = running.finish
         try:
             with map_exceptions():
                 output = run_variant(variant, engine.load())
