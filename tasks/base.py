@@ -16,7 +16,6 @@ from redis.exceptions import RedisError
 from config.ladders import Variant, get_ladder
 from config.queues import Family, time_limits
 from config.settings import get_settings
-
 from tasks.errors import ResourceFailure, TransientFailure
 from tasks.history import AttemptLog
 from tasks.ladder import RetryRequest, run_ladder
@@ -68,8 +67,7 @@ class FarmTask(Task):
             )
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
-            # one. `from None` lets the frames holding the failed allocation go. The open attempt,
-            # if any, is settled by the next run as a lost child: one rung down.
+            # one. The open attempt, if any, is settled by the next run as a lost child: one rung down.
             outcome = RetryRequest("MemoryError outside the engine", ResourceFailure("MemoryError", outcome="oom"))
         except RedisError as exc:
             # The attempt log or result backend failed (a broker hiccup), not the job: same rung,

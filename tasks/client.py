@@ -46,7 +46,7 @@ class JobHandle:
         attempt is running is STARTED.
         """
         state = self._result.state
-        if state == "PENDING" and any(a.get("outcome") is None for a in self.attempts()):
+        if state == "PENDING" and any(a.get("outcome") is None for a in read_attempts(app.backend.client, self.id)):
             return "STARTED"
         return state
 

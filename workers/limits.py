@@ -82,7 +82,6 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._redis: Any = None
-        self.kills = 0
 
     def start(self, worker: Any) -> None:
         import redis
@@ -152,7 +151,6 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             child.kill()
         except psutil.Error:
             return
-        self.kills += 1
         log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
         from workers.metrics import CHILD_KILLS
 
