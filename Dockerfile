@@ -16,6 +16,7 @@ WORKDIR /app
 # torch first and pinned: silero-vad depends on it and an unpinned resolve pulls a multi-GB build.
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md ./
+COPY mediafarm ./mediafarm
 COPY config ./config
 COPY tasks ./tasks
 COPY workers ./workers

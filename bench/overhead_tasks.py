@@ -4,16 +4,18 @@ It carries the same soft time limit as the farm task: that is a Celery setting e
 and billiard's timeout bookkeeping is not farm machinery. (The farm's hard limit is the watchdog's.)
 """
 
-from config.queues import time_limits
-from tasks.app import app
+from mediafarm.tasks import families
+from mediafarm.tasks.app import app
+
+SOFT_LIMIT = families.limits_for(families.get("chaos")).soft
 
 
-@app.task(name="bench.bare_noop", soft_time_limit=time_limits()["chaos"].soft)
+@app.task(name="bench.bare_noop", soft_time_limit=SOFT_LIMIT)
 def bare_noop(ladder: str = "noop", plan: dict | None = None) -> dict:
     return {}
 
 
-@app.task(name="bench.bare_untracked", soft_time_limit=time_limits()["chaos"].soft, track_started=False)
+@app.task(name="bench.bare_untracked", soft_time_limit=SOFT_LIMIT, track_started=False)
 def bare_untracked(ladder: str = "noop", plan: dict | None = None) -> dict:
     """The strictest baseline: no STARTED write either (the farm's attempt record replaces it)."""
     return {}

@@ -59,7 +59,7 @@ def _baseline(path: Path) -> tuple[int, float]:
     import torch
     from silero_vad import VADIterator
 
-    from tasks.engines.vad import SILERO_WINDOW, _silero_model
+    from mediafarm.tasks.families.vad.engines import SILERO_WINDOW, _silero_model
 
     audio, rate = sf.read(str(path), dtype="float32")
     assert rate == RATE and audio.ndim == 1
@@ -97,7 +97,9 @@ def child(variant: str, path: Path) -> None:
     t0 = time.perf_counter()
     import torch  # noqa: F401  (imported here so import time is not counted as load time)
 
-    from tasks.engines import vad
+    from mediafarm.tasks.context import EngineContext
+    from mediafarm.tasks.families.vad import engines as vad
+    from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest
 
     t1 = time.perf_counter()
     vad._silero_model()  # the engine's own loader: ONNX model, torch.set_num_threads(1)
@@ -106,7 +108,7 @@ def child(variant: str, path: Path) -> None:
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t3 = time.perf_counter()
     if variant == "ours":
-        result = vad.silero_spans(path, **PARAMS)
+        result = vad.silero(EngineContext.local(), VadRequest(media=str(path)), SileroParams(**PARAMS))
         spans, speech, duration = len(result.spans), sum(s.end - s.start for s in result.spans), result.duration
     else:
         spans, speech = _baseline(path)

@@ -12,12 +12,16 @@ from typing import Any
 
 from celery.exceptions import ImproperlyConfigured
 
-from config.queues import TASK_ROUTES, time_limits
-from config.settings import FarmSettings
+from mediafarm.config.settings import FarmSettings
+
+# Routing reads the family registry: every family's task goes to its family queue unless the
+# producer names another. A string, so this module does not import the tasks package.
+ROUTER = "mediafarm.tasks.families.route"
 
 
 class UnsafeConfiguration(ImproperlyConfigured):
-    """The configuration would lose or duplicate jobs; the worker refuses to start."""
+    """The configuration would lose or duplicate jobs, or names what does not exist; the worker
+    refuses to start."""
 
 
 def celery_config(settings: FarmSettings) -> dict[str, Any]:
@@ -44,7 +48,7 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "result_extended": True,
         "result_expires": 7 * 24 * 3600,
-        "task_routes": TASK_ROUTES,
+        "task_routes": (ROUTER,),
         "task_default_queue": "default",
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout,
@@ -65,14 +69,12 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
     }
 
 
-def config_problems(
-    conf: Any, task_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0
-) -> list[str]:
+def config_problems(conf: Any, hard_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0) -> list[str]:
     """What is unsafe in a Celery configuration (empty when it is safe).
 
-    ``conf`` is a Celery ``app.conf`` or any mapping with the same keys; ``task_limits`` maps
-    registered task names to their hard time limits, when a worker knows them; ``retry_delay``
-    is FARM_RETRY_DELAY.
+    ``conf`` is a Celery ``app.conf`` or any mapping with the same keys; ``hard_limits`` maps
+    what has a hard time limit (``family vad``, ``task farm.vad.detect``) to it, in seconds;
+    ``retry_delay`` is FARM_RETRY_DELAY.
     """
     problems: list[str] = []
     accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
@@ -84,11 +86,10 @@ def config_problems(
             "only json is allowed (a worker that unpickles a message runs the sender's code)"
         )
     visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout", 3600)
-    limits = {f"family {name}": limit.hard for name, limit in time_limits().items()}
-    limits |= {f"task {name}": hard for name, hard in (task_limits or {}).items() if hard}
+    limits = {name: hard for name, hard in (hard_limits or {}).items() if hard}
     if conf.get("task_time_limit"):
         limits["task_time_limit"] = conf.get("task_time_limit")
-    longest_name, longest = max(limits.items(), key=lambda kv: kv[1])
+    longest_name, longest = max(limits.items(), key=lambda kv: kv[1], default=("nothing", 0))
     if visibility <= longest:
         problems.append(
             f"FARM_VISIBILITY_TIMEOUT ({visibility} s) must exceed the longest hard time limit "
@@ -119,8 +120,8 @@ def config_problems(
     return problems
 
 
-def check_config(conf: Any, task_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0) -> None:
+def check_config(conf: Any, hard_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0) -> None:
     """Raise :class:`UnsafeConfiguration` naming every problem, or return quietly."""
-    problems = config_problems(conf, task_limits, retry_delay)
+    problems = config_problems(conf, hard_limits, retry_delay)
     if problems:
         raise UnsafeConfiguration("refusing to start, unsafe configuration:\n  - " + "\n  - ".join(problems))

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from config.settings import get_settings
+from mediafarm.config.settings import get_settings
 
 
 class ConfigFileError(ValueError):

@@ -1,15 +1,22 @@
-"""Downgrade ladders: per job family, the ordered variants, best first, cheapest last.
+"""Downgrade ladders as the operator declares them: ordered variants, best first, cheapest last.
 
-A job runs on the rung given by the number of resource failures it has had (see
-``tasks.ladder``). Each variant names an *engine* (the code that runs it, registered in
-``tasks.engines``) and that engine's parameters. Operators change a ladder in the
-``[ladders.<family>]`` table of ``FARM_CONFIG_FILE``::
+A job runs on the rung given by the resource failures it has had (``tasks.downgrade``). Each
+variant names an *engine* of its family (``FamilySpec.engines``) and that engine's parameters.
+Every family declares a default ladder in its own folder; operators replace it, or add named
+ladders a family can be asked to use, in ``FARM_CONFIG_FILE``::
 
-    [ladders.vad]
+    [ladders.vad]                       # replaces the vad family's default ladder
     rungs = [
       { name = "silero-onnx", engine = "silero", params = { threshold = 0.5 } },
       { name = "skip", engine = "skip" },
     ]
+
+    [ladders.vad-fast]                  # a named ladder of the vad family
+    family = "vad"
+    rungs = [{ name = "webrtc", engine = "webrtc" }]
+
+Whether each rung names a real engine with parameters it accepts is checked when a worker
+starts (``tasks.families.ladder_problems``): a mistake there stops the worker, naming the rung.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from config.file import ConfigFileError, section
+from mediafarm.config.file import ConfigFileError, section
+
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -29,8 +38,8 @@ class Variant:
 
     Attributes:
         name: What the result and the history call this rung (``silero-onnx``).
-        engine: The registered engine that runs it (``silero``).
-        params: Engine parameters, JSON-safe.
+        engine: The family's engine that runs it (``silero``).
+        params: Engine parameters, JSON-safe; checked against the engine's parameter model.
         device: ``cpu`` or ``cuda``; a ``cuda`` rung is unavailable on a pool without a GPU.
     """
 
@@ -39,74 +48,72 @@ class Variant:
     params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     device: str = "cpu"
 
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigFileError(f"rung {self.name!r}: device must be one of {DEVICES}, got {self.device!r}")
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "engine": self.engine, "params": dict(self.params), "device": self.device}
 
 
+def variant(name: str, engine: str, device: str = "cpu", **params: Any) -> Variant:
+    """A rung, written the short way in a family's default ladder."""
+    return Variant(name=name, engine=engine, params=MappingProxyType(params), device=device)
+
+
 @dataclass(frozen=True)
 class Ladder:
-    """The variants of one family, best first."""
+    """An ordered list of variants, best first.
 
+    Attributes:
+        name: The ladder's name: its family's name, or a named ladder's own.
+        family: The job family whose engines its rungs name.
+        rungs: The variants.
+    """
+
+    name: str
     family: str
     rungs: tuple[Variant, ...]
 
     def __post_init__(self) -> None:
         if not self.rungs:
-            raise ConfigFileError(f"ladder {self.family!r} has no rungs")
+            raise ConfigFileError(f"ladder {self.name!r} has no rungs")
         names = [v.name for v in self.rungs]
         if len(set(names)) != len(names):
-            raise ConfigFileError(f"ladder {self.family!r} names a rung twice: {names}")
+            raise ConfigFileError(f"ladder {self.name!r} names a rung twice: {names}")
 
     def __len__(self) -> int:
         return len(self.rungs)
 
 
-def _v(name: str, engine: str, device: str = "cpu", **params: Any) -> Variant:
-    return Variant(name=name, engine=engine, params=MappingProxyType(params), device=device)
-
-
-DEFAULT_LADDERS: dict[str, Ladder] = {
-    "vad": Ladder(
-        "vad",
-        (
-            # Streaming silero over PyAV blocks; one ONNX thread per child, so concurrency = cores.
-            _v("silero-onnx", "silero", threshold=0.5, min_silence_ms=300, speech_pad_ms=30),
-            # webrtcvad: a few MB, no torch; coarser boundaries.
-            _v("webrtc", "webrtc", aggressiveness=2, min_silence_ms=300, min_speech_ms=150),
-            # The camera filter's --skip-vad: no spans, result flagged, the pipeline goes on.
-            _v("skip", "skip"),
-        ),
-    ),
-}
-
-
-def _variant_from_table(family: str, row: Any) -> Variant:
+def _variant_from_table(ladder: str, row: Any) -> Variant:
     if not isinstance(row, dict) or "name" not in row or "engine" not in row:
-        raise ConfigFileError(f"[ladders.{family}] each rung needs at least name and engine, got {row!r}")
+        raise ConfigFileError(f"[ladders.{ladder}] each rung needs at least name and engine, got {row!r}")
+    unknown = set(row) - {"name", "engine", "params", "device"}
+    if unknown:
+        raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: unknown keys {sorted(unknown)}")
     params = row.get("params", {})
     if not isinstance(params, dict):
-        raise ConfigFileError(f"[ladders.{family}] rung {row['name']!r}: params must be a table")
-    return Variant(
-        name=str(row["name"]),
-        engine=str(row["engine"]),
-        params=MappingProxyType(dict(params)),
-        device=str(row.get("device", "cpu")),
-    )
+        raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: params must be a table")
+    try:
+        return Variant(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), str(row.get("device", "cpu")))
+    except ConfigFileError as exc:
+        raise ConfigFileError(f"[ladders.{ladder}] {exc}") from None
 
 
-@functools.lru_cache(maxsize=64)
-def get_ladder(family: str) -> Ladder:
-    """The ladder of ``family``: the operator's if the config file declares one, else the default.
+@functools.lru_cache(maxsize=8)
+def declared_ladders() -> Mapping[str, Ladder]:
+    """The operator file's ``[ladders.<name>]`` tables, by name.
 
     Cached for the life of the process: a worker reads its configuration once, at start.
     """
-    override = section("ladders").get(family)
-    if override is not None:
-        rungs = override.get("rungs") if isinstance(override, dict) else None
+    ladders = {}
+    for name, table in section("ladders").items():
+        rungs = table.get("rungs") if isinstance(table, dict) else None
         if not isinstance(rungs, list):
-            raise ConfigFileError(f"[ladders.{family}] needs a list `rungs`")
-        return Ladder(family, tuple(_variant_from_table(family, r) for r in rungs))
-    try:
-        return DEFAULT_LADDERS[family]
-    except KeyError:
-        raise ConfigFileError(f"no ladder declared for job family {family!r}") from None
+            raise ConfigFileError(f"[ladders.{name}] needs a list `rungs`")
+        family = table.get("family", name)
+        if not isinstance(family, str):
+            raise ConfigFileError(f"[ladders.{name}] family must be a string")
+        ladders[name] = Ladder(name, family, tuple(_variant_from_table(name, r) for r in rungs))
+    return MappingProxyType(ladders)

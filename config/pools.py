@@ -1,6 +1,9 @@
 """Worker pools: which queues each consumes, on which GPUs, with how many children and what caps.
 
-Operators override or add pools in the ``[pools.<name>]`` tables of ``FARM_CONFIG_FILE``::
+A pool's queues may name families' queues through two patterns, so that a new family needs no
+pool edited: ``*`` is the queue of every family served by default pools, and ``gpu<N>.*`` the
+GPU-affinity queue ``gpu<N>.<family>`` of each of them. Operators override or add pools in the
+``[pools.<name>]`` tables of ``FARM_CONFIG_FILE``::
 
     [pools.gpu1]
     queues = ["gpu1.tts", "tts"]
@@ -12,10 +15,33 @@ Operators override or add pools in the ``[pools.<name>]`` tables of ``FARM_CONFI
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from config.file import ConfigFileError, section
-from config.queues import FAMILY_QUEUES, Family, gpu_queue
+from mediafarm.config.file import ConfigFileError, section
+
+EVERY_FAMILY = "*"
+
+
+def gpu_queue(gpu: int, family: str) -> str:
+    """The affinity queue of one family on one GPU, e.g. ``gpu0.tts``: a producer that wants the
+    GPU already holding a speaker's embedding, say, sends there."""
+    return f"gpu{gpu}.{family}"
+
+
+def expand_queues(patterns: Sequence[str], family_queues: Sequence[str]) -> tuple[str, ...]:
+    """Queue names with ``*`` and ``gpu<N>.*`` replaced by the given family queues, order kept."""
+    out: list[str] = []
+    for pattern in patterns:
+        if pattern == EVERY_FAMILY:
+            names = list(family_queues)
+        elif pattern.endswith("." + EVERY_FAMILY):
+            prefix = pattern[: -len(EVERY_FAMILY)]
+            names = [prefix + q for q in family_queues]
+        else:
+            names = [pattern]
+        out += [n for n in names if n not in out]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -24,7 +50,7 @@ class Pool:
 
     Attributes:
         name: Pool name; the worker's node name is ``<name>@<host>``.
-        queues: Queues it consumes.
+        queues: Queues it consumes; ``*`` and ``gpu<N>.*`` stand for every family (``expand_queues``).
         gpus: GPU ids it may use. One id: the whole worker is pinned to it. Several: child *i*
             is pinned to ``gpus[i % len(gpus)]`` (a replacement child reuses its index).
         concurrency: Prefork children.
@@ -57,11 +83,11 @@ class Pool:
 
 DEFAULT_POOLS: dict[str, Pool] = {
     # Everything on the CPU: what `farm up` runs and what CI tests.
-    "cpu": Pool("cpu", queues=FAMILY_QUEUES),
+    "cpu": Pool("cpu", queues=(EVERY_FAMILY,)),
     # One GPU: its affinity queues first, then the family queues it shares with other GPUs.
     "gpu0": Pool(
         "gpu0",
-        queues=tuple(gpu_queue(0, f) for f in Family) + FAMILY_QUEUES,
+        queues=(gpu_queue(0, EVERY_FAMILY), EVERY_FAMILY),
         gpus=(0,),
         concurrency=2,
         child_rss_cap_mb=8192,

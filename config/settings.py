@@ -40,6 +40,9 @@ class FarmSettings(BaseSettings):
         config_file: Optional TOML file that overrides the declared pools and ladders.
         metrics_port: Port of the worker's Prometheus endpoint (kills, child RSS); 0 turns it off.
         pool: The pool (``config.pools``) this worker process serves; sets its caps.
+        family_modules: Modules that declare job families beyond the built-in ones (a plugin's,
+            a test's), each with a module-level ``FAMILY``; separated like PATH. Every process of
+            a farm (workers, producers, CLI) must name the same ones.
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
@@ -58,13 +61,14 @@ class FarmSettings(BaseSettings):
     config_file: Path | None = None
     pool: str = "cpu"
     metrics_port: int = 0
+    family_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
-    @field_validator("media_roots", mode="before")
+    @field_validator("media_roots", "family_modules", mode="before")
     @classmethod
-    def _split_roots(cls, value: object) -> object:
+    def _split_like_path(cls, value: object) -> object:
         # os.pathsep-separated like PATH, because JSON lists in env vars are error-prone by hand.
         if isinstance(value, str):
-            return [p for p in value.split(os.pathsep) if p]
+            return [p.strip() for p in value.split(os.pathsep) if p.strip()]
         return value
 
     @property

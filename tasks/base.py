@@ -1,51 +1,64 @@
-"""FarmTask: the Celery task base every job family uses.
+"""FarmTask, the Celery task every family runs as, and :func:`make_task`, which builds one per family.
 
-It does three things and nothing else: picks the rung (via ``tasks.ladder``), turns a
-``RetryRequest`` into Celery's retry under the same id, and makes sure a ``MemoryError``
-never reaches Celery (which would shut the whole worker down).
+A family declares no task of its own: the registry hands its spec to :func:`make_task`, and the
+task it gets validates the job's fields against the spec's request model, picks the rung
+(``tasks.downgrade``), gives the engine its :class:`~mediafarm.tasks.context.EngineContext`,
+drains a generator engine inside the same exception mapping, and turns a ``RetryRequest`` into
+Celery's retry under the same id. A ``MemoryError`` never reaches Celery (which would shut the
+whole worker down), and what does reach it is always a class the client has (``wire_exception``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Generator, Mapping
 from typing import Any
 
-from celery import Task
+from celery import Celery, Task
+from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from config.ladders import Variant, get_ladder
-from config.queues import Family, time_limits
-from config.settings import get_settings
-from tasks.errors import ResourceFailure, TransientFailure
-from tasks.history import AttemptLog
-from tasks.ladder import RetryRequest, run_ladder
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks import families
+from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.context import EngineContext, JobChannel
+from mediafarm.tasks.downgrade import RetryRequest, run_ladder
+from mediafarm.tasks.errors import EngineError, FarmError, InvalidRequest, ResourceFailure, TransientFailure, wire_exception
+from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.records import ArtifactInfo, Outcome
 
 
 class FarmTask(Task):
-    """Base of the farm's tasks. Subclass attributes: ``family``."""
+    """Base of the farm's tasks. Class attribute ``spec``: the family it runs."""
 
-    family: str = ""
+    spec: FamilySpec
     # Celery's per-task default is 180 s: a downgrade should run at once. FARM_RETRY_DELAY.
     default_retry_delay = 0
-    # Set per task in ``farm_task_options``; bounded by the ladder in any case.
+    # Set per family in ``make_task``; bounded by the ladder in any case.
     max_retries = 8
     # The attempt record written as the job starts replaces Celery's STARTED write (one Redis round
     # trip a job saved): JobHandle.state() reports STARTED from it, and the worker still sends
     # task-started events for Flower.
     track_started = False
     # Enforced by the worker's watchdog with a SIGKILL, so an overrun moves the job down a rung
-    # (``workers.limits``). Celery's own ``time_limit`` would fail the job instead.
+    # (``workers.guards``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None
 
-    def run_job(
-        self, run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]], *, ladder: str | None = None
-    ) -> dict[str, Any]:
-        """Run this job on its rung; the family adapter supplies ``run_variant``.
+    def run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Run this job on its rung and return the envelope (JSON)."""
+        try:
+            return self._run_job(fields)
+        except FarmError as exc:
+            wired = wire_exception(exc)
+            if wired is exc:
+                raise
+            raise wired from exc
 
-        ``ladder`` names another declared ladder than the family's (pipelines, tests).
-        """
+    def _run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         settings = get_settings()
         request = self.request
+        spec = self.spec
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
         fresh = not (redelivered or request.retries)
         try:
@@ -55,20 +68,38 @@ class FarmTask(Task):
                     # Its worker died between storing the result and acking the message: the job
                     # is done, and running it again would only redo the work.
                     return stored["result"]
+            ladder_name = fields.get(spec.ladder_field) if spec.ladder_field else None
+            if ladder_name is not None and not isinstance(ladder_name, str):
+                raise InvalidRequest(f"{spec.name} request: {spec.ladder_field} must name a ladder")
+            ladder = families.ladder_for(spec, ladder_name)
+            ttl = int(self.app.conf.result_expires)
+            store = ArtifactStore(settings.storage_dir, request.id)
+            channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event)
+            if not fresh:
+                # A retried attempt starts clean: no file and no partial output of an earlier one.
+                store.clear()
+                channel.reset()
+
+            def run_rung(variant: Any, rung: int, attempt: int) -> tuple[dict[str, Any], tuple[ArtifactInfo, ...]]:
+                ctx = EngineContext(request.id, attempt, rung, variant.name, variant.device, store,
+                                    settings.models_dir, channel)  # fmt: skip
+                return run_engine(spec, variant, ctx, fields, settings.media_roots), tuple(store.list())
+
             outcome = run_ladder(
                 job_id=request.id,
-                ladder=get_ladder(ladder or self.family),
-                log=AttemptLog(self.backend.client, request.id, ttl=int(self.app.conf.result_expires)),
+                ladder=ladder,
+                engines=spec.engines,
+                log=AttemptLog(self.backend.client, request.id, ttl=ttl),
                 retries=request.retries,
                 worker=request.hostname or "",
                 transient_budget=settings.transient_retries,
-                run_variant=run_variant,
+                run_rung=run_rung,
                 fresh=fresh,
             )
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
             # one. The open attempt, if any, is settled by the next run as a lost child: one rung down.
-            outcome = RetryRequest("MemoryError outside the engine", ResourceFailure("MemoryError", outcome="oom"))
+            outcome = RetryRequest("MemoryError outside the engine", ResourceFailure("MemoryError", Outcome.OOM))
         except RedisError as exc:
             # The attempt log or result backend failed (a broker hiccup), not the job: same rung,
             # bounded by max_retries; the retry itself goes through the same Redis, so a Redis that
@@ -76,23 +107,69 @@ class FarmTask(Task):
             outcome = RetryRequest(f"Redis error: {exc}", TransientFailure(f"Redis error: {exc}"))
         if isinstance(outcome, RetryRequest):
             raise self.retry(exc=outcome.exc, countdown=settings.retry_delay)
-        return outcome
+        return outcome.to_json()
+
+    def _progress_event(self, event: str, **fields: Any) -> None:
+        if self.app.conf.worker_send_task_events:
+            self.send_event(event, **fields)
 
 
-def farm_task_options(family: Family) -> dict[str, Any]:
-    """Decorator options shared by every family's task: base, name, limits, retry bound."""
-    from config.queues import TASK_NAMES
+def run_engine(
+    spec: FamilySpec, variant: Any, ctx: EngineContext, fields: Mapping[str, Any], media_roots: list[Any]
+) -> dict[str, Any]:
+    """One rung: validate the request in the worker (media resolved), call the engine, drain it
+    if it is a generator, check and dump its result. Raises what the engine raises."""
+    request = spec.parse_request(fields, media_roots)
+    engine = spec.engines[variant.engine]
+    params = engine.parse_params(variant)
+    result = engine.function()(ctx, request, params)
+    if inspect.isgenerator(result):
+        result = drain(result, ctx)
+    if isinstance(result, spec.result):
+        return result.model_dump(mode="json")
+    if isinstance(result, BaseModel) or not isinstance(result, Mapping):
+        raise EngineError(f"engine {variant.engine!r} returned {type(result).__name__}, not {spec.result.__name__}")
+    return spec.result.model_validate(dict(result)).model_dump(mode="json")
 
-    limits = time_limits()[family.value]
-    ladder = get_ladder(family.value)
-    return {
-        "bind": True,
-        "base": FarmTask,
-        "name": TASK_NAMES[family],
-        "family": family.value,
-        "soft_time_limit": limits.soft,
-        "farm_hard_limit": limits.hard,
+
+def drain(stream: Generator[Any, None, Any], ctx: EngineContext) -> Any:
+    """Run a generator engine to its end: each yielded item is published as a partial output, the
+    generator's return value is the result. The caller's exception mapping sees whatever it
+    raises mid-stream (a ``MemoryError`` after three chunks still moves the job down), and the
+    generator is closed on every path, so its own ``finally`` blocks (closing PyAV containers)
+    run before the next rung starts in this child."""
+    try:
+        while True:
+            try:
+                item = next(stream)
+            except StopIteration as stop:
+                return stop.value
+            ctx.publish(item)
+            ctx.check_cancelled()
+    finally:
+        stream.close()
+
+
+def make_task(app: Celery, spec: FamilySpec) -> Task:
+    """Register the family's Celery task on ``app``: its name, limits and retry bound from the spec."""
+    limits = families.limits_for(spec)
+    longest = max(len(ladder) for ladder in families.ladders_of(spec))
+
+    def run(self: FarmTask, *args: Any, **fields: Any) -> dict[str, Any]:
+        if args:
+            raise InvalidRequest(f"{spec.name} request: farm jobs take keyword arguments only, got {len(args)} positional")
+        return self.run_job(fields)
+
+    run.__name__ = run.__qualname__ = spec.name
+    run.__doc__ = spec.description
+    return app.task(
+        bind=True,
+        base=FarmTask,
+        name=spec.task_name,
+        spec=spec,
+        soft_time_limit=limits.soft,
+        farm_hard_limit=limits.hard,
         # One attempt per rung plus the same-rung budget, plus one to report the exhausted ladder.
-        "max_retries": len(ladder) + get_settings().transient_retries,
-        "default_retry_delay": get_settings().retry_delay,
-    }
+        max_retries=longest + get_settings().transient_retries,
+        default_retry_delay=get_settings().retry_delay,
+    )(run)

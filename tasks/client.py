@@ -1,31 +1,61 @@
-"""The producer API: submit a job, get a handle, wait for its result. No torch, no model imports.
+"""The producer API: submit a job, get a handle, follow it, fetch what it made. No torch, no model imports.
 
-    from tasks.client import submit
-    handle = submit("vad", media="/media/cam/2026-11-29.mp4")
-    envelope = handle.wait(timeout=600)       # raises JobRejected / LadderExhausted / JobFailed
-    envelope["output"]["spans"], envelope["variant"], envelope["attempts"]
+    from mediafarm import submit
+    job = submit("vad", media="/media/cam/2026-11-29.mp4")    # InvalidRequest at once if malformed
+    envelope = job.wait(timeout=600, on_progress=print)      # raises JobRejected / LadderExhausted / ...
+    envelope["output"]["spans"], envelope["variant"], envelope["attempts"], envelope["artifacts"]
 
-This is the one way to submit. The task names are stable too (``config.queues.TASK_NAMES``),
-for producers that send with a plain Celery client.
+This is the one way to submit. Task names are the wire contract (``FamilySpec.task_name``), for
+producers that send with a plain Celery client.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
+from pydantic import BaseModel
 
-from config.queues import TASK_NAMES, Family
-from tasks.app import app
-from tasks.errors import JobFailed, JobRejected, LadderExhausted
-from tasks.history import read_attempts
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks import families as registry
+from mediafarm.tasks import keys
+from mediafarm.tasks.app import app
+from mediafarm.tasks.artifacts import ArtifactStore, sha256_of
+from mediafarm.tasks.errors import (
+    Cancelled,
+    JobCancelled,
+    JobFailed,
+    JobRejected,
+    LadderExhausted,
+    NoRungLeft,
+    PermanentFailure,
+    ResourceFailure,
+)
+from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.history import read_attempts
+from mediafarm.tasks.records import ArtifactInfo, Progress
 
-# Failures that mean "the input or the call was wrong": retrying would fail the same way.
-_REJECTED = {"PermanentFailure", "MediaNotFound", "MediaOutsideRoots", "UnreadableMedia", "TypeError"}
-# Failures that mean "it ran out of resources on every rung".
-_EXHAUSTED = {"NoRungLeft", "ResourceFailure", "WorkerLostError"}
+# Failure classes (as the client rebuilds them) → what the producer gets. Sorted by class, so a
+# family's own PermanentFailure subclass, sent as PermanentFailure, lands in the right place.
+_FAILURES: tuple[tuple[tuple[type[BaseException], ...], type[JobFailed]], ...] = (
+    ((PermanentFailure,), JobRejected),
+    ((Cancelled, TaskRevokedError), JobCancelled),
+    ((NoRungLeft, ResourceFailure, WorkerLostError), LadderExhausted),
+)
+
+
+def families() -> Mapping[str, FamilySpec]:
+    """The job families this farm knows, by name."""
+    return registry.load()
 
 
 @dataclass(frozen=True)
@@ -40,7 +70,7 @@ class JobHandle:
         return AsyncResult(self.id, app=app)
 
     def state(self) -> str:
-        """PENDING, STARTED, RETRY (moving down a rung), SUCCESS or FAILURE.
+        """PENDING, STARTED, RETRY (moving down a rung), SUCCESS, FAILURE or REVOKED.
 
         Farm tasks do not write Celery's STARTED state (``FarmTask.track_started``); a job whose
         attempt is running is STARTED.
@@ -51,58 +81,132 @@ class JobHandle:
         return state
 
     def attempts(self) -> list[dict[str, Any]]:
-        """Every attempt so far, oldest first (see ``tasks.history.Attempt``)."""
-        result = self._result
-        envelope = result.result if result.state == "SUCCESS" else None
-        return read_attempts(app.backend.client, self.id, envelope if isinstance(envelope, dict) else None)
+        """Every attempt so far, oldest first (see ``records.Attempt``)."""
+        return read_attempts(app.backend.client, self.id, self._envelope())
 
-    def wait(self, timeout: float | None = None, poll: float = 0.1) -> dict[str, Any]:
+    def progress(self) -> Progress | None:
+        """The running attempt's latest progress, or None before the engine first reports."""
+        raw = app.backend.client.get(keys.progress(self.id))
+        return Progress.from_json(json.loads(raw)) if raw else None
+
+    def partials(self) -> list[Any]:
+        """What the running (or finished) attempt of a streaming engine has yielded so far, in order."""
+        return [json.loads(r) for r in app.backend.client.lrange(keys.partials(self.id), 0, -1)]
+
+    def artifacts(self) -> list[ArtifactInfo]:
+        """The files the job made (empty until it succeeds)."""
+        envelope = self._envelope() or {}
+        return [ArtifactInfo.from_json(a) for a in envelope.get("artifacts", [])]
+
+    def download(self, name: str, dest: Path | str) -> Path:
+        """Copy artifact ``name`` to ``dest`` (a file, or a folder to put it in); checks its sha256.
+
+        Artifacts live in ``FARM_STORAGE_DIR`` on the workers; a producer reads them through the
+        same shared volume (``docker-compose.yml`` mounts one), so its FARM_STORAGE_DIR must name it.
+        """
+        info = next((a for a in self.artifacts() if a.name == name), None)
+        if info is None:
+            raise FileNotFoundError(f"job {self.id} has no artifact {name!r}")
+        source = ArtifactStore(get_settings().storage_dir, self.id).path(name)
+        if not source.is_file():
+            raise FileNotFoundError(f"artifact {name!r} of job {self.id} is not at {source} (FARM_STORAGE_DIR)")
+        dest = Path(dest)
+        target = dest / Path(name).name if dest.is_dir() else dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        if sha256_of(target) != info.sha256:
+            target.unlink()
+            raise OSError(f"artifact {name!r} of job {self.id} does not match its sha256: changed since the job ended")
+        return target
+
+    def output(self) -> BaseModel:
+        """The finished job's output as its family's result model (waits for nothing: SUCCESS only)."""
+        envelope = self._envelope()
+        if envelope is None:
+            raise RuntimeError(f"job {self.id} has not succeeded (state {self.state()})")
+        return registry.get(envelope["family"]).parse_result(envelope["output"])
+
+    def cancel(self) -> None:
+        """Stop the job: a queued one never starts, a running one stops at its engine's next
+        cancellation check. Either way it ends as ``JobCancelled``."""
+        ttl = int(app.conf.result_expires)
+        app.backend.client.set(keys.cancel(self.id), "1", ex=ttl)
+        app.control.revoke(self.id)
+
+    def wait(
+        self, timeout: float | None = None, poll: float = 0.1, on_progress: Callable[[Progress], Any] | None = None
+    ) -> dict[str, Any]:
         """Block until the job ends; return its result envelope or raise a typed failure.
+
+        ``on_progress`` is called with each new :class:`Progress` while the job runs.
 
         Raises:
             TimeoutError: not finished within ``timeout`` seconds (the job goes on).
             JobRejected: bad input or options.
+            JobCancelled: cancelled.
             LadderExhausted: every rung failed for lack of resources.
             JobFailed: any other failure.
         """
         result = self._result
-        try:
-            result.get(timeout=timeout, interval=poll, propagate=False, disable_sync_subtasks=False)
-        except CeleryTimeout:
-            raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})") from None
+        if on_progress is None:
+            try:
+                result.get(timeout=timeout, interval=poll, propagate=False, disable_sync_subtasks=False)
+            except CeleryTimeout:
+                raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})") from None
+        else:
+            self._follow(result, timeout, poll, on_progress)
         if result.successful():
             return result.result
         self._raise_failure(result)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _follow(
+        self, result: AsyncResult, timeout: float | None, poll: float, on_progress: Callable[[Progress], Any]
+    ) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: Progress | None = None
+        while not result.ready():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})")
+            progress = self.progress()
+            if progress is not None and progress != seen:
+                seen = progress
+                on_progress(progress)
+            time.sleep(poll)
+
+    def _envelope(self) -> dict[str, Any] | None:
+        result = self._result
+        if result.state != "SUCCESS" or not isinstance(result.result, dict):
+            return None
+        return result.result
+
     def _raise_failure(self, result: AsyncResult) -> None:
         exc = result.result
-        name = type(exc).__name__
-        reason = f"{name}: {exc}"
+        reason = f"{type(exc).__name__}: {exc}"
         attempts = self.attempts()
-        if name in _REJECTED:
-            raise JobRejected(self.id, reason, attempts)
-        if name in _EXHAUSTED:
-            raise LadderExhausted(self.id, reason, attempts)
+        for classes, failure in _FAILURES:
+            if isinstance(exc, classes):
+                raise failure(self.id, reason, attempts)
         raise JobFailed(self.id, reason, attempts)
 
 
-def submit(family: str, *, queue: str | None = None, **job: Any) -> JobHandle:
-    """Send a job of ``family`` (vad, yolo, tts, subtitle) with JSON-safe keyword arguments.
+def submit(family: str, *, queue: str | None = None, **fields: Any) -> JobHandle:
+    """Send a job of ``family`` with its request fields as keywords (JSON-safe).
 
-    ``queue`` overrides the family queue, e.g. ``gpu0.tts`` for GPU affinity.
+    The fields are checked against the family's request model before anything is sent:
+    ``ValueError`` for an unknown family, ``InvalidRequest`` (a ValueError) naming each field
+    that does not fit. ``queue`` overrides the family queue, e.g. ``gpu0.vad`` for GPU affinity.
     """
-    try:
-        fam = Family(family)
-    except ValueError:
-        raise ValueError(f"unknown job family {family!r}; one of {[f.value for f in Family]}") from None
-    options: dict[str, Any] = {}
-    if queue is not None:
-        options["queue"] = queue
+    spec = registry.get(family)
+    request = spec.parse_request(fields)
+    options: dict[str, Any] = {"queue": queue or spec.queue}
     # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task that
     # happens to be registered in this process onto the message, and those override the worker's.
-    async_result = app.send_task(TASK_NAMES[fam], kwargs=job, soft_time_limit=None, time_limit=None, **options)
-    return JobHandle(id=async_result.id, family=fam.value)
+    async_result = app.send_task(
+        spec.task_name, kwargs=request.model_dump(mode="json", exclude_unset=True),
+        soft_time_limit=None, time_limit=None, **options,
+    )  # fmt: skip
+    return JobHandle(id=async_result.id, family=spec.name)
 
 
 def handle(job_id: str, family: str = "") -> JobHandle:

@@ -8,27 +8,39 @@
     ├── RungUnavailable          this pool cannot run this rung (package, weights, GPU missing):
     │                            skip it without spending an attempt
     ├── PermanentFailure         bad input or invalid options: fail now, never retry, never downgrade
+    │     ├── InvalidRequest     the job's fields do not fit its family's request schema (also a ValueError)
     │     ├── MediaNotFound
     │     ├── MediaOutsideRoots
-    │     └── UnreadableMedia
+    │     ├── UnreadableMedia
+    │     └── ...                a family's own subclasses (they reach Celery as PermanentFailure)
+    ├── Cancelled                the producer cancelled the job: fail now, never retry
     ├── TransientFailure         nobody's fault (broker hiccup): retry the same rung, a bounded number of times
     ├── NoRungLeft               raised in the worker when a job has failed on every rung
     ├── EngineError              an engine failed in a way nobody foresaw (a bug): fail, no retry
     └── JobFailed                raised by the client for a job that ended FAILURE; carries the history
           ├── JobRejected        it ended on a PermanentFailure
+          ├── JobCancelled       it was cancelled
           └── LadderExhausted    it fell off the last rung
 
 Every class takes a plain message so that Celery's JSON exception serialisation round-trips it.
+What leaves a worker is always a class of this module (``wire_exception``): Celery rebuilds a
+failure in the client from its module and class name, and a producer has this module imported
+but not a family's, so a family's own ``PermanentFailure`` subclass is sent as
+``PermanentFailure`` with its class name in the message, and the client sorts failures with
+``issubclass``, never by name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+
+from mediafarm.tasks.records import Outcome
 
 
 class FarmError(Exception):
@@ -38,12 +50,12 @@ class FarmError(Exception):
 class ResourceFailure(FarmError):
     """The attempt ran out of memory, GPU memory or time: the job moves one rung down."""
 
-    outcome = "oom"
+    outcome = Outcome.OOM
 
-    def __init__(self, message: str, outcome: str | None = None) -> None:
+    def __init__(self, message: str, outcome: Outcome | str | None = None) -> None:
         super().__init__(message)
         if outcome is not None:
-            self.outcome = outcome
+            self.outcome = Outcome(outcome)
 
 
 class RungUnavailable(FarmError):
@@ -52,6 +64,10 @@ class RungUnavailable(FarmError):
 
 class PermanentFailure(FarmError):
     """Bad input or options: the job fails now and is never retried."""
+
+
+class InvalidRequest(PermanentFailure, ValueError):
+    """The job's fields do not fit the family's request schema (unknown, missing or mistyped)."""
 
 
 class MediaNotFound(PermanentFailure):
@@ -64,6 +80,10 @@ class MediaOutsideRoots(PermanentFailure):
 
 class UnreadableMedia(PermanentFailure):
     pass
+
+
+class Cancelled(FarmError):
+    """The producer cancelled the job (``JobHandle.cancel``); it ends now and is not retried."""
 
 
 class TransientFailure(FarmError):
@@ -92,8 +112,27 @@ class JobRejected(JobFailed):
     """The job failed on bad input or invalid options; retrying it would fail the same way."""
 
 
+class JobCancelled(JobFailed):
+    """The job was cancelled before it finished."""
+
+
 class LadderExhausted(JobFailed):
     """Every rung of the job's ladder failed for lack of resources."""
+
+
+def wire_exception(exc: FarmError) -> FarmError:
+    """``exc`` as a class the client is sure to have: one defined in this module.
+
+    A family's ``class BadScript(PermanentFailure)`` would be rebuilt by Celery in a producer that
+    never imported the family as a bare ``Exception`` subclass, and could not be sorted; it
+    travels as its nearest base class from here, its own name kept in the message.
+    """
+    if type(exc).__module__ == __name__:
+        return exc
+    for base in type(exc).__mro__:
+        if base.__module__ == __name__ and issubclass(base, FarmError):
+            return base(f"{type(exc).__name__}: {exc}")
+    return exc  # pragma: no cover - FarmError itself is defined here
 
 
 def _is_cuda_oom(exc: BaseException) -> bool:
@@ -124,21 +163,19 @@ def map_exceptions() -> Iterator[None]:
     except FarmError:
         raise
     except MemoryError as exc:
-        raise ResourceFailure(f"MemoryError: {exc or 'allocation failed'}", outcome="oom") from None
+        raise ResourceFailure(f"MemoryError: {exc or 'allocation failed'}", outcome=Outcome.OOM) from None
     except SoftTimeLimitExceeded as exc:
-        raise ResourceFailure(f"soft time limit exceeded ({exc})", outcome="timeout") from exc
+        raise ResourceFailure(f"soft time limit exceeded ({exc})", outcome=Outcome.TIMEOUT) from exc
     except Exception as exc:
         if _is_cuda_oom(exc):
             _empty_cuda_cache()
-            raise ResourceFailure(f"CUDA out of memory: {str(exc)[:300]}", outcome="cuda_oom") from None
+            raise ResourceFailure(f"CUDA out of memory: {str(exc)[:300]}", outcome=Outcome.CUDA_OOM) from None
         if _is_enomem(exc):
-            raise ResourceFailure(f"FFmpeg/OS could not allocate memory: {exc}", outcome="oom") from exc
+            raise ResourceFailure(f"FFmpeg/OS could not allocate memory: {exc}", outcome=Outcome.OOM) from exc
         raise
 
 
 def _empty_cuda_cache() -> None:
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -2,67 +2,16 @@
 
 Each attempt is written when it starts and completed when it ends. An attempt still open when
 the job runs again was cut short: its child was SIGKILLed (the watchdog left its reason under
-``kill_key``) or its whole worker died. The next attempt settles it from that evidence.
+``keys.kill``) or its whole worker died. The next attempt settles it from that evidence.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from config.queues import history_key, kill_key
-
-HOST = socket.gethostname()
-# Outcomes that move a job one rung down.
-RESOURCE_OUTCOMES = frozenset({"killed", "oom", "cuda_oom", "timeout"})
-# Outcomes that do not run the rung again (the rung is skipped, no attempt spent).
-SKIP_OUTCOMES = frozenset({"unavailable"})
-
-
-@dataclass
-class Attempt:
-    """One run (or skip) of one rung.
-
-    Attributes:
-        rung: Index in the ladder.
-        variant: The rung's name.
-        outcome: ``ok``, ``killed``, ``oom``, ``cuda_oom``, ``timeout``, ``unavailable``,
-            ``rejected`` (bad input), ``transient``, ``worker_lost``, ``error``; None while running.
-        reason: Why it ended that way, in words an operator can act on.
-        retries: Celery's ``request.retries`` when it started; tells a retry from a redelivery.
-        started: Unix time.
-        duration: Seconds, None for an attempt cut short.
-        peak_rss_mb: The child's peak RSS during this attempt (for a killed one, what the
-            watchdog saw).
-        host: Machine name.
-        worker: Celery node name.
-        pid: Child process id.
-    """
-
-    rung: int
-    variant: str
-    outcome: str | None = None
-    reason: str = ""
-    retries: int = 0
-    started: float = field(default_factory=time.time)
-    duration: float | None = None
-    peak_rss_mb: float | None = None
-    host: str = HOST
-    worker: str = ""
-    pid: int = field(default_factory=os.getpid)
-
-    def to_json(self) -> dict[str, Any]:
-        # Flat fields only, so a shallow copy is the JSON form (dataclasses.asdict deep-copies, 10x slower).
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Attempt:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+from mediafarm.tasks import keys
+from mediafarm.tasks.records import Attempt, KillRecord
 
 
 class AttemptLog:
@@ -70,16 +19,16 @@ class AttemptLog:
 
     def __init__(self, client: Any, job_id: str, ttl: int) -> None:
         self.client, self.job_id, self.ttl = client, job_id, ttl
-        self._key = history_key(job_id)
+        self._key = keys.history(job_id)
 
-    def load(self) -> tuple[list[Attempt], dict[str, Any] | None]:
+    def read(self) -> tuple[list[Attempt], KillRecord | None]:
         """All attempts so far, and the watchdog's last kill record for this job (if any)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.lrange(self._key, 0, -1)
-        pipe.get(kill_key(self.job_id))
+        pipe.get(keys.kill(self.job_id))
         raw, kill = pipe.execute()
-        return [Attempt.from_json(json.loads(r)) for r in raw], (json.loads(kill) if kill else None)
-
+        record = KillRecord.from_json(json.loads(kill)) if kill else None
+        return [Attempt.from_json(json.loads(r)) for r in raw], record
     def append(self, attempt: Attempt) -> int:
         """Record a new attempt; returns its index."""
         pipe = self.client.pipeline(transaction=False)
@@ -110,7 +59,7 @@ class AttemptLog:
         return PendingAppend(self.client.connection_pool, connection)
 
     def clear_kill(self) -> None:
-        self.client.delete(kill_key(self.job_id))
+        self.client.delete(keys.kill(self.job_id))
 
     def update(self, index: int, attempt: Attempt) -> None:
         self.client.lset(self._key, index, json.dumps(attempt.to_json()))
@@ -145,17 +94,17 @@ class PendingAppend:
             pass
 
 
-def record_kill(client: Any, job_id: str, record: dict[str, Any], ttl: int) -> None:
+def record_kill(client: Any, job_id: str, record: KillRecord, ttl: int) -> None:
     """Written by the watchdog in the worker's main process *before* it sends SIGKILL."""
-    client.set(kill_key(job_id), json.dumps(record), ex=ttl)
+    client.set(keys.kill(job_id), json.dumps(record.to_json()), ex=ttl)
 
 
 def read_attempts(client: Any, job_id: str, envelope: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The history as plain dicts, for the client and the CLI.
 
     For a job that succeeded, pass its result envelope: its ``attempts`` are the complete
-    history (the log's copy of the last attempt is never completed, see ``run_ladder``).
+    history (the log's copy of the last attempt is never completed, see ``downgrade.run_ladder``).
     """
     if envelope is not None and isinstance(envelope.get("attempts"), list):
         return envelope["attempts"]
-    return [json.loads(r) for r in client.lrange(history_key(job_id), 0, -1)]
+    return [json.loads(r) for r in client.lrange(keys.history(job_id), 0, -1)]

@@ -1,6 +1,6 @@
 """Test session set-up: a Redis of our own on a free port, media roots in a temp folder, workers on demand.
 
-The environment is set in ``pytest_configure``, before any test module imports ``tasks.app``
+The environment is set in ``pytest_configure``, before any test module imports ``mediafarm.tasks.app``
 (which reads its settings once). The machine's shared Redis is never used.
 """
 
@@ -21,7 +21,7 @@ _SESSION: dict[str, Any] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from workers.embedded import EmbeddedRedis
+    from mediafarm.workers.embedded import EmbeddedRedis
 
     base = Path(tempfile.mkdtemp(prefix="mediafarm-tests-"))
     media = base / "media"
@@ -38,6 +38,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     # Adds the test pools and ladders (tests/support/farm-test.toml); the defaults stay as declared.
     os.environ["FARM_CONFIG_FILE"] = str(REPO / "tests" / "support" / "farm-test.toml")
+    # Two test-only families, registered the way an operator adds one: the chaos family (engines
+    # that misbehave on purpose) and the toy family that proves the seam.
+    os.environ["FARM_FAMILY_MODULES"] = os.pathsep.join(["tests.support.chaos", "tests.support.toy"])
     os.environ.pop("FARM_POOL", None)
 
 
@@ -90,9 +93,9 @@ class WorkerHandle:
 @pytest.fixture(scope="session")
 def start_worker(session_dir: Path) -> Iterator[Callable[..., WorkerHandle]]:
     """Factory: start a real prefork worker; every worker it started is stopped at session end."""
-    from config.pools import get_pool
-    from tasks.app import app
-    from workers.pools import spawn_worker, stop_worker, wait_ready
+    from mediafarm.config.pools import get_pool
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 
     started: list[WorkerHandle] = []
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config.pools import get_pools
+from mediafarm.config.pools import get_pools
 from tests.conftest import REPO
 
 COMPOSE = REPO / "docker-compose.yml"

@@ -1,4 +1,8 @@
-"""``farm``: run a local farm, run one pool's worker, submit jobs and read their state."""
+"""``farm``: run a local farm, run one pool's worker, submit jobs and follow them, clean up storage.
+
+Imports of the farm's own modules are made inside the commands on purpose: ``farm up`` and
+``farm demo`` set FARM_* variables before the Celery app reads them, and ``farm --help`` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -6,59 +10,63 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from contextlib import ExitStack
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console()
 err = Console(stderr=True)
 
 
-
 def _sample() -> Path:
     """The bundled demo clip: three espeak-ng sentences with 1-2.5 s of silence between them."""
-    from importlib.resources import files
-
-    return Path(str(files("tasks.media") / "samples" / "speech.ogg"))
+    return Path(str(files("mediafarm.tasks.media") / "samples" / "speech.ogg"))
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
 
 
 def _settings_env(**values: str) -> None:
     """Set FARM_* variables for this process before the app is imported, and forget cached settings."""
-    os.environ.update(values)
-    from config.settings import get_settings
+    from mediafarm.config.settings import get_settings
 
+    os.environ.update(values)
     get_settings.cache_clear()
+
+
+def _need_broker() -> None:
+    from mediafarm.config.settings import get_settings
+
+    if not get_settings().broker_url:
+        _fail("FARM_BROKER_URL is not set: point it at the farm's Redis (or run `farm demo`)")
 
 
 def _print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(envelope))
         return
-    output = envelope.get("output", {})
-    console.print(
-        f"job [bold]{envelope['job_id']}[/]  variant [bold]{envelope['variant']}[/]  "
-        f"model {output.get('model', '?')}  duration {output.get('duration', '?')} s"
-        + ("  [yellow](VAD skipped)[/]" if output.get("vad_skipped") else "")
-    )
-    spans = output.get("spans")
-    if spans is not None:
-        table = Table("#", "start (s)", "end (s)", "length (s)")
-        for i, span in enumerate(spans, 1):
-            table.add_row(str(i), f"{span['start']:.2f}", f"{span['end']:.2f}", f"{span['end'] - span['start']:.2f}")
-        console.print(table if spans else "no speech found")
+    from mediafarm.tasks import families
+
+    spec = families.get(envelope["family"])
+    result = spec.parse_result(envelope.get("output", {}))
+    console.print(f"job [bold]{envelope['job_id']}[/]  variant [bold]{envelope['variant']}[/]  {spec.summary(result)}")
+    rendered = spec.render(result)
+    if rendered is not None:
+        console.print(rendered)
     _print_attempts(envelope.get("attempts", []))
+    _print_artifacts(envelope.get("artifacts", []))
 
 
 def _print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:
@@ -70,6 +78,47 @@ def _print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> Non
     console.print(table)
 
 
+def _print_artifacts(artifacts: list[dict[str, Any]]) -> None:
+    if not artifacts:
+        return
+    table = Table("artifact", "bytes", "type", "sha256", title="artifacts")
+    for a in artifacts:
+        table.add_row(a["name"], str(a["size"]), a["media_type"], a["sha256"][:16] + "…")
+    console.print(table)
+
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs; a value that parses as JSON is taken as JSON (numbers, lists, true)."""
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail(f"--param takes key=value, got {pair!r}")
+        try:
+            fields[key] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key] = value
+    return fields
+
+
+def _follow(job: Any, timeout: float) -> dict[str, Any]:
+    """Wait for a job with a progress bar (on a terminal; plain waiting otherwise)."""
+    if not console.is_terminal:
+        return job.wait(timeout=timeout)
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[detail]}"))  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"job {job.id[:8]}", total=1.0, detail="queued")
+
+        def show(progress: Any) -> None:
+            detail = f"{progress.variant} {progress.stage}".strip()
+            if progress.media_seconds is not None:
+                detail += f"  {progress.media_seconds:.0f} s of media"
+            bar.update(task, completed=progress.fraction or 0.0, detail=detail)
+
+        return job.wait(timeout=timeout, poll=0.25, on_progress=show)
+
+
 @cli.command()
 def worker(
     pool: Annotated[str, typer.Option(help="Pool name from config.pools / FARM_CONFIG_FILE")] = "cpu",
@@ -78,19 +127,21 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Run one pool's worker against the configured broker (FARM_BROKER_URL)."""
-    from config.celery import celery_config, config_problems
-    from config.file import ConfigFileError
-    from config.pools import get_pool
-    from config.settings import get_settings
+    from mediafarm.config.celery import celery_config
+    from mediafarm.config.file import ConfigFileError
+    from mediafarm.config.pools import get_pool
+    from mediafarm.config.settings import get_settings
 
     try:
         selected = get_pool(pool)
+        from mediafarm.workers.guards import startup_problems
+
+        problems = startup_problems(celery_config(get_settings()))
     except ConfigFileError as exc:
         _fail(str(exc))
-    problems = config_problems(celery_config(get_settings()), retry_delay=get_settings().retry_delay)
     if problems:
-        _fail("refusing to start, unsafe configuration:\n  - " + "\n  - ".join(problems))
-    from workers.pools import exec_worker
+        _fail("refusing to start:\n  - " + "\n  - ".join(problems))
+    from mediafarm.workers.launch import exec_worker
 
     exec_worker(selected, queues=queues.split(",") if queues else None, concurrency=concurrency, loglevel=loglevel)
 
@@ -99,29 +150,28 @@ class LocalFarm:
     """An embedded Redis (unless FARM_BROKER_URL is set) and one worker consuming every queue."""
 
     def __init__(self, stack: ExitStack, *, concurrency: int | None, loglevel: str, quiet: bool) -> None:
-        from config.pools import get_pool
-        from config.settings import get_settings
-        from workers.embedded import EmbeddedRedis
+        from mediafarm.config.pools import get_pool
+        from mediafarm.config.settings import get_settings
+        from mediafarm.workers.embedded import EmbeddedRedis
 
         if not get_settings().broker_url:
             redis = stack.enter_context(EmbeddedRedis())
             _settings_env(FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url)
             if not quiet:
                 console.print(f"embedded Redis on {redis.url} (data in {redis.data_dir})")
-        from tasks.app import app
-        from workers.pools import spawn_worker, stop_worker, wait_ready
+        # Only now: the app reads the broker URL set just above.
+        from mediafarm.tasks.app import app
+        from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 
         self.app = app
         self.pool = get_pool(get_settings().pool)
         self.logfile = None if not quiet else stack.enter_context(tempfile.TemporaryFile())
+        name = f"{self.pool.name}-local-{os.getpid()}"
         self.process = spawn_worker(
-            self.pool, concurrency=concurrency, loglevel=loglevel, logfile=self.logfile,
-            node=f"{self.pool.name}-local-{os.getpid()}@%h",
-        )  # fmt: skip
+            self.pool, concurrency=concurrency, loglevel=loglevel, logfile=self.logfile, node=f"{name}@%h"
+        )
         stack.callback(stop_worker, self.process)
-        import socket
-
-        self.node = f"{self.pool.name}-local-{os.getpid()}@{socket.gethostname()}"
+        self.node = f"{name}@{socket.gethostname()}"
         try:
             wait_ready(app, self.node, self.process, timeout=120)
         except RuntimeError as exc:
@@ -139,8 +189,12 @@ def up(
     """A local farm: embedded Redis if no broker is configured, one worker on every queue. Ctrl-C stops it."""
     with ExitStack() as stack:
         farm = LocalFarm(stack, concurrency=concurrency, loglevel=loglevel, quiet=False)
+        from mediafarm.config.pools import expand_queues
+        from mediafarm.tasks import families
+
+        queues = expand_queues(farm.pool.queues, families.default_queues())
         console.print(
-            f"[green]farm up[/]: worker {farm.node} on {', '.join(farm.pool.queues)}; "
+            f"[green]farm up[/]: worker {farm.node} on {', '.join(queues)}; "
             f"broker {os.environ.get('FARM_BROKER_URL')}. Ctrl-C to stop."
         )
         try:
@@ -155,45 +209,117 @@ def up(
 
 @cli.command()
 def submit(
-    family: Annotated[str, typer.Argument(help="vad, yolo, tts or subtitle")],
-    media: Annotated[str, typer.Argument(help="Input file (must lie inside FARM_MEDIA_ROOTS)")],
-    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the result")] = False,
+    family: Annotated[str, typer.Argument(help="Job family (`farm families` lists them)")],
+    argument: Annotated[str | None, typer.Argument(help="The family's main input, e.g. the media file")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="Another request field, key=value")] = None,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the result, with progress")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 600.0,
     queue: Annotated[str | None, typer.Option(help="Queue override, e.g. gpu0.vad")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder to download the job's artifacts to (implies --wait)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result envelope as JSON")] = False,
 ) -> None:
     """Submit a job to the configured broker; print its id, or its result with --wait."""
-    from config.settings import get_settings
+    _need_broker()
+    from mediafarm.tasks import families
+    from mediafarm.tasks.client import submit as submit_job
+    from mediafarm.tasks.errors import JobFailed
 
-    if not get_settings().broker_url:
-        _fail("FARM_BROKER_URL is not set: point it at the farm's Redis (or run `farm demo`)")
-    from tasks.client import submit as submit_job
-    from tasks.errors import JobFailed
-
+    fields = _parse_params(param or [])
     try:
-        job = submit_job(family, queue=queue, media=str(Path(media).absolute()))
+        spec = families.get(family)
+        if argument is not None:
+            if spec.cli_argument is None:
+                _fail(f"the {family} family takes no positional argument; use --param")
+            # A relative path means the caller's working directory, not the worker's.
+            looks_like_file = spec.cli_argument == "media" or Path(argument).exists()
+            fields[spec.cli_argument] = str(Path(argument).absolute()) if looks_like_file else argument
+        job = submit_job(family, queue=queue, **fields)
     except ValueError as exc:
         _fail(str(exc))
-    if not wait:
+    if not (wait or out):
         console.print(job.id)
         return
     try:
-        _print_envelope(job.wait(timeout=timeout), as_json)
+        envelope = _follow(job, timeout)
     except JobFailed as exc:
         _print_attempts(exc.attempts)
         _fail(f"{type(exc).__name__}: {exc.reason}", code=1)
     except TimeoutError as exc:
         _fail(str(exc), code=1)
+    _print_envelope(envelope, as_json)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for artifact in job.artifacts():
+            target = job.download(artifact.name, out / artifact.name)
+            if not as_json:
+                console.print(f"saved {target}")
 
 
 @cli.command()
 def status(job_id: str) -> None:
-    """State and attempt history of a job."""
-    from tasks.client import handle
+    """State, progress and attempt history of a job."""
+    _need_broker()
+    from mediafarm.tasks.client import handle
 
     job = handle(job_id)
-    console.print(f"{job_id}: {job.state()}")
+    state = job.state()
+    console.print(f"{job_id}: {state}")
+    progress = job.progress()
+    if progress is not None and state not in ("SUCCESS", "FAILURE", "REVOKED"):
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), console=console)
+        detail = f"{progress.variant} {progress.stage}".strip()
+        if progress.media_seconds is not None:
+            detail += f", {progress.media_seconds:.0f} s of media"
+        bar.add_task(detail, total=1.0, completed=progress.fraction or 0.0)
+        console.print(bar.get_renderable())
     _print_attempts(job.attempts(), always=True)
+    _print_artifacts([a.to_json() for a in job.artifacts()])
+
+
+@cli.command()
+def cancel(job_id: str) -> None:
+    """Cancel a job: a queued one never starts, a running one stops at its next cancellation check."""
+    _need_broker()
+    from mediafarm.tasks.client import handle
+
+    handle(job_id).cancel()
+    console.print(f"{job_id}: cancel requested")
+
+
+@cli.command(name="families")
+def list_families() -> None:
+    """The job families this farm knows: task name, queue, ladder, time limits."""
+    from mediafarm.tasks import families
+
+    table = Table("family", "task", "queue", "ladder", "limits (s)", "description")
+    for spec in families.load().values():
+        ladder = families.ladder_for(spec)
+        limits = families.limits_for(spec)
+        rungs = " → ".join(f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}" for v in ladder.rungs)
+        table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}", spec.description)
+    console.print(table)
+
+
+@cli.command()
+def gc(
+    grace: Annotated[float, typer.Option(help="Keep folders changed within this many seconds")] = 3600.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would go")] = False,
+) -> None:
+    """Remove artifacts of jobs whose results have expired (see workers/retention.py for the rule)."""
+    _need_broker()
+    from mediafarm.config.settings import get_settings
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.retention import expired, remove
+
+    freed = 0
+    count = 0
+    for removal in expired(get_settings().storage_dir, app.backend, grace=grace):
+        console.print(f"{'would remove' if dry_run else 'removed'} {removal.path} ({removal.reason})")
+        if not dry_run:
+            remove(removal)
+        freed += removal.size
+        count += 1
+    console.print(f"{count} {'to remove' if dry_run else 'removed'}, {freed / 1e6:.1f} MB")
 
 
 @cli.command()
@@ -213,13 +339,13 @@ def demo(
         _settings_env(FARM_MEDIA_ROOTS=str(workdir / "media"), FARM_STORAGE_DIR=str(workdir / "storage"))
         console.print(f"starting a local farm (worker log hidden) to analyse {source.name} ...")
         LocalFarm(stack, concurrency=1, loglevel="WARNING", quiet=True)
-        from tasks.client import submit as submit_job
-        from tasks.errors import JobFailed
+        from mediafarm.tasks.client import submit as submit_job
+        from mediafarm.tasks.errors import JobFailed
 
         job = submit_job("vad", media=str(target))
         console.print(f"submitted VAD job {job.id}")
         try:
-            _print_envelope(job.wait(timeout=timeout), as_json=False)
+            _print_envelope(_follow(job, timeout), as_json=False)
         except (JobFailed, TimeoutError) as exc:
             _fail(str(exc), code=1)
     console.print("[green]demo done[/]: farm stopped cleanly")

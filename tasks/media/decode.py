@@ -12,7 +12,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from tasks.errors import UnreadableMedia
+from mediafarm.tasks.errors import UnreadableMedia
 
 SAMPLE_RATE = 16000
 # 10 s blocks, as in the camera-filter fix: ~640 KB of float32, whatever the file's length.

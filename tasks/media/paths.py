@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks.errors import MediaNotFound, MediaOutsideRoots, PermanentFailure
+from mediafarm.tasks.errors import MediaNotFound, MediaOutsideRoots, PermanentFailure
 
 
 def resolve_media(path: str, roots: Sequence[Path]) -> Path:

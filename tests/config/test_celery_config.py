@@ -1,8 +1,12 @@
 import pytest
 
-from config.celery import UnsafeConfiguration, celery_config, check_config, config_problems
-from config.queues import TASK_NAMES, TASK_ROUTES, TIME_LIMITS
-from config.settings import FarmSettings
+from mediafarm.config.celery import UnsafeConfiguration, celery_config, check_config, config_problems
+from mediafarm.tasks import families
+from mediafarm.config.settings import FarmSettings
+
+
+def limits() -> dict[str, float]:
+    return families.hard_limits()
 
 
 def safe() -> dict:
@@ -11,11 +15,11 @@ def safe() -> dict:
 
 def test_default_configuration_is_safe() -> None:
     conf = safe()
-    assert config_problems(conf) == []
+    assert config_problems(conf, limits()) == []
     assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
     assert conf["task_acks_late"] and conf["worker_prefetch_multiplier"] == 1
     assert conf["task_retry_on_worker_lost"] and not conf["task_reject_on_worker_lost"]
-    assert conf["broker_transport_options"]["visibility_timeout"] > max(t.hard for t in TIME_LIMITS.values())
+    assert conf["broker_transport_options"]["visibility_timeout"] > max(limits().values())
 
 
 def test_pickle_is_refused() -> None:
@@ -26,8 +30,9 @@ def test_pickle_is_refused() -> None:
 
 def test_visibility_timeout_not_above_time_limits_is_refused() -> None:
     conf = celery_config(FarmSettings(broker_url="redis://x/0", visibility_timeout=600))
-    problems = config_problems(conf)
+    problems = config_problems(conf, limits())
     assert len(problems) == 1 and "FARM_VISIBILITY_TIMEOUT (600 s) must exceed" in problems[0]
+    assert "family vad" in problems[0]
 
 
 def test_missing_broker_and_early_ack_are_named() -> None:
@@ -37,10 +42,13 @@ def test_missing_broker_and_early_ack_are_named() -> None:
 
 
 def test_every_task_routes_to_its_family_queue() -> None:
-    for family, name in TASK_NAMES.items():
-        assert TIME_LIMITS[family.value].soft < TIME_LIMITS[family.value].hard
-        assert TASK_ROUTES[name] == {"queue": family.value}
-        assert name.startswith(f"farm.{family.value}.")
+    from mediafarm.tasks.app import app
+
+    for spec in families.load().values():
+        route = app.amqp.router.route({}, spec.task_name)
+        assert route["queue"].name == spec.queue
+        assert spec.task_name.startswith("farm.")
+    assert app.amqp.router.route({}, "farm.vad.detect")["queue"].name == "vad"
 
 
 def test_backend_that_is_not_redis_and_disabled_retry_are_named() -> None:
@@ -51,5 +59,5 @@ def test_backend_that_is_not_redis_and_disabled_retry_are_named() -> None:
 
 def test_retry_delay_that_outlasts_the_visibility_timeout_is_refused() -> None:
     conf = celery_config(FarmSettings(broker_url="redis://x/0"))
-    assert config_problems(conf, retry_delay=60) == []
-    assert any("FARM_RETRY_DELAY (7000 s)" in p for p in config_problems(conf, retry_delay=7000))
+    assert config_problems(conf, limits(), retry_delay=60) == []
+    assert any("FARM_RETRY_DELAY (7000 s)" in p for p in config_problems(conf, limits(), retry_delay=7000))

@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from config.file import ConfigFileError
-from config.ladders import get_ladder
-from config.pools import get_pool, get_pools
-from config.settings import FarmSettings
+from mediafarm.config.file import ConfigFileError
+from mediafarm.config.ladders import declared_ladders
+from mediafarm.config.pools import get_pool, get_pools
+from mediafarm.config.settings import FarmSettings
 
 
 def test_media_roots_split_like_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,12 +20,16 @@ def test_backend_defaults_to_broker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_vad_ladder_is_silero_webrtc_skip() -> None:
-    assert [v.name for v in get_ladder("vad").rungs] == ["silero-onnx", "webrtc", "skip"]
+    from mediafarm.tasks import families
+
+    assert [v.name for v in families.ladder_for(families.get("vad")).rungs] == ["silero-onnx", "webrtc", "skip"]
 
 
 def test_unknown_family_and_pool_are_named() -> None:
-    with pytest.raises(ConfigFileError, match="no ladder declared for job family 'nope'"):
-        get_ladder("nope")
+    from mediafarm.tasks import families
+
+    with pytest.raises(ValueError, match="unknown job family 'nope'"):
+        families.get("nope")
     with pytest.raises(ConfigFileError, match="no pool named 'nope'"):
         get_pool("nope")
 
@@ -33,15 +37,15 @@ def test_unknown_family_and_pool_are_named() -> None:
 @pytest.fixture(autouse=True)
 def _fresh_caches():
     """Settings and ladders are read once per process; these tests change them."""
-    from config.settings import get_settings
+    from mediafarm.config.settings import get_settings
 
     yield
     get_settings.cache_clear()
-    get_ladder.cache_clear()
+    declared_ladders.cache_clear()
 
 
 def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from config.settings import get_settings
+    from mediafarm.config.settings import get_settings
 
     path = tmp_path / "farm.toml"
     path.write_text(
@@ -50,11 +54,13 @@ def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pyte
     )
     monkeypatch.setenv("FARM_CONFIG_FILE", str(path))
     get_settings.cache_clear()
-    get_ladder.cache_clear()
+    declared_ladders.cache_clear()
     try:
+        from mediafarm.tasks import families
+
         cpu = get_pools()["cpu"]
-        assert cpu.child_rss_cap_mb == 512 and cpu.queues == ("vad", "yolo", "tts", "subtitle")
-        ladder = get_ladder("vad")
+        assert cpu.child_rss_cap_mb == 512 and cpu.queues == ("*",)
+        ladder = families.ladder_for(families.get("vad"))
         assert [(v.name, v.engine, dict(v.params)) for v in ladder.rungs] == [("w", "webrtc", {"aggressiveness": 3})]
     finally:
         monkeypatch.undo()
@@ -72,17 +78,17 @@ def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pyte
     ],
 )
 def test_bad_config_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, message: str) -> None:
-    from config.settings import get_settings
+    from mediafarm.config.settings import get_settings
 
     path = tmp_path / "farm.toml"
     path.write_text(body)
     monkeypatch.setenv("FARM_CONFIG_FILE", str(path))
     get_settings.cache_clear()
-    get_ladder.cache_clear()
+    declared_ladders.cache_clear()
     try:
         with pytest.raises(ConfigFileError, match=message):
             get_pools()
-            get_ladder("vad")
+            declared_ladders()
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tasks.client import JobHandle
+from mediafarm.tasks.client import JobHandle, submit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -30,17 +30,15 @@ if not _cuda_available():
 
 @pytest.fixture(scope="module")
 def gpu_worker(start_worker):
-    return start_worker("gputest", concurrency=2, include=("tests.support.chaos",))
+    return start_worker("gputest", concurrency=2)
 
 
 def send(ladder: str) -> JobHandle:
-    from tests.support.chaos import chaos
-
-    return JobHandle(chaos.apply_async(kwargs={"ladder": ladder}, queue="gputest").id, "chaos")
+    return submit("chaos", queue="gputest", ladder=ladder)
 
 
 def test_children_see_only_the_pools_gpu_and_the_main_process_no_cuda(gpu_worker) -> None:
-    from tasks.app import app
+    from mediafarm.tasks.app import app
 
     reports = [send("gpu_report").wait(timeout=120)["output"] for _ in range(4)]
     for report in reports:

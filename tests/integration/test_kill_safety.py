@@ -16,19 +16,19 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.client import JobHandle
-from tasks.errors import JobRejected, LadderExhausted
+from mediafarm.tasks.app import app
+from mediafarm.tasks.client import JobHandle, submit
+from mediafarm.tasks.errors import JobRejected, LadderExhausted
 
 pytestmark = pytest.mark.integration
-CHAOS = ("tests.support.chaos",)
 
 
 @pytest.fixture(scope="session")
 def chaos_worker(start_worker):
-    from workers.embedded import free_port
+    from mediafarm.workers.embedded import free_port
 
     port = free_port()
-    worker = start_worker("chaos", concurrency=2, include=CHAOS, env={"FARM_METRICS_PORT": str(port)})
+    worker = start_worker("chaos", concurrency=2, env={"FARM_METRICS_PORT": str(port)})
     worker.metrics_url = f"http://127.0.0.1:{port}/metrics"
     return worker
 
@@ -41,10 +41,7 @@ def scrape(url: str, name: str) -> float:
 
 
 def send(ladder: str, plan: dict[str, Any] | None = None) -> JobHandle:
-    from tests.support.chaos import chaos
-
-    result = chaos.apply_async(kwargs={"ladder": ladder, "plan": plan or {}}, queue="chaos")
-    return JobHandle(result.id, "chaos")
+    return submit("chaos", ladder=ladder, plan=plan or {})
 
 
 def outcomes(attempts: list[dict[str, Any]]) -> list[str]:
@@ -79,8 +76,6 @@ def test_killed_on_every_rung_fails_after_exactly_as_many_attempts(chaos_worker)
 
 
 def test_memory_error_moves_down_and_leaves_the_worker_alive(chaos_worker) -> None:
-    from tasks.app import app
-
     job = send("memerr")
     envelope = job.wait(timeout=60)
     assert outcomes(envelope["attempts"]) == ["oom", "ok"] and envelope["variant"] == "frugal"
@@ -107,9 +102,6 @@ def test_bad_input_fails_once_without_retry(chaos_worker) -> None:
 
 
 def test_main_process_never_imports_torch(cpu_worker, speech_track) -> None:
-    from tasks.app import app
-    from tasks.client import submit
-
     # A VAD job imports torch in a child ...
     assert submit("vad", media=str(speech_track.path)).wait(timeout=60)["variant"] == "silero-onnx"
     [reply] = app.control.broadcast("farm_main_process", destination=[cpu_worker.node], reply=True, timeout=5)
@@ -187,25 +179,21 @@ def short_env(session_dir) -> dict[str, str]:
 
     base = (REPO / "tests" / "support" / "farm-test.toml").read_text()
     short = base.replace("[limits.chaos]\nsoft = 60\nhard = 90", "[limits.chaos]\nsoft = 6\nhard = 7")
-    short += "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in ("vad", "yolo", "tts", "subtitle"))
+    from mediafarm.tasks import families
+
+    others = [name for name in families.load() if name != "chaos"]
+    short += "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in others)
     config = session_dir / "short-limits.toml"
     config.write_text(short)
     return {"FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}
 
 
 def send_short(ladder: str) -> JobHandle:
-    from tasks.app import app
-
-    # As the client does: no time limits on the message, so the worker's own apply. (A task
-    # registered in this process would otherwise stamp this process's limits on it.)
-    result = app.send_task(
-        "farm.test.chaos", kwargs={"ladder": ladder}, queue=SHORT_QUEUE, soft_time_limit=None, time_limit=None
-    )
-    return JobHandle(result.id, "chaos")
+    return submit("chaos", queue=SHORT_QUEUE, ladder=ladder)
 
 
 def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(start_worker, short_env) -> None:
-    worker = start_worker("chaos", concurrency=2, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
+    worker = start_worker("chaos", concurrency=2, queues=[SHORT_QUEUE], env=short_env)
     soft, hard = send_short("overrun_soft"), send_short("overrun_hard")
     soft_env, hard_env = soft.wait(timeout=60), hard.wait(timeout=60)
     assert outcomes(soft_env["attempts"]) == ["timeout", "ok"] and "soft time limit" in soft_env["attempts"][0]["reason"]
@@ -217,13 +205,13 @@ def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(star
 
 
 def stop_worker_now(worker) -> None:
-    from workers.pools import stop_worker
+    from mediafarm.workers.launch import stop_worker
 
     stop_worker(worker.process, timeout=20)
 
 
 def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, short_env) -> None:
-    first = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
+    first = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env)
     job = send_short("slow")
     deadline = time.monotonic() + 30
     while job.state() != "STARTED":
@@ -234,7 +222,7 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, s
     os.killpg(first.main_pid(), signal.SIGKILL)
     first.process.wait(10)
 
-    second = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env, include=CHAOS)
+    second = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env)
     killed_at = time.monotonic()
     envelope = job.wait(timeout=120)
     # Back after the visibility timeout plus about one sweep, not kombu's default 100 s sweep.
@@ -249,17 +237,15 @@ def test_cold_shutdown_hands_a_running_job_back_at_once(start_worker) -> None:
     # What `docker compose stop` does to a worker (stop_signal SIGQUIT): the running job's message
     # must go back to the queue when the soft-shutdown time is up, not after the visibility timeout.
     env = {"FARM_SOFT_SHUTDOWN_TIMEOUT": "1"}  # the default 7200 s visibility timeout stays
-    first = start_worker("chaos", concurrency=1, queues=["chaos-cold"], env=env, include=CHAOS)
-    from tasks.app import app
-
-    job = JobHandle(app.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos-cold").id, "chaos")
+    first = start_worker("chaos", concurrency=1, queues=["chaos-cold"], env=env)
+    job = submit("chaos", queue="chaos-cold", ladder="slow")
     deadline = time.monotonic() + 30
     while not any(a["outcome"] is None for a in job.attempts()):
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.05)
     os.kill(first.main_pid(), signal.SIGQUIT)
     assert first.process.wait(30) is not None
-    second = start_worker("chaos", concurrency=1, queues=["chaos-cold"], env=env, include=CHAOS)
+    second = start_worker("chaos", concurrency=1, queues=["chaos-cold"], env=env)
     envelope = job.wait(timeout=60)  # far less than the 7200 s visibility timeout
     assert outcomes(envelope["attempts"]) == ["worker_lost", "ok"], envelope["attempts"]
     assert envelope["attempts"][1]["worker"] == second.node
@@ -268,10 +254,7 @@ def test_cold_shutdown_hands_a_running_job_back_at_once(start_worker) -> None:
 def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
     # A worker that dies between storing SUCCESS and acking gets its message redelivered; the
     # redelivery must return the stored result instead of running the job a second time.
-    from tests.support.chaos import chaos
-
-    from tasks.app import app
-    from tasks.history import read_attempts
+    from mediafarm.tasks.history import read_attempts
 
     job = send("memerr")
     first = job.wait(timeout=60)
@@ -282,7 +265,7 @@ def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
         return inspect.stats()[chaos_worker.node]["total"].get("farm.test.chaos", 0)
 
     before = processed()
-    chaos.apply_async(kwargs={"ladder": "memerr"}, queue="chaos", task_id=job.id, retries=1)
+    app.send_task("farm.test.chaos", kwargs={"ladder": "memerr"}, queue="chaos", task_id=job.id, retries=1)
     deadline = time.monotonic() + 60
     while processed() == before:
         assert time.monotonic() < deadline, "the redelivered message was never processed"

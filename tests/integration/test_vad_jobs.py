@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.client import submit
-from tasks.errors import JobRejected
-from tests.tasks.engines.test_vad import assert_matches
+from mediafarm.tasks.client import submit
+from mediafarm.tasks.errors import InvalidRequest, JobRejected
+from tests.tasks.families.test_vad_engines import assert_matches
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def test_vad_job_returns_true_spans(cpu_worker, speech_track) -> None:
     envelope = submit("vad", media=str(speech_track.path)).wait(timeout=120)
     assert envelope["variant"] == "silero-onnx" and envelope["family"] == "vad"
     output = envelope["output"]
-    from tasks.media.intervals import Span
+    from mediafarm.tasks.media.intervals import Span
 
     assert_matches([Span(s["start"], s["end"]) for s in output["spans"]], speech_track.truth)
     assert output["duration"] == pytest.approx(speech_track.duration, abs=0.01)
@@ -89,5 +89,18 @@ def test_audio_with_no_speech_gives_empty_spans(cpu_worker, media_root: Path) ->
 def test_unknown_family_and_unknown_option_are_named(cpu_worker, speech_track) -> None:
     with pytest.raises(ValueError, match="unknown job family 'vid'"):
         submit("vid", media="x")
-    with pytest.raises(JobRejected, match="unexpected keyword argument"):
-        submit("vad", media=str(speech_track.path), thresold=0.2).wait(timeout=60)
+    # The producer's own check names the field before anything is sent ...
+    with pytest.raises(InvalidRequest, match="vad request: thresold: Extra inputs are not permitted"):
+        submit("vad", media=str(speech_track.path), thresold=0.2)
+    with pytest.raises(InvalidRequest, match="media: Field required"):
+        submit("vad")
+    # ... and the worker checks again, for producers that send by task name with a plain client.
+    from mediafarm.tasks.app import app
+    from mediafarm.tasks.client import handle
+
+    sent = app.send_task("farm.vad.detect", kwargs={"media": str(speech_track.path), "thresold": 0.2})
+    with pytest.raises(JobRejected, match="InvalidRequest: vad request: thresold"):
+        handle(sent.id).wait(timeout=60)
+    positional = app.send_task("farm.vad.detect", args=[str(speech_track.path)])
+    with pytest.raises(JobRejected, match="keyword arguments only"):
+        handle(positional.id).wait(timeout=60)

@@ -1,115 +1,151 @@
 """A test-only job family whose engines misbehave on purpose, run through the real FarmTask machinery.
 
-Workers load it with ``--include tests.support.chaos``; ladders are declared in farm-test.toml.
-Nothing here fakes a result: an engine that "hogs" really allocates until the watchdog kills it.
+Registered through FARM_FAMILY_MODULES (tests/conftest.py), like any operator's family. A job
+names the ladder it runs (``ladder_field``); those ladders are declared in farm-test.toml with
+``family = "chaos"``. Nothing here fakes a result: an engine that "hogs" really allocates until
+the watchdog kills it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
-from config.ladders import Variant
-from config.queues import time_limits
-from tasks.app import app
-from tasks.base import FarmTask
-from tasks.engines import Engine, register_engine
-from tasks.errors import PermanentFailure
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import BaseModel, ConfigDict, Field
+
+from mediafarm.config.ladders import variant
+from mediafarm.config.limits import TimeLimits
+from mediafarm.config.pools import get_pool
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.errors import PermanentFailure
+from mediafarm.tasks.family import EngineSpec, FamilySpec, NoParams, Params, Request
 
 MB = 1024 * 1024
+HERE = "tests.support.chaos"
 
 
-def ok(plan: dict[str, Any], sleep: float = 0.0) -> dict[str, Any]:
-    seconds = float(plan.get("sleep", sleep))
+class ChaosRequest(Request):
+    """Attributes: ladder (a declared chaos ladder), plan (engine overrides, e.g. ``{"sleep": 1}``)."""
+
+    ladder: str = "chaos"
+    plan: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChaosResult(BaseModel):
+    """Whatever the engine reports (its pid, what it held, what GPU it saw)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    pid: int
+
+
+class OkParams(Params):
+    sleep: float = 0.0
+
+
+class HogParams(Params):
+    mb: int = 800
+    step_mb: int = 25
+    hold: float = 30.0
+
+
+class StubbornParams(Params):
+    seconds: float = 30.0
+
+
+class CudaHogParams(Params):
+    times_cap: float = 1.5
+
+
+def ok(ctx: EngineContext, request: ChaosRequest, params: OkParams) -> ChaosResult:
+    seconds = float(request.plan.get("sleep", params.sleep))
     if seconds:
         time.sleep(seconds)
-    return {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return ChaosResult(pid=os.getpid(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def hog(plan: dict[str, Any], mb: int = 800, step_mb: int = 25, hold: float = 30.0) -> dict[str, Any]:
+def hog(ctx: EngineContext, request: ChaosRequest, params: HogParams) -> ChaosResult:
     """Touch ``mb`` MiB in steps (so the watchdog sees RSS grow), then hold it."""
     held = []
-    for _ in range(0, mb, step_mb):
-        held.append(bytearray(b"\x01") * (step_mb * MB))  # written, so resident, unlike bytearray(n)
+    for _ in range(0, params.mb, params.step_mb):
+        held.append(bytearray(b"\x01") * (params.step_mb * MB))  # written, so resident, unlike bytearray(n)
         time.sleep(0.01)
-    time.sleep(hold)
-    return {"pid": os.getpid(), "held_mb": len(held) * step_mb}
+    time.sleep(params.hold)
+    return ChaosResult(pid=os.getpid(), held_mb=len(held) * params.step_mb)
 
 
-def stubborn(plan: dict[str, Any], seconds: float = 30.0) -> dict[str, Any]:
+def stubborn(ctx: EngineContext, request: ChaosRequest, params: StubbornParams) -> ChaosResult:
     """Keep running through the soft time limit, like C code (FFmpeg, CUDA) that a Python signal
     cannot interrupt; only the hard limit can stop it."""
-    from celery.exceptions import SoftTimeLimitExceeded
-
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + params.seconds
     while time.monotonic() < deadline:
         try:
             time.sleep(0.05)
         except SoftTimeLimitExceeded:
             continue
-    return {"pid": os.getpid()}
+    return ChaosResult(pid=os.getpid())
 
 
-def memory_error(plan: dict[str, Any]) -> dict[str, Any]:
+def memory_error(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
     raise MemoryError("simulated allocation failure of 64 GiB")
 
 
-def bad_input(plan: dict[str, Any]) -> dict[str, Any]:
+def bad_input(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
     raise PermanentFailure("chaos: this input is malformed on purpose")
 
 
-def cuda_hog(plan: dict[str, Any], times_cap: float = 1.5) -> dict[str, Any]:
+def cuda_hog(ctx: EngineContext, request: ChaosRequest, params: CudaHogParams) -> ChaosResult:
     """Ask for ``times_cap`` x the child's GPU memory cap: more than the pool's fraction allows but,
     for a fraction <= 0.6, less than the GPU has, so only the cap can refuse it (GPU machines only)."""
     import torch
 
-    from config.pools import get_pool
-    from config.settings import get_settings
-    from tasks.engines.gpu import torch_device
+    from mediafarm.tasks.gpu import torch_device
 
     device = torch_device()
     fraction = get_pool(get_settings().pool).gpu_memory_fraction or 1.0
     total = torch.cuda.get_device_properties(0).total_memory
-    block = torch.empty(int(times_cap * fraction * total), dtype=torch.uint8, device=device)
-    return {"allocated": block.numel()}
+    block = torch.empty(int(params.times_cap * fraction * total), dtype=torch.uint8, device=device)
+    return ChaosResult(pid=os.getpid(), allocated=block.numel())
 
 
-def gpu_report(plan: dict[str, Any]) -> dict[str, Any]:
+def gpu_report(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
     """Which GPUs this child sees, and its per-process memory fraction."""
     import torch
 
-    from tasks.engines.gpu import torch_device
+    from mediafarm.tasks.gpu import torch_device
 
     torch_device()
-    return {
-        "pid": os.getpid(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "device_count": torch.cuda.device_count(),
-        "device_name": torch.cuda.get_device_name(0),
-    }
+    return ChaosResult(
+        pid=os.getpid(),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        device_count=torch.cuda.device_count(),
+        device_name=torch.cuda.get_device_name(0),
+    )
 
 
-for _name, _target, _needs in (
-    ("ok", "ok", ()),
-    ("hog", "hog", ()),
-    ("memory_error", "memory_error", ()),
-    ("stubborn", "stubborn", ()),
-    ("bad_input", "bad_input", ()),
-    ("needs_missing", "ok", ("a_package_that_is_not_installed",)),
-    ("cuda_hog", "cuda_hog", ("torch",)),
-    ("gpu_report", "gpu_report", ("torch",)),
-):
-    register_engine(_name, Engine(f"tests.support.chaos:{_target}", needs=_needs))
-
-
-@app.task(
-    bind=True, base=FarmTask, name="farm.test.chaos", family="chaos", max_retries=10, default_retry_delay=0,
-    soft_time_limit=time_limits()["chaos"].soft, farm_hard_limit=time_limits()["chaos"].hard, queue="chaos",
-)  # fmt: skip
-def chaos(self: FarmTask, ladder: str, plan: dict[str, Any] | None = None) -> dict[str, Any]:
-    def run_variant(variant: Variant, engine: Callable[..., Any]) -> dict[str, Any]:
-        return engine(plan or {}, **variant.params)
-
-    return self.run_job(run_variant, ladder=ladder)
+FAMILY = FamilySpec(
+    name="chaos",
+    task_name="farm.test.chaos",
+    description="Test-only: engines that allocate, sleep, raise and refuse on purpose",
+    request=ChaosRequest,
+    result=ChaosResult,
+    engines={
+        "ok": EngineSpec(f"{HERE}:ok", OkParams),
+        "hog": EngineSpec(f"{HERE}:hog", HogParams),
+        "memory_error": EngineSpec(f"{HERE}:memory_error"),
+        "stubborn": EngineSpec(f"{HERE}:stubborn", StubbornParams),
+        "bad_input": EngineSpec(f"{HERE}:bad_input"),
+        "needs_missing": EngineSpec(f"{HERE}:ok", OkParams, needs=("a_package_that_is_not_installed",)),
+        "cuda_hog": EngineSpec(f"{HERE}:cuda_hog", CudaHogParams, needs=("torch",)),
+        "gpu_report": EngineSpec(f"{HERE}:gpu_report", needs=("torch",)),
+    },
+    ladder=(variant("ok", "ok"),),
+    limits=TimeLimits(soft=60, hard=90),
+    cli_argument=None,
+    ladder_field="ladder",
+    # Only the test pools that name the chaos queues run it: its engines need their small caps.
+    in_default_pools=False,
+)

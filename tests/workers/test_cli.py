@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-FARM = [sys.executable, "-m", "workers.cli"]
+FARM = [sys.executable, "-m", "mediafarm.workers.cli"]
 
 
 def run(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -60,7 +60,7 @@ def test_worker_refuses_unsafe_configuration(redis_url: str) -> None:
 def test_plain_celery_worker_refuses_unsafe_configuration_too(redis_url: str) -> None:
     env = clean_env(FARM_BROKER_URL=redis_url, FARM_VISIBILITY_TIMEOUT="60")
     proc = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-c", "1"],
+        [sys.executable, "-m", "celery", "-A", "mediafarm.tasks.app", "worker", "-c", "1"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode != 0

@@ -2,7 +2,7 @@ import socket
 
 import pytest
 
-from workers.embedded import EmbeddedRedis, EmbeddedRedisError, redis_server_binary
+from mediafarm.workers.embedded import EmbeddedRedis, EmbeddedRedisError, redis_server_binary
 
 
 def test_embedded_redis_answers_on_its_own_port_and_stops() -> None:

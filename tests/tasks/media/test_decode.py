@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.errors import UnreadableMedia
-from tasks.media.decode import audio_blocks, probe_duration
+from mediafarm.tasks.errors import UnreadableMedia
+from mediafarm.tasks.media.decode import audio_blocks, probe_duration
 
 
 def tone(path: Path, seconds: float, rate: int, channels: int = 1) -> None:

@@ -10,7 +10,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from config.pools import Pool
+from mediafarm.config.pools import Pool, expand_queues
+from mediafarm.tasks import families
+
+APP = "mediafarm.tasks.app"
 
 
 def node_name(pool: Pool) -> str:
@@ -42,11 +45,11 @@ def worker_argv(
     node: str | None = None,
     include: Sequence[str] = (),
 ) -> list[str]:
-    """``python -m celery ... worker`` arguments for ``pool``."""
+    """``python -m celery ... worker`` arguments for ``pool``; queue patterns (``*``) expanded."""
     argv = [
-        sys.executable, "-m", "celery", "-A", "tasks.app", "worker",
+        sys.executable, "-m", "celery", "-A", APP, "worker",
         "-n", node or f"{pool.name}@%h",
-        "-Q", ",".join(queues or pool.queues),
+        "-Q", ",".join(expand_queues(queues or pool.queues, families.default_queues())),
         "-c", str(concurrency or pool.concurrency),
         "-P", "prefork",
         "-E",

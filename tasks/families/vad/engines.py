@@ -1,66 +1,52 @@
-"""Voice activity detection engines: plain functions, callable and testable without a broker.
+"""Voice activity detection engines: ``engine(ctx, request, params) -> VadResult``.
 
-Each engine streams the media through :func:`tasks.media.decode.audio_blocks`, so memory does
-not grow with the media's length, and returns a :class:`VadResult`.
+Each engine streams the media through :func:`mediafarm.tasks.media.decode.audio_blocks`, so memory
+does not grow with the media's length, and reports progress and checks for cancellation once a
+block (10 s of audio). Callable without a broker: ``silero(EngineContext.local(), VadRequest(media=...),
+SileroParams())``.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tasks.media.decode import SAMPLE_RATE, audio_blocks, probe_duration
-from tasks.media.intervals import Span
+from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.errors import RungUnavailable
+from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
+from mediafarm.tasks.family import NoParams
+from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks, probe_duration
+from mediafarm.tasks.media.intervals import Span
 
 SILERO_WINDOW = 512  # samples at 16 kHz: the only window size silero-vad 5+ accepts
 WEBRTC_FRAME = 480  # 30 ms at 16 kHz, one of the three frame sizes webrtcvad accepts
-
-
-@dataclass
-class VadResult:
-    """Speech found in one media file.
-
-    Attributes:
-        spans: Speech spans, sorted, non-overlapping.
-        duration: Seconds of audio decoded (for ``skip``, the container's declared duration).
-        model: Which model produced the spans, with its version.
-        vad_skipped: True when no detection ran (the ``skip`` rung): spans are empty by
-            design, not because the media is silent.
-    """
-
-    spans: list[Span] = field(default_factory=list)
-    duration: float = 0.0
-    model: str = ""
-    vad_skipped: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "spans": [s.to_json() for s in self.spans],
-            "duration": round(self.duration, 3),
-            "model": self.model,
-            "vad_skipped": self.vad_skipped,
-        }
 
 
 class _Windows:
     """Fixed-size windows across block boundaries, the last one zero-padded.
 
     ``samples`` counts the real (unpadded) samples seen so far: the media's decoded duration.
+    After each decoded block it reports the decode position and checks for cancellation.
     """
 
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self, path: Path, size: int, ctx: EngineContext, stage: str) -> None:
         self.path, self.size, self.samples = path, size, 0
+        self.ctx, self.stage = ctx, stage
+        self.expected = probe_duration(path)  # from the header; None when the container does not say
 
     def __iter__(self) -> Iterator[np.ndarray]:
         size = self.size
         carry = np.zeros(0, dtype=np.float32)
         for block in audio_blocks(self.path):
             self.samples += block.size
+            done = self.samples / SAMPLE_RATE
+            self.ctx.progress(done / self.expected if self.expected else None, stage=self.stage, media_seconds=done)
+            self.ctx.check_cancelled()
             if carry.size:
                 block = np.concatenate([carry, block])
             usable = block.size - block.size % size
@@ -78,8 +64,6 @@ def _silero_model() -> Any:
         import torch
         from silero_vad import load_silero_vad
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        from tasks.errors import RungUnavailable
-
         raise RungUnavailable(f"silero-vad is not installed ({exc.name}); pip install 'mediafarm[vad]'") from exc
     # One intra-op thread: a pool runs one child per core, and oversubscription costs more than it gives.
     torch.set_num_threads(1)
@@ -87,28 +71,25 @@ def _silero_model() -> Any:
 
 
 def silero_version() -> str:
-    from importlib.metadata import version
-
     return f"silero-vad {version('silero-vad')} (onnx)"
 
 
-def silero_spans(
-    path: Path, *, threshold: float = 0.5, min_silence_ms: int = 300, speech_pad_ms: int = 30
-) -> VadResult:
+def silero(ctx: EngineContext, request: VadRequest, params: SileroParams) -> VadResult:
     """Speech spans by silero-vad's streaming iterator over 512-sample windows."""
+    # torch only here, in the pool child: the worker's main process must never import it.
     import torch
     from silero_vad import VADIterator
 
     iterator = VADIterator(
         _silero_model(),
-        threshold=threshold,
+        threshold=params.threshold,
         sampling_rate=SAMPLE_RATE,
-        min_silence_duration_ms=min_silence_ms,
-        speech_pad_ms=speech_pad_ms,
+        min_silence_duration_ms=params.min_silence_ms,
+        speech_pad_ms=params.speech_pad_ms,
     )
     spans: list[Span] = []
     start: int | None = None
-    windows = _Windows(path, SILERO_WINDOW)
+    windows = _Windows(Path(request.media), SILERO_WINDOW, ctx, "silero-vad")
     try:
         with torch.inference_mode():
             for window in windows:
@@ -129,24 +110,20 @@ def silero_spans(
     return VadResult(spans=spans, duration=duration, model=silero_version())
 
 
-def webrtc_spans(
-    path: Path, *, aggressiveness: int = 2, min_silence_ms: int = 300, min_speech_ms: int = 150
-) -> VadResult:
+def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> VadResult:
     """Speech spans by webrtcvad on 30 ms frames, with a silence hangover and a minimum length."""
     try:
         import webrtcvad
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        from tasks.errors import RungUnavailable
-
         raise RungUnavailable("webrtcvad is not installed; pip install 'mediafarm[vad]'") from exc
-    vad = webrtcvad.Vad(int(aggressiveness))
+    vad = webrtcvad.Vad(params.aggressiveness)
     frame_s = WEBRTC_FRAME / SAMPLE_RATE
-    hangover = max(1, round(min_silence_ms / 1000 / frame_s))
+    hangover = max(1, round(params.min_silence_ms / 1000 / frame_s))
     spans: list[Span] = []
     start: int | None = None
     silent_run = 0
     frames = 0
-    windows = _Windows(path, WEBRTC_FRAME)
+    windows = _Windows(Path(request.media), WEBRTC_FRAME, ctx, "webrtcvad")
     for window in windows:
         pcm = (np.clip(window, -1.0, 1.0) * 32767).astype("<i2").tobytes()
         speech = vad.is_speech(pcm, SAMPLE_RATE)
@@ -163,12 +140,10 @@ def webrtc_spans(
     duration = windows.samples / SAMPLE_RATE
     if start is not None:
         spans.append(Span(start * frame_s, min(duration, (frames - silent_run) * frame_s)))
-    spans = [s for s in spans if s.end - s.start >= min_speech_ms / 1000]
-    from importlib.metadata import version
-
+    spans = [s for s in spans if s.end - s.start >= params.min_speech_ms / 1000]
     return VadResult(spans=spans, duration=duration, model=f"webrtcvad {version('webrtcvad-wheels')}")
 
 
-def skipped(path: Path) -> VadResult:
+def skip(ctx: EngineContext, request: VadRequest, params: NoParams) -> VadResult:
     """No detection at all: the cheapest rung, so that a pipeline still gets its other stages."""
-    return VadResult(spans=[], duration=probe_duration(path) or 0.0, model="none", vad_skipped=True)
+    return VadResult(spans=[], duration=probe_duration(Path(request.media)) or 0.0, model="none", vad_skipped=True)

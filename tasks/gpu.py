@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from config.pools import get_pool
-from config.settings import get_settings
-from tasks.errors import RungUnavailable
+from mediafarm.config.pools import get_pool
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks.errors import RungUnavailable
 
 
 @functools.lru_cache(maxsize=1)

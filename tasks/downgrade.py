@@ -3,6 +3,7 @@
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
     rung unavailable on this pool                     → next rung, no attempt spent
     permanent failure (bad input)                     → FAILURE now, no retry
+    cancelled by the producer                         → FAILURE now, no retry
     transient failure / worker died under the job     → same rung, at most FARM_TRANSIENT_RETRIES times
     anything else (a bug)                             → FAILURE now, no retry
     no rung left                                      → FAILURE, with the whole history
@@ -14,13 +15,13 @@ after a whole-worker crash does not count as a retry but a same-rung transient r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from config.ladders import Ladder, Variant
-from tasks.engines import get_engine
-from tasks.errors import (
+from mediafarm.config.ladders import Ladder, Variant
+from mediafarm.tasks.errors import (
+    Cancelled,
     EngineError,
     NoRungLeft,
     PermanentFailure,
@@ -29,13 +30,15 @@ from tasks.errors import (
     TransientFailure,
     map_exceptions,
 )
-from tasks.history import RESOURCE_OUTCOMES, SKIP_OUTCOMES, Attempt, AttemptLog
+from mediafarm.tasks.family import EngineSpec
+from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
 
 CHILD_LOST = "child process SIGKILLed while running (kernel OOM killer or an outside kill; no watchdog record)"
 
 
 def settle_open_attempts(
-    attempts: list[Attempt], kill: dict[str, Any] | None, retries: int, transient_budget: int
+    attempts: list[Attempt], kill: KillRecord | None, retries: int, transient_budget: int
 ) -> list[int]:
     """Give an outcome to attempts that never finished; returns the indexes it changed.
 
@@ -48,42 +51,30 @@ def settle_open_attempts(
     for i, att in enumerate(attempts):
         if att.outcome is not None:
             continue
-        if kill_matches(kill, att):
-            att.outcome = str(kill.get("outcome", "killed"))
-            att.reason = str(kill.get("reason", "killed by the watchdog"))
-            att.peak_rss_mb = kill.get("rss_mb")
-            att.duration = round(float(kill["at"]) - att.started, 3)
+        if kill is not None and kill.is_about(att):
+            att.outcome, att.reason = kill.outcome, kill.reason
+            att.peak_rss_mb = kill.rss_mb
+            att.duration = round(kill.at - att.started, 3)
         elif retries > att.retries:
-            att.outcome, att.reason = "killed", CHILD_LOST
+            att.outcome, att.reason = Outcome.KILLED, CHILD_LOST
         else:
-            lost_before = sum(1 for a in attempts[:i] if a.outcome == "worker_lost")
+            lost_before = sum(1 for a in attempts[:i] if a.outcome == Outcome.WORKER_LOST)
             if lost_before >= transient_budget:
-                att.outcome = "killed"
+                att.outcome = Outcome.KILLED
                 att.reason = f"its worker died {lost_before + 1} times while running this job"
             else:
-                att.outcome, att.reason = "worker_lost", "the worker process died; job redelivered"
+                att.outcome, att.reason = Outcome.WORKER_LOST, "the worker process died; job redelivered"
         changed.append(i)
     return changed
 
 
-def kill_matches(kill: dict[str, Any] | None, attempt: Attempt) -> bool:
-    """Is the watchdog's record about this attempt? Pids repeat across hosts and containers, so
-    the worker node and the time must match too."""
-    return bool(
-        kill
-        and kill.get("pid") == attempt.pid
-        and kill.get("worker") == attempt.worker
-        and float(kill.get("at", 0)) >= attempt.started
-    )
-
-
 def current_rung(attempts: list[Attempt]) -> int:
     """Rungs already lost to resource failures or skipped as unavailable."""
-    return sum(1 for a in attempts if a.outcome in RESOURCE_OUTCOMES or a.outcome in SKIP_OUTCOMES)
+    return sum(1 for a in attempts if a.outcome is not None and a.outcome.moves_down)
 
 
 def same_rung_retries(attempts: list[Attempt]) -> int:
-    return sum(1 for a in attempts if a.outcome == "transient")
+    return sum(1 for a in attempts if a.outcome == Outcome.TRANSIENT)
 
 
 @dataclass(frozen=True)
@@ -123,12 +114,12 @@ class _Running:
         _peak_rss_reset()
         self.t0 = time.monotonic()
 
-    def finish(self, outcome: str, reason: str = "") -> None:
+    def finish(self, outcome: Outcome, reason: str = "") -> None:
         attempt = self.attempt
         attempt.outcome, attempt.reason = outcome, reason
         attempt.duration = round(time.monotonic() - self.t0, 3)
         attempt.peak_rss_mb = _peak_rss_mb()
-        if outcome == "ok":
+        if outcome == Outcome.OK:
             # Completed in the envelope; the record's reply is read only to free the connection,
             # and a Redis error here must not throw away a finished result.
             self.pending.settle_quietly()
@@ -136,21 +127,24 @@ class _Running:
             self.log.update(self.pending.index(), attempt)
 
 
+# What the family adapter does for one rung: given the variant, its ladder index and the index of
+# the attempt in the history, run the engine and return the output (JSON) and the artifacts.
+RunRung = Callable[[Variant, int, int], tuple[dict[str, Any], tuple[ArtifactInfo, ...]]]
+
+
 def run_ladder(
     *,
     job_id: str,
     ladder: Ladder,
+    engines: Mapping[str, EngineSpec],
     log: AttemptLog,
     retries: int,
     worker: str,
     transient_budget: int,
-    run_variant: Callable[[Variant, Callable[..., Any]], dict[str, Any]],
+    run_rung: RunRung,
     fresh: bool = False,
-) -> dict[str, Any] | RetryRequest:
+) -> Envelope | RetryRequest:
     """Run the job on its current rung. Returns the result envelope, or a RetryRequest.
-
-    ``run_variant(variant, engine_fn)`` is the family's adapter: it calls the engine with the
-    job's input and the variant's parameters and returns the JSON-safe output.
 
     ``fresh``: the first delivery of a job never retried, so it has no history to read. This
     saves the common path a Redis round trip. A successful attempt is completed in the result
@@ -159,7 +153,7 @@ def run_ladder(
     """
     attempts: list[Attempt] = []
     if not fresh:
-        attempts, kill = log.load()
+        attempts, kill = log.read()
         for i in settle_open_attempts(attempts, kill, retries, transient_budget):
             log.update(i, attempts[i])
         if kill is not None:
@@ -167,10 +161,9 @@ def run_ladder(
     rung = current_rung(attempts)
     while rung < len(ladder):
         variant = ladder.rungs[rung]
-        engine = get_engine(variant.engine)
-        why_not = engine.unavailable(variant)
+        why_not = engines[variant.engine].unavailable(variant)
         if why_not:
-            attempts.append(Attempt(rung, variant.name, "unavailable", why_not, retries, worker=worker))
+            attempts.append(Attempt(rung, variant.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
             log.append(attempts[-1])
             rung += 1
             continue
@@ -179,36 +172,32 @@ def run_ladder(
         finish = running.finish
         try:
             with map_exceptions():
-                output = run_variant(variant, engine.load())
+                output, artifacts = run_rung(variant, rung, len(attempts) - 1)
         except ResourceFailure as exc:
             finish(exc.outcome, str(exc))
             if rung + 1 >= len(ladder):
                 break
             return RetryRequest(f"{variant.name}: {exc.outcome}; next rung {ladder.rungs[rung + 1].name}", exc)
         except RungUnavailable as exc:
-            finish("unavailable", str(exc))
+            finish(Outcome.UNAVAILABLE, str(exc))
             rung += 1
             continue
         except PermanentFailure as exc:
-            finish("rejected", str(exc))
+            finish(Outcome.REJECTED, f"{type(exc).__name__}: {exc}")
+            raise
+        except Cancelled as exc:
+            finish(Outcome.CANCELLED, str(exc))
             raise
         except TransientFailure as exc:
-            finish("transient", str(exc))
+            finish(Outcome.TRANSIENT, str(exc))
             if same_rung_retries(attempts) > transient_budget:
                 raise
             return RetryRequest(f"{variant.name}: transient failure, same rung", exc)
         except Exception as exc:
-            finish("error", f"{type(exc).__name__}: {exc}")
+            finish(Outcome.ERROR, f"{type(exc).__name__}: {exc}")
             # A bug or an unforeseen failure in the engine: no retry, but not "bad input" either.
             raise EngineError(f"{variant.name}: {type(exc).__name__}: {exc}") from exc
-        finish("ok")
-        return {
-            "job_id": job_id,
-            "family": ladder.family,
-            "variant": variant.name,
-            "rung": rung,
-            "output": output,
-            "attempts": [a.to_json() for a in attempts],
-        }
+        finish(Outcome.OK)
+        return Envelope(job_id, ladder.family, variant.name, rung, output, tuple(attempts), artifacts)
     tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)
-    raise NoRungLeft(f"no rung of the {ladder.family} ladder is left to run ({tried})")
+    raise NoRungLeft(f"no rung of the {ladder.name} ladder is left to run ({tried})")

@@ -1,15 +1,15 @@
 """The downgrade policy as plain functions: how an unfinished attempt is judged, which rung is next."""
 
-from tasks.history import Attempt
-from tasks.ladder import CHILD_LOST, current_rung, settle_open_attempts
+from mediafarm.tasks.downgrade import CHILD_LOST, current_rung, settle_open_attempts
+from mediafarm.tasks.records import Attempt, KillRecord, Outcome
 
 
 def open_attempt(rung: int = 0, retries: int = 0, pid: int = 100) -> Attempt:
     return Attempt(rung=rung, variant=f"v{rung}", retries=retries, pid=pid, worker="cpu@a", started=1000.0)
 
 
-def kill_record(pid: int, worker: str = "cpu@a", at: float = 1001.0, **extra) -> dict:
-    return {"pid": pid, "worker": worker, "at": at, "reason": "watchdog: child RSS 900 MiB passed the cap", **extra}
+def kill_record(pid: int, worker: str = "cpu@a", at: float = 1001.0, **extra) -> KillRecord:
+    return KillRecord(pid=pid, worker=worker, at=at, reason="watchdog: child RSS 900 MiB passed the cap", **extra)
 
 
 def test_watchdog_record_names_the_kill() -> None:
@@ -46,13 +46,13 @@ def test_redelivery_without_retry_is_a_worker_loss_on_the_same_rung() -> None:
 
 
 def test_repeated_worker_loss_becomes_a_resource_failure() -> None:
-    attempts = [Attempt(0, "v0", "worker_lost"), Attempt(0, "v0", "worker_lost"), open_attempt()]
+    attempts = [Attempt(0, "v0", Outcome.WORKER_LOST), Attempt(0, "v0", Outcome.WORKER_LOST), open_attempt()]
     settle_open_attempts(attempts, None, retries=0, transient_budget=2)
     assert attempts[2].outcome == "killed" and "died 3 times" in attempts[2].reason
     assert current_rung(attempts) == 1
 
 
 def test_finished_attempts_are_left_alone_and_counted() -> None:
-    attempts = [Attempt(0, "v0", "oom"), Attempt(1, "v1", "unavailable"), Attempt(2, "v2", "transient")]
+    attempts = [Attempt(0, "v0", Outcome.OOM), Attempt(1, "v1", Outcome.UNAVAILABLE), Attempt(2, "v2", Outcome.TRANSIENT)]
     assert settle_open_attempts(attempts, kill_record(attempts[0].pid), retries=3, transient_budget=2) == []
     assert current_rung(attempts) == 2

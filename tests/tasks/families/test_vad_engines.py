@@ -6,7 +6,21 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tasks.engines.vad import silero_spans, skipped, webrtc_spans
+from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.families.vad.engines import silero, skip, webrtc
+from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, WebrtcParams
+
+
+def silero_spans(path: Path):
+    return silero(EngineContext.local(), VadRequest(media=str(path)), SileroParams())
+
+
+def webrtc_spans(path: Path):
+    return webrtc(EngineContext.local(), VadRequest(media=str(path)), WebrtcParams())
+
+
+def skipped(path: Path):
+    return skip(EngineContext.local(), VadRequest(media=str(path)), None)
 
 TOLERANCE = 0.3  # seconds, per span boundary (issue #2)
 
@@ -47,5 +61,5 @@ def test_skip_is_flagged_and_keeps_duration(speech_track) -> None:
 
 def test_model_state_does_not_leak_between_jobs(speech_track) -> None:
     # The model is cached per process; a second run must give the same spans as the first.
-    first = silero_spans(speech_track.path).to_json()
-    assert silero_spans(speech_track.path).to_json() == first
+    first = silero_spans(speech_track.path).model_dump(mode="json")
+    assert silero_spans(speech_track.path).model_dump(mode="json") == first

@@ -21,24 +21,43 @@ import time
 from typing import Any
 
 import psutil
+import redis
+from billiard.process import current_process
 from celery import bootsteps, signals
+from celery.worker import state as worker_state
 from celery.worker.control import inspect_command
 
-from config.celery import check_config
-from config.pools import Pool, get_pool
-from config.settings import get_settings
+from mediafarm.config.celery import UnsafeConfiguration, config_problems
+from mediafarm.config.pools import Pool, get_pool
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks import families
+from mediafarm.tasks.history import record_kill
+from mediafarm.tasks.records import KillRecord, Outcome
+from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
 
 log = logging.getLogger("mediafarm.watchdog")
 MB = 1024 * 1024
 
 
 class ConfigCheck(bootsteps.Step):
-    """Refuse to start a worker whose configuration would lose or duplicate jobs."""
+    """Refuse to start a worker whose configuration would lose or duplicate jobs, or whose
+    ladders name an engine or engine parameters that do not exist."""
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        # The task modules are imported by now, so their own hard limits are checked too.
-        check_config(worker.app.conf, hard_limits(worker.app), retry_delay=get_settings().retry_delay)
+        problems = startup_problems(worker.app.conf, hard_limits(worker.app))
+        if problems:
+            raise UnsafeConfiguration("refusing to start:\n  - " + "\n  - ".join(problems))
         super().__init__(worker, **kwargs)
+
+
+def startup_problems(conf: Any, task_limits: dict[str, float] | None = None) -> list[str]:
+    """Everything that stops a worker from starting: unsafe Celery settings and ladder mistakes.
+
+    ``task_limits``: hard limits of the tasks a running worker has registered (any task module it
+    was given), beside the families' own.
+    """
+    limits = families.hard_limits() | {f"task {name}": hard for name, hard in (task_limits or {}).items()}
+    return config_problems(conf, limits, retry_delay=get_settings().retry_delay) + families.ladder_problems()
 
 
 def hard_limits(app: Any) -> dict[str, float]:
@@ -53,11 +72,9 @@ def hard_limits(app: Any) -> dict[str, float]:
 
 def _active_jobs() -> dict[int, Any]:
     """Requests running in pool children, by child pid, from the worker's own state."""
-    from celery.worker import state
-
     for _ in range(3):
         try:
-            return {r.worker_pid: r for r in list(state.active_requests) if r.worker_pid}
+            return {r.worker_pid: r for r in list(worker_state.active_requests) if r.worker_pid}
         except RuntimeError:  # the set changed while we copied it; look again
             continue
     return {}
@@ -84,15 +101,11 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self._redis: Any = None
 
     def start(self, worker: Any) -> None:
-        import redis
-
         # Its own client with short timeouts: a slow Redis must not hold up a kill for long.
         self._redis = redis.Redis.from_url(
             get_settings().backend_url, socket_timeout=0.5, socket_connect_timeout=0.5
         )
         self._limits = hard_limits(worker.app)
-        from workers.metrics import CHILD_RSS_CAP, serve
-
         serve(get_settings().metrics_port)
         if self.cap:
             CHILD_RSS_CAP.labels(pool=self.pool.name).set(self.cap)
@@ -105,8 +118,6 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self._stop.set()
 
     def _run(self, worker: Any) -> None:
-        from workers.metrics import CHILD_RSS_MAX
-
         me = psutil.Process()
         while not self._stop.wait(self.interval):
             try:
@@ -128,20 +139,20 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                         f"watchdog: child RSS {rss / MB:.0f} MiB passed the pool {self.pool.name!r} cap of "
                         f"{self.pool.child_rss_cap_mb} MiB"
                     )
-                    self._kill(worker, child, request, rss, "killed", reason)
+                    self._kill(worker, child, request, rss, Outcome.KILLED, reason)
                 elif request is not None and request.time_start:
                     limit = self._limits.get(request.name)
                     if limit and now - request.time_start > limit:
                         reason = f"watchdog: hard time limit of {limit:.0f} s passed ({now - request.time_start:.0f} s)"
-                        self._kill(worker, child, request, rss, "timeout", reason)
+                        self._kill(worker, child, request, rss, Outcome.TIMEOUT, reason)
             CHILD_RSS_MAX.labels(pool=self.pool.name).set(largest)
 
-    def _kill(self, worker: Any, child: psutil.Process, request: Any, rss: int, outcome: str, reason: str) -> None:
+    def _kill(
+        self, worker: Any, child: psutil.Process, request: Any, rss: int, outcome: Outcome, reason: str
+    ) -> None:
         if request is not None:
-            from tasks.history import record_kill
-
-            record = {"pid": child.pid, "rss_mb": round(rss / MB, 1), "cap_mb": self.pool.child_rss_cap_mb,
-                      "outcome": outcome, "reason": reason, "at": time.time(), "worker": worker.hostname}  # fmt: skip
+            record = KillRecord(pid=child.pid, worker=worker.hostname, at=time.time(), outcome=outcome,
+                                reason=reason, rss_mb=round(rss / MB, 1), cap_mb=self.pool.child_rss_cap_mb)  # fmt: skip
             try:
                 record_kill(self._redis, request.id, record, ttl=int(worker.app.conf.result_expires))
             except Exception:  # the kill matters more than its record
@@ -152,9 +163,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         except psutil.Error:
             return
         log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
-        from workers.metrics import CHILD_KILLS
-
-        CHILD_KILLS.labels(pool=self.pool.name, reason=outcome).inc()
+        CHILD_KILLS.labels(pool=self.pool.name, reason=outcome.value).inc()
 
 
 def _on_child_start(**_: Any) -> None:
@@ -166,8 +175,6 @@ def _on_child_start(**_: Any) -> None:
         pass
     pool = get_pool(get_settings().pool)
     if len(pool.gpus) > 1:
-        from billiard.process import current_process
-
         # A replacement child gets the index of the one it replaces, so it keeps the same GPU.
         index = current_process().index
         os.environ["CUDA_VISIBLE_DEVICES"] = str(pool.gpus[index % len(pool.gpus)])

@@ -1,0 +1,65 @@
+"""mediafarm: a Celery + Redis worker farm for media AI jobs with downgrade ladders.
+
+What a producer needs, importable from here::
+
+    from mediafarm import submit, JobRejected, LadderExhausted
+
+    job = submit("vad", media="/media/cam/2026-11-29.mp4")
+    envelope = job.wait(timeout=600, on_progress=print)
+
+The names are resolved on first use (PEP 562), so ``import mediafarm.config.settings`` and the
+``farm`` CLI do not build the Celery app before they have set up the environment it reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "submit": "mediafarm.tasks.client",
+    "handle": "mediafarm.tasks.client",
+    "JobHandle": "mediafarm.tasks.client",
+    "families": "mediafarm.tasks.client",
+    "FarmError": "mediafarm.tasks.errors",
+    "JobFailed": "mediafarm.tasks.errors",
+    "JobRejected": "mediafarm.tasks.errors",
+    "JobCancelled": "mediafarm.tasks.errors",
+    "LadderExhausted": "mediafarm.tasks.errors",
+    "InvalidRequest": "mediafarm.tasks.errors",
+    "PermanentFailure": "mediafarm.tasks.errors",
+    "Envelope": "mediafarm.tasks.records",
+    "Attempt": "mediafarm.tasks.records",
+    "ArtifactInfo": "mediafarm.tasks.records",
+    "Progress": "mediafarm.tasks.records",
+    "Outcome": "mediafarm.tasks.records",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from mediafarm.tasks.client import JobHandle, families, handle, submit
+    from mediafarm.tasks.errors import (
+        FarmError,
+        InvalidRequest,
+        JobCancelled,
+        JobFailed,
+        JobRejected,
+        LadderExhausted,
+        PermanentFailure,
+    )
+    from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, Outcome, Progress
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mediafarm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

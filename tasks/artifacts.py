@@ -1,0 +1,132 @@
+"""Files a job produces: ``<FARM_STORAGE_DIR>/<job id>/<name>``, each written atomically.
+
+A file is written under a hidden temporary name in its final folder and renamed into place only
+when it is complete (``os.replace`` is atomic within one file system), so a child SIGKILLed
+mid-write leaves a hidden ``.*.partial-*`` file, never one that looks finished. A retried attempt
+starts from an empty folder (:meth:`ArtifactStore.clear`). Names are relative paths inside the
+job's folder; anything that could leave it (``..``, absolute paths, NUL) is refused.
+
+Retention: a job's folder lives as long as its result. ``farm gc`` removes the folders of jobs
+whose result and history have expired (``workers.retention``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mimetypes
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from mediafarm.tasks.errors import PermanentFailure
+from mediafarm.tasks.records import ArtifactInfo
+
+PARTIAL_MARK = ".partial-"
+# Celery task ids are UUIDs; a foreign client may send any string, and the id becomes a folder name.
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class UnsafeArtifactName(PermanentFailure):
+    """An artifact name or job id that could reach outside the job's folder."""
+
+
+def job_folder(storage_dir: Path, job_id: str) -> Path:
+    """The folder of one job's artifacts; refuses an id that is not a plain name."""
+    if not _JOB_ID.match(job_id) or ".." in job_id:
+        raise UnsafeArtifactName(f"job id {job_id!r} cannot name a storage folder")
+    return Path(storage_dir) / job_id
+
+
+def check_name(name: str) -> PurePosixPath:
+    """``name`` as a safe relative path, or UnsafeArtifactName saying why not."""
+    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
+        raise UnsafeArtifactName(f"artifact name {name!r} must be a non-empty relative path with / separators")
+    path = PurePosixPath(name)
+    if path.is_absolute() or re.match(r"^[A-Za-z]:", name):
+        raise UnsafeArtifactName(f"artifact name {name!r} is absolute; names are relative to the job's folder")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise UnsafeArtifactName(f"artifact name {name!r} has an empty, '.' or '..' part")
+    if any(part.startswith(".") for part in path.parts):
+        raise UnsafeArtifactName(f"artifact name {name!r}: names starting with '.' are reserved for partial files")
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ArtifactStore:
+    """The artifacts of one job. Created lazily: a job that writes nothing leaves no folder."""
+
+    def __init__(self, storage_dir: Path, job_id: str) -> None:
+        self.folder = job_folder(storage_dir, job_id)
+
+    def path(self, name: str) -> Path:
+        """Where artifact ``name`` lives (it may not exist yet)."""
+        target = self.folder.joinpath(*check_name(name).parts)
+        # A symlinked folder inside the job's folder must not lead out of it either.
+        if not target.resolve().is_relative_to(self.folder.resolve()):
+            raise UnsafeArtifactName(f"artifact name {name!r} resolves outside the job's folder")
+        return target
+
+    @contextlib.contextmanager
+    def writing(self, name: str) -> Iterator[Path]:
+        """A temporary path to write ``name`` to; renamed into place when the block ends cleanly.
+
+        The temporary name keeps the extension, for libraries that pick a format from it (PyAV,
+        soundfile). On an exception the partial file is removed and the exception goes on.
+        """
+        final = self.path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temp = final.with_name(f".{final.stem}{PARTIAL_MARK}{os.getpid()}{final.suffix}")
+        try:
+            yield temp
+            with temp.open("rb+") as fh:  # on disk before the rename makes it visible
+                os.fsync(fh.fileno())
+            os.replace(temp, final)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+
+    @contextlib.contextmanager
+    def open(self, name: str, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]:
+        """A file object for ``name`` (``wb`` or ``w``), atomic as :meth:`writing`."""
+        if mode not in ("wb", "w"):
+            raise ValueError("artifacts are opened for writing only, mode 'wb' or 'w'")
+        with self.writing(name) as temp, temp.open(mode, **kwargs) as fh:
+            yield fh
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        with self.open(name, "wb") as fh:
+            fh.write(data)
+        return self.path(name)
+
+    def write_text(self, name: str, text: str) -> Path:
+        with self.open(name, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return self.path(name)
+
+    def clear(self) -> None:
+        """Remove everything a previous attempt left, finished or partial."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def list(self) -> list[ArtifactInfo]:
+        """The finished artifacts, sorted by name (partial files are not artifacts)."""
+        if not self.folder.is_dir():
+            return []
+        infos = []
+        for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
+            relative = path.relative_to(self.folder)
+            if any(part.startswith(".") for part in relative.parts):
+                continue
+            media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+            infos.append(ArtifactInfo(relative.as_posix(), path.stat().st_size, media_type, sha256_of(path)))
+        return infos

@@ -1,0 +1,154 @@
+"""What an engine knows about the attempt it runs in: :class:`EngineContext`.
+
+Every engine call gets one: the job id, the attempt and rung, the device, the job's artifact
+folder, the models folder, a progress callback and a cancellation check. Progress and
+cancellation go through Redis, throttled so that an engine may call them in its inner loop: at
+most one progress write every ``PROGRESS_INTERVAL`` seconds and one cancellation read every
+``CANCEL_INTERVAL``. Neither may fail a job: a Redis error there is logged and forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from mediafarm.tasks import keys
+from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.errors import Cancelled, RungUnavailable
+from mediafarm.tasks.records import Progress
+
+log = logging.getLogger("mediafarm.progress")
+# A few writes a second at most: a progress bar needs no more, and Redis round trips are the
+# farm's main per-job cost (bench/overhead.py).
+PROGRESS_INTERVAL = 0.25
+CANCEL_INTERVAL = 0.5
+
+
+class JobChannel:
+    """The Redis side of a running attempt: progress, partial outputs, the cancel flag.
+
+    ``send_event`` (optional) also tells Flower: it receives the progress fields and is sent as a
+    ``task-progress`` event, which Flower shows as the job's state.
+    """
+
+    def __init__(
+        self, client: Any, job_id: str, ttl: int, send_event: Callable[..., None] | None = None
+    ) -> None:
+        self.client, self.job_id, self.ttl, self.send_event = client, job_id, ttl, send_event
+        self._last_write = 0.0
+        self._last_cancel_check = 0.0
+        self._cancelled = False
+
+    def report(self, progress: Progress) -> None:
+        now = time.monotonic()
+        if now - self._last_write < PROGRESS_INTERVAL:
+            return
+        self._last_write = now
+        try:
+            self.client.set(keys.progress(self.job_id), json.dumps(progress.to_json()), ex=self.ttl)
+            if self.send_event is not None:
+                self.send_event("task-progress", fraction=progress.fraction, stage=progress.stage,
+                                media_seconds=progress.media_seconds)  # fmt: skip
+        except Exception:  # noqa: BLE001 - progress must never fail a job
+            log.warning("could not report progress of job %s", self.job_id, exc_info=True)
+
+    def publish(self, item: Any) -> None:
+        """Append one partial output (a generator engine's yield) where the client reads it."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(keys.partials(self.job_id), json.dumps(to_jsonable(item)))
+        pipe.expire(keys.partials(self.job_id), self.ttl)
+        pipe.execute()
+
+    def cancelled(self) -> bool:
+        now = time.monotonic()
+        if not self._cancelled and now - self._last_cancel_check >= CANCEL_INTERVAL:
+            self._last_cancel_check = now
+            try:
+                self._cancelled = bool(self.client.exists(keys.cancel(self.job_id)))
+            except Exception:  # noqa: BLE001 - a Redis hiccup must not stop the job
+                log.warning("could not read the cancel flag of job %s", self.job_id, exc_info=True)
+        return self._cancelled
+
+    def reset(self) -> None:
+        """A new attempt: what an earlier one published is not this one's."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(keys.partials(self.job_id), keys.progress(self.job_id))
+        pipe.execute()
+
+
+def to_jsonable(item: Any) -> Any:
+    """A partial output as JSON: pydantic models and the farm's records are dumped, the rest kept."""
+    if isinstance(item, BaseModel):
+        return item.model_dump(mode="json")
+    if hasattr(item, "to_json"):
+        return item.to_json()
+    return item
+
+
+@dataclass
+class EngineContext:
+    """The attempt an engine runs in.
+
+    Attributes:
+        job_id: The job's id, the same on every rung.
+        attempt: Index of this attempt in the job's history.
+        rung: Ladder index of the rung being run.
+        variant: The rung's name.
+        device: ``cpu`` or ``cuda``, as the rung declares.
+        artifacts: The job's artifact folder (``ArtifactStore``); write output files there.
+        models_dir: Where local model weights live (``FARM_MODELS_DIR``).
+        channel: Redis side of progress, partials and cancellation; None outside a worker.
+    """
+
+    job_id: str
+    attempt: int
+    rung: int
+    variant: str
+    device: str
+    artifacts: ArtifactStore
+    models_dir: Path
+    channel: JobChannel | None = field(default=None, repr=False)
+
+    @classmethod
+    def local(cls, *, storage_dir: Path | None = None, models_dir: Path | None = None, job_id: str = "local",
+              device: str = "cpu") -> EngineContext:  # fmt: skip
+        """A context for calling an engine as a plain function: no broker, progress dropped."""
+        storage = storage_dir or Path(tempfile.mkdtemp(prefix="mediafarm-local-"))
+        return cls(job_id, 0, 0, "local", device, ArtifactStore(storage, job_id), models_dir or Path("models"))
+
+    def progress(self, fraction: float | None = None, *, stage: str = "", media_seconds: float | None = None) -> None:
+        """Report how far the attempt is (throttled; cheap enough for an inner loop)."""
+        if self.channel is None:
+            return
+        if fraction is not None:
+            fraction = min(1.0, max(0.0, fraction))
+        self.channel.report(Progress(fraction, stage, media_seconds, self.attempt, self.rung, self.variant))
+
+    def cancelled(self) -> bool:
+        """Has the producer cancelled the job? (Throttled Redis read.)"""
+        return self.channel is not None and self.channel.cancelled()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`Cancelled` if the producer cancelled the job; call it between units of work."""
+        if self.cancelled():
+            raise Cancelled(f"job {self.job_id} was cancelled by its producer")
+
+    def publish(self, item: Any) -> None:
+        """Make one partial output visible to the client before the job ends."""
+        if self.channel is not None:
+            self.channel.publish(item)
+
+    def model_path(self, relative: str) -> Path:
+        """A model file or folder under the models dir; RungUnavailable (recorded, skipped) if absent."""
+        path = self.models_dir / relative
+        if not path.exists():
+            raise RungUnavailable(f"model {relative!r} is not in the models dir {self.models_dir} (FARM_MODELS_DIR)")
+        return path

@@ -1,0 +1,108 @@
+"""What a VAD job takes and returns, its engines, its default ladder and how the CLI shows it.
+
+Imported by every farm process, producers included: nothing heavy here (the engines module
+imports numpy, PyAV and silero in the pool child).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from rich.table import Table
+
+from mediafarm.config.ladders import variant
+from mediafarm.config.limits import TimeLimits
+from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
+from mediafarm.tasks.media.intervals import Span
+
+ENGINES = "mediafarm.tasks.families.vad.engines"
+
+
+class VadRequest(Request):
+    """Attributes: media (an audio or video file inside FARM_MEDIA_ROOTS; any format FFmpeg reads)."""
+
+    media: MediaPath
+
+
+class VadResult(BaseModel):
+    """Speech found in one media file.
+
+    Attributes:
+        spans: Speech spans in seconds, sorted, non-overlapping.
+        duration: Seconds of audio decoded (for ``skip``, the container's declared duration).
+        model: Which model produced the spans, with its version.
+        vad_skipped: True when no detection ran (the ``skip`` rung): spans are empty by
+            design, not because the media is silent.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    spans: list[Span] = Field(default_factory=list)
+    duration: float = 0.0
+    model: str = ""
+    vad_skipped: bool = False
+
+    @field_serializer("spans")
+    def _spans(self, spans: list[Span]) -> list[dict[str, float]]:
+        return [s.to_json() for s in spans]
+
+    @field_serializer("duration")
+    def _duration(self, duration: float) -> float:
+        return round(duration, 3)
+
+
+class SileroParams(Params):
+    """Attributes: threshold (speech probability), min_silence_ms (a gap shorter than this does
+    not end a span), speech_pad_ms (padding added to each span)."""
+
+    threshold: float = Field(0.5, gt=0, lt=1)
+    min_silence_ms: int = Field(300, ge=0)
+    speech_pad_ms: int = Field(30, ge=0)
+
+
+class WebrtcParams(Params):
+    """Attributes: aggressiveness (0-3, webrtcvad's mode), min_silence_ms (hangover before a span
+    ends), min_speech_ms (shorter spans are dropped)."""
+
+    aggressiveness: int = Field(2, ge=0, le=3)
+    min_silence_ms: int = Field(300, ge=0)
+    min_speech_ms: int = Field(150, ge=0)
+
+
+def summary(result: VadResult) -> str:
+    skipped = "  [yellow](VAD skipped)[/]" if result.vad_skipped else ""
+    return f"model {result.model}  duration {result.duration:.2f} s  {len(result.spans)} speech spans{skipped}"
+
+
+def render(result: VadResult) -> Table | str:
+    if not result.spans:
+        return "no speech spans" if result.vad_skipped else "no speech found"
+    table = Table("#", "start (s)", "end (s)", "length (s)")
+    for i, span in enumerate(result.spans, 1):
+        table.add_row(str(i), f"{span.start:.2f}", f"{span.end:.2f}", f"{span.end - span.start:.2f}")
+    return table
+
+
+FAMILY = FamilySpec(
+    name="vad",
+    task_name="farm.vad.detect",
+    description="Speech spans of an audio or video file",
+    request=VadRequest,
+    result=VadResult,
+    engines={
+        "silero": EngineSpec(f"{ENGINES}:silero", SileroParams, needs=("silero_vad", "onnxruntime", "av")),
+        "webrtc": EngineSpec(f"{ENGINES}:webrtc", WebrtcParams, needs=("webrtcvad", "av")),
+        "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av",)),
+    },
+    ladder=(
+        # Streaming silero over PyAV blocks; one ONNX thread per child, so concurrency = cores.
+        variant("silero-onnx", "silero", threshold=0.5, min_silence_ms=300, speech_pad_ms=30),
+        # webrtcvad: a few MB, no torch; coarser boundaries.
+        variant("webrtc", "webrtc", aggressiveness=2, min_silence_ms=300, min_speech_ms=150),
+        # The camera filter's --skip-vad: no spans, result flagged, the pipeline goes on.
+        variant("skip", "skip"),
+    ),
+    # One attempt, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
+    limits=TimeLimits(soft=1800, hard=1900),
+    summary=summary,
+    render=render,
+)

@@ -1,0 +1,218 @@
+"""What a job family declares about itself, once, in its own folder: :class:`FamilySpec`.
+
+A family is a request schema, a result type, engines, a default ladder and time limits. The
+registry (``tasks.families``) turns each spec into a Celery task, a route, a CLI rendering and a
+client entry; nothing else in the farm names a family. A spec module is imported by every farm
+process, producers included, so it imports nothing heavy: engines are named as ``module:function``
+and imported in the pool child on first use.
+
+An engine is a plain function ``engine(ctx, request, params)``: ``ctx`` is the
+:class:`~mediafarm.tasks.context.EngineContext` of the attempt, ``request`` the validated request
+model, ``params`` the rung's validated parameter model. It returns the family's result model, or
+is a generator that yields partial outputs and returns the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
+
+from mediafarm.config.file import ConfigFileError
+from mediafarm.config.ladders import Ladder, Variant
+from mediafarm.config.limits import TimeLimits
+from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.media.paths import resolve_media
+
+TASK_NAME = re.compile(r"^farm\.[a-z0-9_-]+\.[a-z0-9_]+$")
+FAMILY_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def _media_path(value: str, info: ValidationInfo) -> str | Path:
+    if not value.strip():
+        raise PermanentFailure(f"media path must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise PermanentFailure("media path contains a NUL byte")
+    roots = (info.context or {}).get("media_roots")
+    # In the worker (media roots given): the real path inside the roots. In a producer: the string,
+    # checked for shape only, since the producer may not see the farm's file system.
+    return value if roots is None else resolve_media(value, roots)
+
+
+# A request field that names an input file: a string on the wire, a resolved, checked Path in
+# the engine (symlinks followed, inside FARM_MEDIA_ROOTS, a non-empty regular file).
+MediaPath = Annotated[str, AfterValidator(_media_path)]
+
+
+class Request(BaseModel):
+    """Base of every family's request: unknown fields are refused, never silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Params(BaseModel):
+    """Base of every engine's parameter model: a rung naming a parameter the engine does not
+    take is an operator error found when the worker starts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Params):
+    """The parameters of an engine that takes none."""
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """``field: problem; field: problem`` in the words pydantic uses, without its URLs."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "(request)"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine of a family.
+
+    Attributes:
+        target: ``module:function``, imported in the pool child on first use.
+        params: The model the rung's ``params`` must fit.
+        needs: Import names that must be installed on the pool, checked without importing them;
+            a rung whose engine misses one is skipped as unavailable.
+    """
+
+    target: str
+    params: type[Params] = NoParams
+    needs: tuple[str, ...] = ()
+
+    def unavailable(self, variant: Variant) -> str | None:
+        """Why this pool cannot run ``variant`` at all, or None if it can."""
+        for module in self.needs:
+            if importlib.util.find_spec(module) is None:
+                return f"package {module!r} is not installed on this pool"
+        if variant.device == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES", "") in ("", "-1"):
+            return "variant needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty)"
+        return None
+
+    def parse_params(self, variant: Variant) -> Params:
+        """The rung's parameters as the engine's model; ConfigFileError naming the rung if they do not fit."""
+        try:
+            return self.params.model_validate(dict(variant.params))
+        except ValidationError as exc:
+            raise ConfigFileError(
+                f"rung {variant.name!r} (engine {variant.engine!r}): params do not fit: "
+                + describe_validation_error(exc)
+            ) from None
+
+    def function(self) -> Callable[..., Any]:
+        """The engine function (imports its module: call it in the pool child)."""
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def _no_summary(result: BaseModel) -> str:
+    return ""
+
+
+def _no_render(result: BaseModel) -> Any:
+    return None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything the farm needs to know about one job family.
+
+    Attributes:
+        name: The family (``vad``): its ladder's name, its queue unless ``queue`` says otherwise.
+        task_name: The Celery task name, the wire contract (``farm.vad.detect``).
+        request: The model a job's keyword arguments must fit (checked in the producer and again,
+            with the media roots, in the worker).
+        result: The model of the job's output.
+        engines: Engine name → engine, as rungs name them.
+        ladder: The default ladder, best rung first.
+        limits: Time limits of one attempt.
+        queue: The family queue (default: ``name``).
+        summary: One line about a result for the CLI (model, duration ...).
+        render: A rich renderable of a result for the CLI (a table of spans ...), or None.
+        cli_argument: The request field that ``farm submit FAMILY ARG`` fills with ARG.
+        ladder_field: A request field that names which declared ladder of this family to run
+            (pipelines and tests choose ladders per job); None: always the family's own.
+        in_default_pools: Whether pools that consume ``*`` take this family's queue.
+        description: One line for ``farm families`` and the docs.
+    """
+
+    name: str
+    task_name: str
+    request: type[Request]
+    result: type[BaseModel]
+    engines: Mapping[str, EngineSpec]
+    ladder: tuple[Variant, ...]
+    limits: TimeLimits
+    queue: str = ""
+    summary: Callable[[Any], str] = _no_summary
+    render: Callable[[Any], Any] = _no_render
+    cli_argument: str | None = "media"
+    ladder_field: str | None = None
+    in_default_pools: bool = True
+    description: str = ""
+    _ladder: Ladder = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not FAMILY_NAME.match(self.name):
+            raise ValueError(f"family name {self.name!r} must match {FAMILY_NAME.pattern}")
+        if not TASK_NAME.match(self.task_name):
+            raise ValueError(f"family {self.name!r}: task name {self.task_name!r} must match {TASK_NAME.pattern}")
+        object.__setattr__(self, "engines", MappingProxyType(dict(self.engines)))
+        object.__setattr__(self, "queue", self.queue or self.name)
+        object.__setattr__(self, "_ladder", Ladder(self.name, self.name, tuple(self.ladder)))
+        for name in filter(None, (self.cli_argument, self.ladder_field)):
+            if name not in self.request.model_fields:
+                raise ValueError(f"family {self.name!r}: {name!r} is not a field of {self.request.__name__}")
+        problems = self.ladder_problems(self._ladder)
+        if problems:  # a mistake in the family's own code, found when it is imported
+            raise ValueError(f"family {self.name!r}, default ladder: " + "; ".join(problems))
+
+    @property
+    def default_ladder(self) -> Ladder:
+        return self._ladder
+
+    def ladder_problems(self, ladder: Ladder) -> list[str]:
+        """What is wrong with ``ladder``'s rungs for this family (unknown engine, params that do not fit)."""
+        problems = []
+        for rung in ladder.rungs:
+            engine = self.engines.get(rung.engine)
+            if engine is None:
+                problems.append(
+                    f"rung {rung.name!r} names an unknown engine {rung.engine!r}; "
+                    f"the {self.name} family has {sorted(self.engines)}"
+                )
+                continue
+            try:
+                engine.parse_params(rung)
+            except ConfigFileError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def parse_request(self, fields: Mapping[str, Any], media_roots: list[Path] | None = None) -> Request:
+        """The job's fields as the request model, or InvalidRequest naming each problem.
+
+        With ``media_roots`` (in the worker) media paths are resolved and checked too, raising
+        the media failures (``MediaNotFound`` ...) themselves.
+        """
+        context = None if media_roots is None else {"media_roots": media_roots}
+        try:
+            return self.request.model_validate(dict(fields), context=context)
+        except ValidationError as exc:
+            raise InvalidRequest(f"{self.name} request: {describe_validation_error(exc)}") from None
+
+    def parse_result(self, output: Mapping[str, Any]) -> BaseModel:
+        """A stored output (the envelope's ``output``) as the result model."""
+        return self.result.model_validate(dict(output))
