@@ -132,6 +132,43 @@ def test_vad_progress_is_seen_by_a_polling_client(cpu_worker, ten_minutes: Path)
     assert envelope["output"]["duration"] == pytest.approx(600, abs=0.1)
 
 
+def test_flower_sees_the_progress_as_the_jobs_state(cpu_worker, ten_minutes: Path) -> None:
+    # Flower keeps task state with Celery's own event state machine; feed it what the worker sends.
+    import threading
+
+    state = app.events.State()
+    listening, done = threading.Event(), threading.Event()
+    seen: list[tuple[str, float | None]] = []
+    job_id: list[str] = []
+
+    def on_event(event: dict) -> None:
+        state.event(event)
+        if event["type"] == "worker-heartbeat":
+            listening.set()
+        if job_id and event.get("uuid") == job_id[0]:
+            task = state.tasks[job_id[0]]
+            seen.append((task.state, getattr(task, "fraction", None)))
+            if event["type"] in ("task-succeeded", "task-failed"):
+                done.set()
+
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"*": on_event})
+            for _ in receiver.itercapture(limit=None, timeout=None, wakeup=True):
+                if done.is_set():
+                    break
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert listening.wait(15), "no worker event reached the receiver"
+    job = submit("vad", media=str(ten_minutes))
+    job_id.append(job.id)
+    job.wait(timeout=120)
+    assert done.wait(15)
+    progress = [fraction for st, fraction in seen if st == "PROGRESS"]
+    assert len(progress) >= 3 and progress == sorted(progress) and 0 < progress[-1] <= 1, seen
+    assert seen[-1][0] == "SUCCESS"
+
+
 def test_a_running_job_can_be_cancelled(cpu_worker, ten_minutes: Path) -> None:
     job = submit("vad", media=str(ten_minutes))
     deadline = time.monotonic() + 30
