@@ -96,7 +96,8 @@ def _variant_from_table(ladder: str, row: Any) -> Variant:
     if not isinstance(params, dict):
         raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: params must be a table")
     try:
-        return Variant(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), str(row.get("device", "cpu")))
+        device = str(row.get("device", "cpu"))
+        return Variant(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), device)
     except ConfigFileError as exc:
         raise ConfigFileError(f"[ladders.{ladder}] {exc}") from None
 

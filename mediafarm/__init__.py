@@ -36,7 +36,24 @@ _EXPORTS = {
     "Progress": "mediafarm.tasks.records",
     "Outcome": "mediafarm.tasks.records",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ArtifactInfo",
+    "Attempt",
+    "Envelope",
+    "FarmError",
+    "InvalidRequest",
+    "JobCancelled",
+    "JobFailed",
+    "JobHandle",
+    "JobRejected",
+    "LadderExhausted",
+    "Outcome",
+    "PermanentFailure",
+    "Progress",
+    "families",
+    "handle",
+    "submit",
+]
 
 if TYPE_CHECKING:
     from mediafarm.tasks.client import JobHandle, families, handle, submit

@@ -23,7 +23,14 @@ from mediafarm.tasks import families
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.context import EngineContext, JobChannel
 from mediafarm.tasks.downgrade import RetryRequest, run_ladder
-from mediafarm.tasks.errors import EngineError, FarmError, InvalidRequest, ResourceFailure, TransientFailure, wire_exception
+from mediafarm.tasks.errors import (
+    EngineError,
+    FarmError,
+    InvalidRequest,
+    ResourceFailure,
+    TransientFailure,
+    wire_exception,
+)
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import ArtifactInfo, Outcome
@@ -157,7 +164,9 @@ def make_task(app: Celery, spec: FamilySpec) -> Task:
 
     def run(self: FarmTask, *args: Any, **fields: Any) -> dict[str, Any]:
         if args:
-            raise InvalidRequest(f"{spec.name} request: farm jobs take keyword arguments only, got {len(args)} positional")
+            raise InvalidRequest(
+                f"{spec.name} request: farm jobs take keyword arguments only, got {len(args)} positional"
+            )
         return self.run_job(fields)
 
     run.__name__ = run.__qualname__ = spec.name

@@ -1,7 +1,7 @@
 """``farm``: run a local farm, run one pool's worker, submit jobs and follow them, clean up storage.
 
-Imports of the farm's own modules are made inside the commands on purpose: ``farm up`` and
-``farm demo`` set FARM_* variables before the Celery app reads them, and ``farm --help`` stays fast.
+The Celery app (``mediafarm.tasks.app``, and the client built on it) is imported inside the
+commands on purpose: ``farm up`` and ``farm demo`` set FARM_* variables before the app reads them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from mediafarm.config.celery import celery_config
+from mediafarm.config.file import ConfigFileError
+from mediafarm.config.pools import expand_queues, get_pool
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks import families
+from mediafarm.tasks.errors import JobFailed
+from mediafarm.workers.embedded import EmbeddedRedis
+from mediafarm.workers.guards import startup_problems
+from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
+from mediafarm.workers.retention import expired, remove
+
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console()
 err = Console(stderr=True)
@@ -40,15 +51,11 @@ def _fail(message: str, code: int = 2) -> None:
 
 def _settings_env(**values: str) -> None:
     """Set FARM_* variables for this process before the app is imported, and forget cached settings."""
-    from mediafarm.config.settings import get_settings
-
     os.environ.update(values)
     get_settings.cache_clear()
 
 
 def _need_broker() -> None:
-    from mediafarm.config.settings import get_settings
-
     if not get_settings().broker_url:
         _fail("FARM_BROKER_URL is not set: point it at the farm's Redis (or run `farm demo`)")
 
@@ -57,8 +64,6 @@ def _print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(envelope))
         return
-    from mediafarm.tasks import families
-
     spec = families.get(envelope["family"])
     result = spec.parse_result(envelope.get("output", {}))
     console.print(f"job [bold]{envelope['job_id']}[/]  variant [bold]{envelope['variant']}[/]  {spec.summary(result)}")
@@ -127,22 +132,13 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Run one pool's worker against the configured broker (FARM_BROKER_URL)."""
-    from mediafarm.config.celery import celery_config
-    from mediafarm.config.file import ConfigFileError
-    from mediafarm.config.pools import get_pool
-    from mediafarm.config.settings import get_settings
-
     try:
         selected = get_pool(pool)
-        from mediafarm.workers.guards import startup_problems
-
         problems = startup_problems(celery_config(get_settings()))
     except ConfigFileError as exc:
         _fail(str(exc))
     if problems:
         _fail("refusing to start:\n  - " + "\n  - ".join(problems))
-    from mediafarm.workers.launch import exec_worker
-
     exec_worker(selected, queues=queues.split(",") if queues else None, concurrency=concurrency, loglevel=loglevel)
 
 
@@ -150,10 +146,6 @@ class LocalFarm:
     """An embedded Redis (unless FARM_BROKER_URL is set) and one worker consuming every queue."""
 
     def __init__(self, stack: ExitStack, *, concurrency: int | None, loglevel: str, quiet: bool) -> None:
-        from mediafarm.config.pools import get_pool
-        from mediafarm.config.settings import get_settings
-        from mediafarm.workers.embedded import EmbeddedRedis
-
         if not get_settings().broker_url:
             redis = stack.enter_context(EmbeddedRedis())
             _settings_env(FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url)
@@ -161,7 +153,6 @@ class LocalFarm:
                 console.print(f"embedded Redis on {redis.url} (data in {redis.data_dir})")
         # Only now: the app reads the broker URL set just above.
         from mediafarm.tasks.app import app
-        from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 
         self.app = app
         self.pool = get_pool(get_settings().pool)
@@ -189,9 +180,6 @@ def up(
     """A local farm: embedded Redis if no broker is configured, one worker on every queue. Ctrl-C stops it."""
     with ExitStack() as stack:
         farm = LocalFarm(stack, concurrency=concurrency, loglevel=loglevel, quiet=False)
-        from mediafarm.config.pools import expand_queues
-        from mediafarm.tasks import families
-
         queues = expand_queues(farm.pool.queues, families.default_queues())
         console.print(
             f"[green]farm up[/]: worker {farm.node} on {', '.join(queues)}; "
@@ -220,9 +208,7 @@ def submit(
 ) -> None:
     """Submit a job to the configured broker; print its id, or its result with --wait."""
     _need_broker()
-    from mediafarm.tasks import families
     from mediafarm.tasks.client import submit as submit_job
-    from mediafarm.tasks.errors import JobFailed
 
     fields = _parse_params(param or [])
     try:
@@ -289,8 +275,6 @@ def cancel(job_id: str) -> None:
 @cli.command(name="families")
 def list_families() -> None:
     """The job families this farm knows: task name, queue, ladder, time limits."""
-    from mediafarm.tasks import families
-
     table = Table("family", "task", "queue", "ladder", "limits (s)", "description")
     for spec in families.load().values():
         ladder = families.ladder_for(spec)
@@ -307,9 +291,7 @@ def gc(
 ) -> None:
     """Remove artifacts of jobs whose results have expired (see workers/retention.py for the rule)."""
     _need_broker()
-    from mediafarm.config.settings import get_settings
     from mediafarm.tasks.app import app
-    from mediafarm.workers.retention import expired, remove
 
     freed = 0
     count = 0
@@ -340,7 +322,6 @@ def demo(
         console.print(f"starting a local farm (worker log hidden) to analyse {source.name} ...")
         LocalFarm(stack, concurrency=1, loglevel="WARNING", quiet=True)
         from mediafarm.tasks.client import submit as submit_job
-        from mediafarm.tasks.errors import JobFailed
 
         job = submit_job("vad", media=str(target))
         console.print(f"submitted VAD job {job.id}")

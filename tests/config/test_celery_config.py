@@ -1,8 +1,8 @@
 import pytest
 
 from mediafarm.config.celery import UnsafeConfiguration, celery_config, check_config, config_problems
-from mediafarm.tasks import families
 from mediafarm.config.settings import FarmSettings
+from mediafarm.tasks import families
 
 
 def limits() -> dict[str, float]:
