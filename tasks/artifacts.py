@@ -36,7 +36,7 @@ class UnsafeArtifactName(PermanentFailure):
 
 def job_folder(storage_dir: Path, job_id: str) -> Path:
     """The folder of one job's artifacts; refuses an id that is not a plain name."""
-    if not _JOB_ID.match(job_id) or ".." in job_id:
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or ".." in job_id:
         raise UnsafeArtifactName(f"job id {job_id!r} cannot name a storage folder")
     return Path(storage_dir) / job_id
 

@@ -30,6 +30,9 @@ log = logging.getLogger("mediafarm.progress")
 # farm's main per-job cost (bench/overhead.py).
 PROGRESS_INTERVAL = 0.25
 CANCEL_INTERVAL = 0.5
+# After a Redis error, stay quiet this long: redis-py retries for seconds against a Redis that is
+# down, and the engine must not stall on every report.
+BACKOFF_AFTER_ERROR = 5.0
 
 
 class JobChannel:
@@ -58,6 +61,7 @@ class JobChannel:
                 self.send_event("task-progress", fraction=progress.fraction, stage=progress.stage,
                                 media_seconds=progress.media_seconds)  # fmt: skip
         except Exception:  # noqa: BLE001 - progress must never fail a job
+            self._last_write = time.monotonic() + BACKOFF_AFTER_ERROR
             log.warning("could not report progress of job %s", self.job_id, exc_info=True)
 
     def publish(self, item: Any) -> None:
@@ -74,6 +78,7 @@ class JobChannel:
             try:
                 self._cancelled = bool(self.client.exists(keys.cancel(self.job_id)))
             except Exception:  # noqa: BLE001 - a Redis hiccup must not stop the job
+                self._last_cancel_check = time.monotonic() + BACKOFF_AFTER_ERROR
                 log.warning("could not read the cancel flag of job %s", self.job_id, exc_info=True)
         return self._cancelled
 

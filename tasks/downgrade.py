@@ -161,7 +161,10 @@ def run_ladder(
     rung = current_rung(attempts)
     while rung < len(ladder):
         variant = ladder.rungs[rung]
-        why_not = engines[variant.engine].unavailable(variant)
+        try:
+            why_not = engines[variant.engine].unavailable(variant)
+        except Exception as exc:  # noqa: BLE001 - a broken install is this pool's problem, not the job's
+            why_not = f"could not check the engine's packages: {type(exc).__name__}: {exc}"
         if why_not:
             attempts.append(Attempt(rung, variant.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
             log.append(attempts[-1])

@@ -127,11 +127,14 @@ def wire_exception(exc: FarmError) -> FarmError:
     never imported the family as a bare ``Exception`` subclass, and could not be sorted; it
     travels as its nearest base class from here, its own name kept in the message.
     """
-    if type(exc).__module__ == __name__:
+    if type(exc).__module__ == __name__ or isinstance(exc, JobFailed):  # JobFailed: client side only
         return exc
     for base in type(exc).__mro__:
         if base.__module__ == __name__ and issubclass(base, FarmError):
-            return base(f"{type(exc).__name__}: {exc}")
+            message = f"{type(exc).__name__}: {exc}"
+            if issubclass(base, ResourceFailure):
+                return base(message, outcome=getattr(exc, "outcome", None))
+            return base(message)
     return exc  # pragma: no cover - FarmError itself is defined here
 
 
@@ -163,7 +166,7 @@ def map_exceptions() -> Iterator[None]:
     except FarmError:
         raise
     except MemoryError as exc:
-        raise ResourceFailure(f"MemoryError: {exc or 'allocation failed'}", outcome=Outcome.OOM) from None
+        raise ResourceFailure(f"MemoryError: {str(exc) or 'allocation failed'}", outcome=Outcome.OOM) from None
     except SoftTimeLimitExceeded as exc:
         raise ResourceFailure(f"soft time limit exceeded ({exc})", outcome=Outcome.TIMEOUT) from exc
     except Exception as exc:

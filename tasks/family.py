@@ -14,6 +14,7 @@ is a generator that yields partial outputs and returns the result.
 
 from __future__ import annotations
 
+import glob
 import importlib
 import importlib.util
 import os
@@ -96,10 +97,10 @@ class EngineSpec:
     def unavailable(self, variant: Variant) -> str | None:
         """Why this pool cannot run ``variant`` at all, or None if it can."""
         for module in self.needs:
-            if importlib.util.find_spec(module) is None:
+            if not _installed(module):
                 return f"package {module!r} is not installed on this pool"
-        if variant.device == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES", "") in ("", "-1"):
-            return "variant needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty)"
+        if variant.device == "cuda" and not _gpu_visible():
+            return "variant needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty, or no NVIDIA device)"
         return None
 
     def parse_params(self, variant: Variant) -> Params:
@@ -116,6 +117,23 @@ class EngineSpec:
         """The engine function (imports its module: call it in the pool child)."""
         module, _, name = self.target.partition(":")
         return getattr(importlib.import_module(module), name)
+
+
+def _installed(module: str) -> bool:
+    # find_spec imports a dotted name's parent package, and raises when that parent is missing.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _gpu_visible() -> bool:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        # Not set by `farm worker` (a plain `celery worker`): look for the devices themselves,
+        # without touching CUDA in this process.
+        return bool(glob.glob("/dev/nvidia[0-9]*"))
+    return visible.strip() not in ("", "-1")
 
 
 def _no_summary(result: BaseModel) -> str:

@@ -36,7 +36,7 @@ def test_check_name_accepts_nested_relative_names() -> None:
     assert check_name("chunks/0001.wav") == PurePosixPath("chunks", "0001.wav")
 
 
-@pytest.mark.parametrize("job_id", ["../x", "a/b", "", "..", "a..b", ".x"])
+@pytest.mark.parametrize("job_id", ["../x", "a/b", "", "..", "a..b", ".x", "abc\n"])
 def test_job_folder_refuses_ids_that_are_not_plain_names(tmp_path: Path, job_id: str) -> None:
     with pytest.raises(UnsafeArtifactName):
         job_folder(tmp_path, job_id)

@@ -76,6 +76,19 @@ def test_memory_error_becomes_oom_without_a_chained_cause() -> None:
     assert mapped.__cause__ is None and mapped.__suppress_context__
 
 
+def test_memory_error_without_a_message_still_says_what_failed() -> None:
+    assert str(_mapped(MemoryError())) == "MemoryError: allocation failed"
+
+
+def test_a_familys_resource_failure_keeps_its_outcome_on_the_wire() -> None:
+    class TooSlow(ResourceFailure):
+        outcome = Outcome.TIMEOUT
+
+    wired = errors.wire_exception(TooSlow("decoder stalled"))
+    assert type(wired) is ResourceFailure and wired.outcome is Outcome.TIMEOUT
+    assert str(wired) == "TooSlow: decoder stalled"
+
+
 def test_os_error_with_enomem_becomes_oom() -> None:
     mapped = _mapped(OSError(errno.ENOMEM, "couldn't allocate AVFormatContext"))
     assert type(mapped) is ResourceFailure and mapped.outcome is Outcome.OOM

@@ -128,6 +128,19 @@ def test_engine_missing_a_package_is_unavailable_naming_it() -> None:
     assert engine.unavailable(variant("r", "e")) == "package 'mediafarm_no_such_package_xyz' is not installed on this pool"
 
 
+def test_missing_parent_of_a_dotted_need_is_unavailable_not_a_crash() -> None:
+    engine = EngineSpec("x:y", needs=("mediafarm_no_such_package_xyz.sub",))
+    assert "mediafarm_no_such_package_xyz.sub" in engine.unavailable(variant("r", "e"))
+
+
+def test_cuda_rung_without_the_variable_looks_for_nvidia_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    import glob
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    reason = EngineSpec("x:y").unavailable(variant("gpu", "e", device="cuda"))
+    assert (reason is None) == bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
 @pytest.mark.parametrize("visible", ["", "-1"])
 def test_cuda_rung_is_unavailable_without_visible_gpus(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)

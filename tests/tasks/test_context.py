@@ -1,0 +1,172 @@
+"""EngineContext outside a worker, and JobChannel against the session's own Redis."""
+
+from __future__ import annotations
+
+import json
+import socket
+import types
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from pydantic import BaseModel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from mediafarm.tasks import context, keys
+from mediafarm.tasks.context import CANCEL_INTERVAL, PROGRESS_INTERVAL, EngineContext, JobChannel
+from mediafarm.tasks.errors import Cancelled, RungUnavailable
+from mediafarm.tasks.records import Progress
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (the throttles read ``time.monotonic``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture()
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(context, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    return clock
+
+
+@pytest.fixture()
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def job_id(client: redis.Redis) -> Iterator[str]:
+    job_id = f"ctx-{uuid.uuid4().hex}"
+    yield job_id
+    client.delete(keys.progress(job_id), keys.partials(job_id), keys.cancel(job_id))
+
+
+def _stored_progress(client: redis.Redis, job_id: str) -> Progress | None:
+    raw = client.get(keys.progress(job_id))
+    return None if raw is None else Progress.from_json(json.loads(raw))
+
+
+def test_local_context_drops_progress_and_is_never_cancelled(tmp_path: Path) -> None:
+    ctx = EngineContext.local(storage_dir=tmp_path, job_id="solo")
+    assert ctx.channel is None
+    ctx.progress(0.5, stage="decode")
+    ctx.publish({"span": 1})
+    ctx.check_cancelled()
+    assert ctx.cancelled() is False
+    assert ctx.artifacts.folder == tmp_path / "solo"
+    assert list(tmp_path.iterdir()) == []  # nothing written anywhere for progress or partials
+
+
+def test_model_path_missing_is_an_unavailable_rung(tmp_path: Path) -> None:
+    ctx = EngineContext.local(storage_dir=tmp_path, models_dir=tmp_path / "models")
+    with pytest.raises(RungUnavailable, match="silero.onnx"):
+        ctx.model_path("silero.onnx")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "silero.onnx").write_bytes(b"w")
+    assert ctx.model_path("silero.onnx") == tmp_path / "models" / "silero.onnx"
+
+
+def test_report_is_throttled_to_one_write_per_interval(client: redis.Redis, job_id: str, clock: Clock) -> None:
+    channel = JobChannel(client, job_id, ttl=60)
+    channel.report(Progress(0.1, "first"))
+    clock.advance(PROGRESS_INTERVAL / 2)
+    channel.report(Progress(0.2, "second"))
+    assert _stored_progress(client, job_id).stage == "first"
+    clock.advance(PROGRESS_INTERVAL)
+    channel.report(Progress(0.3, "third"))
+    stored = _stored_progress(client, job_id)
+    assert (stored.stage, stored.fraction) == ("third", 0.3)
+    assert 0 < client.ttl(keys.progress(job_id)) <= 60
+
+
+def test_report_tells_flower_through_send_event(client: redis.Redis, job_id: str, clock: Clock) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    channel = JobChannel(client, job_id, ttl=60, send_event=lambda kind, **fields: events.append((kind, fields)))
+    channel.report(Progress(0.5, "decode", 12.0))
+    assert events == [("task-progress", {"fraction": 0.5, "stage": "decode", "media_seconds": 12.0})]
+
+
+def test_context_progress_clamps_the_fraction_and_carries_the_attempt(
+    client: redis.Redis, job_id: str, clock: Clock, tmp_path: Path
+) -> None:
+    ctx = EngineContext.local(storage_dir=tmp_path, job_id=job_id)
+    ctx.attempt, ctx.rung, ctx.variant = 2, 1, "webrtc"
+    ctx.channel = JobChannel(client, job_id, ttl=60)
+    ctx.progress(1.7, stage="detect")
+    stored = _stored_progress(client, job_id)
+    assert (stored.fraction, stored.attempt, stored.rung, stored.variant) == (1.0, 2, 1, "webrtc")
+
+
+class Span(BaseModel):
+    start: float
+    end: float
+
+
+def test_publish_appends_json_in_order(client: redis.Redis, job_id: str) -> None:
+    channel = JobChannel(client, job_id, ttl=60)
+    channel.publish({"word": "one"})
+    channel.publish(Span(start=0.0, end=1.5))
+    channel.publish("three")
+    items = [json.loads(raw) for raw in client.lrange(keys.partials(job_id), 0, -1)]
+    assert items == [{"word": "one"}, {"start": 0.0, "end": 1.5}, "three"]
+    assert 0 < client.ttl(keys.partials(job_id)) <= 60
+
+
+def test_cancelled_sees_the_cancel_key_within_the_interval(client: redis.Redis, job_id: str, clock: Clock) -> None:
+    channel = JobChannel(client, job_id, ttl=60)
+    assert channel.cancelled() is False
+    client.set(keys.cancel(job_id), 1)
+    assert channel.cancelled() is False  # read less than CANCEL_INTERVAL ago: not read again
+    clock.advance(CANCEL_INTERVAL)
+    assert channel.cancelled() is True
+    client.delete(keys.cancel(job_id))
+    clock.advance(CANCEL_INTERVAL)
+    assert channel.cancelled() is True  # once cancelled, always cancelled
+
+
+def test_check_cancelled_raises_cancelled(client: redis.Redis, job_id: str, clock: Clock, tmp_path: Path) -> None:
+    ctx = EngineContext.local(storage_dir=tmp_path, job_id=job_id)
+    ctx.channel = JobChannel(client, job_id, ttl=60)
+    client.set(keys.cancel(job_id), 1)
+    with pytest.raises(Cancelled, match=job_id):
+        ctx.check_cancelled()
+
+
+def test_reset_clears_partials_and_progress(client: redis.Redis, job_id: str, clock: Clock) -> None:
+    channel = JobChannel(client, job_id, ttl=60)
+    channel.publish({"n": 1})
+    channel.report(Progress(0.5))
+    assert client.exists(keys.partials(job_id), keys.progress(job_id)) == 2
+    channel.reset()
+    assert client.exists(keys.partials(job_id), keys.progress(job_id)) == 0
+
+
+@pytest.fixture()
+def dead_client() -> Iterator[redis.Redis]:
+    """A client of a port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    yield client
+    client.close()
+
+
+def test_redis_errors_in_report_and_cancelled_do_not_fail_the_job(dead_client: redis.Redis) -> None:
+    channel = JobChannel(dead_client, "ctx-dead", ttl=60)
+    with pytest.raises(redis.ConnectionError):
+        dead_client.ping()  # the port really is closed
+    channel.report(Progress(0.5))
+    assert channel.cancelled() is False

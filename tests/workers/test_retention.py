@@ -1,0 +1,100 @@
+"""farm gc: a job's folder goes when its result and history are gone and nothing changed for a while."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mediafarm.tasks import keys
+from mediafarm.workers.retention import expired, remove
+
+GRACE = 3600.0
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    from mediafarm.tasks.app import app
+
+    return app.backend
+
+
+@pytest.fixture()
+def storage(tmp_path: Path) -> Path:
+    path = tmp_path / "storage"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture()
+def new_job(storage: Path, backend: Any) -> Iterator[Any]:
+    """Factory: a job folder with one finished artifact, its Redis keys deleted afterwards."""
+    made: list[str] = []
+
+    def make(*files: str) -> Path:
+        job_id = str(uuid.uuid4())
+        made.append(job_id)
+        folder = storage / job_id
+        folder.mkdir()
+        for name in files or ("out.wav",):
+            (folder / name).write_bytes(b"RIFF" * 10)
+        return folder
+
+    yield make
+    for job_id in made:
+        backend.client.delete(backend.get_key_for_task(job_id), keys.history(job_id))
+
+
+def _age(folder: Path, seconds: float) -> None:
+    """Make the folder and everything in it look ``seconds`` old."""
+    then = time.time() - seconds
+    for path in [folder, *folder.rglob("*")]:
+        os.utime(path, (then, then))
+
+
+def test_folder_without_result_or_history_past_grace_is_removed(storage: Path, backend: Any, new_job: Any) -> None:
+    folder = new_job()
+    removals = list(expired(storage, backend, grace=GRACE, now=time.time() + 2 * GRACE))
+    assert [(r.path, r.reason, r.size) for r in removals] == [(folder, "result and history expired", 40)]
+    remove(removals[0])
+    assert not folder.exists()
+
+
+def test_folder_with_an_attempt_history_is_kept(storage: Path, backend: Any, new_job: Any) -> None:
+    folder = new_job()
+    backend.client.rpush(keys.history(folder.name), '{"rung": 0, "variant": "a"}')
+    assert list(expired(storage, backend, grace=GRACE, now=time.time() + 2 * GRACE)) == []
+
+
+def test_folder_with_a_stored_result_is_kept(storage: Path, backend: Any, new_job: Any) -> None:
+    folder = new_job()
+    backend.store_result(folder.name, {"ok": True}, "SUCCESS")
+    assert list(expired(storage, backend, grace=GRACE, now=time.time() + 2 * GRACE)) == []
+
+
+def test_folder_changed_within_the_grace_period_is_kept(storage: Path, backend: Any, new_job: Any) -> None:
+    folder = new_job()
+    _age(folder, 2 * GRACE)
+    (folder / "late.wav").write_bytes(b"new")  # a write in flight keeps the whole folder
+    assert list(expired(storage, backend, grace=GRACE)) == []
+    assert list(expired(storage, backend, grace=GRACE, now=time.time() + GRACE / 2)) == []
+
+
+def test_stale_partial_in_a_kept_folder_is_listed_alone(storage: Path, backend: Any, new_job: Any) -> None:
+    folder = new_job("out.wav", ".out.partial-4242.wav")
+    backend.client.rpush(keys.history(folder.name), "{}")
+    removals = list(expired(storage, backend, grace=GRACE, now=time.time() + 2 * GRACE))
+    assert [(r.path, r.reason) for r in removals] == [
+        (folder / ".out.partial-4242.wav", "partial file of an attempt that never finished")
+    ]
+    remove(removals[0])
+    assert sorted(p.name for p in folder.iterdir()) == ["out.wav"]
+
+
+def test_missing_storage_dir_has_nothing_to_remove(tmp_path: Path, backend: Any) -> None:
+    assert list(expired(tmp_path / "absent", backend, grace=GRACE)) == []
