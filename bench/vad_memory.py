@@ -1,4 +1,4 @@
-"""VAD memory and speed: streaming ``silero_spans`` against a naive whole-file load.
+"""VAD memory and speed: the streaming silero engine against a naive whole-file load.
 
 Run from the repository root::
 
@@ -8,7 +8,7 @@ For each input length (seconds of generated 16 kHz mono PCM_16 speech WAV) and e
 every measurement runs in a fresh child process (this script with ``--child``), so peak RSS is
 that process's alone. Variants:
 
-* ``ours``: :func:`tasks.engines.vad.silero_spans`, streaming 10 s blocks through PyAV.
+* ``ours``: :func:`mediafarm.tasks.families.vad.engines.silero`, streaming 10 s blocks through PyAV.
 * ``baseline``: ``soundfile.read`` of the whole file as float32, ``torch.from_numpy``, then the
   same silero ONNX model and ``VADIterator`` loop with the same parameters over 512-sample
   windows: the whole-track read behind the 97-minute OOM.

@@ -43,6 +43,8 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
         "task_retry_on_worker_lost": True,
         # One job at a time per child: a long job never holds others hostage in its prefetch.
         "worker_prefetch_multiplier": 1,
+        # For tasks outside the farm (the bench's bare baselines): farm tasks write their attempt
+        # record as they start instead (``FarmTask.track_started``).
         "task_track_started": True,
         "worker_send_task_events": True,
         "task_send_sent_event": True,

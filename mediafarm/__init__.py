@@ -22,7 +22,7 @@ _EXPORTS = {
     "submit": "mediafarm.tasks.client",
     "handle": "mediafarm.tasks.client",
     "JobHandle": "mediafarm.tasks.client",
-    "families": "mediafarm.tasks.client",
+    "known_families": "mediafarm.tasks.client",
     "FarmError": "mediafarm.tasks.errors",
     "JobFailed": "mediafarm.tasks.errors",
     "JobRejected": "mediafarm.tasks.errors",
@@ -50,13 +50,13 @@ __all__ = [
     "Outcome",
     "PermanentFailure",
     "Progress",
-    "families",
     "handle",
+    "known_families",
     "submit",
 ]
 
 if TYPE_CHECKING:
-    from mediafarm.tasks.client import JobHandle, families, handle, submit
+    from mediafarm.tasks.client import JobHandle, handle, known_families, submit
     from mediafarm.tasks.errors import (
         FarmError,
         InvalidRequest,

@@ -1,6 +1,9 @@
 """Files a job produces: ``<FARM_STORAGE_DIR>/<job id>/<name>``, each written atomically.
 
-A file is written under a hidden temporary name in its final folder and renamed into place only
+The folder's name is the job id, percent-encoded when the id holds anything but letters, digits,
+``-`` and ``_`` (a producer may choose its own ids, ``cam1:2026-11-29``), so no id can name a path
+outside the storage folder. A hidden marker file says the folder is a job's (``farm gc`` removes
+nothing else). A file is written under a hidden temporary name in its final folder and renamed into place only
 when it is complete (``os.replace`` is atomic within one file system), so a child SIGKILLed
 mid-write leaves a hidden ``.*.partial-*`` file, never one that looks finished. A retried attempt
 starts from an empty folder (:meth:`ArtifactStore.clear`). Names are relative paths inside the
@@ -21,24 +24,41 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
+from urllib.parse import quote, unquote
 
 from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.records import ArtifactInfo
 
 PARTIAL_MARK = ".partial-"
-# Celery task ids are UUIDs; a foreign client may send any string, and the id becomes a folder name.
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Present in every job folder the farm made: `farm gc` never touches a folder without it.
+MARKER = ".mediafarm-job"
+# A folder name stays under common file-system limits (255 bytes) after encoding.
+MAX_JOB_ID = 200
 
 
 class UnsafeArtifactName(PermanentFailure):
-    """An artifact name or job id that could reach outside the job's folder."""
+    """An artifact name or job id that cannot name a file inside the job's folder."""
+
+
+def folder_name(job_id: str) -> str:
+    """The job's folder name: the id itself for UUIDs, percent-encoded otherwise (no ``/``, no ``.``)."""
+    if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID:
+        raise UnsafeArtifactName(f"job id {job_id!r} cannot name a storage folder (1 to {MAX_JOB_ID} characters)")
+    return quote(job_id, safe="-_").replace(".", "%2E")
+
+
+def job_id_of(name: str) -> str | None:
+    """The job id a folder name encodes, or None if the name is not one the farm would write."""
+    job_id = unquote(name)
+    try:
+        return job_id if folder_name(job_id) == name else None
+    except UnsafeArtifactName:
+        return None
 
 
 def job_folder(storage_dir: Path, job_id: str) -> Path:
-    """The folder of one job's artifacts; refuses an id that is not a plain name."""
-    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or ".." in job_id:
-        raise UnsafeArtifactName(f"job id {job_id!r} cannot name a storage folder")
-    return Path(storage_dir) / job_id
+    """The folder of one job's artifacts."""
+    return Path(storage_dir) / folder_name(job_id)
 
 
 def check_name(name: str) -> PurePosixPath:
@@ -85,6 +105,9 @@ class ArtifactStore:
         soundfile). On an exception the partial file is removed and the exception goes on.
         """
         final = self.path(name)
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / MARKER).touch()
         final.parent.mkdir(parents=True, exist_ok=True)
         temp = final.with_name(f".{final.stem}{PARTIAL_MARK}{os.getpid()}{final.suffix}")
         try:

@@ -33,7 +33,7 @@ from mediafarm.tasks.errors import (
 )
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import ArtifactInfo, Outcome
+from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome
 
 
 class FarmTask(Task):
@@ -82,17 +82,17 @@ class FarmTask(Task):
             ttl = int(self.app.conf.result_expires)
             store = ArtifactStore(settings.storage_dir, request.id)
             channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event)
-            if not fresh:
-                # A retried attempt starts clean: no file and no partial output of an earlier one.
-                store.clear()
-                channel.reset()
-
             def run_rung(variant: Any, rung: int, attempt: int) -> tuple[dict[str, Any], tuple[ArtifactInfo, ...]]:
+                if attempt > 0 or not fresh:
+                    # Every attempt but a job's very first starts clean: no file and no partial
+                    # output of an earlier one (killed, or a rung skipped earlier in this run).
+                    store.clear()
+                    channel.reset()
                 ctx = EngineContext(request.id, attempt, rung, variant.name, variant.device, store,
                                     settings.models_dir, channel)  # fmt: skip
                 return run_engine(spec, variant, ctx, fields, settings.media_roots), tuple(store.list())
 
-            outcome = run_ladder(
+            outcome: Envelope | RetryRequest = run_ladder(
                 job_id=request.id,
                 ladder=ladder,
                 engines=spec.engines,
@@ -103,6 +103,8 @@ class FarmTask(Task):
                 run_rung=run_rung,
                 fresh=fresh,
             )
+            if isinstance(outcome, Envelope):
+                return outcome.to_json()
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
             # one. The open attempt, if any, is settled by the next run as a lost child: one rung down.
@@ -112,9 +114,7 @@ class FarmTask(Task):
             # bounded by max_retries; the retry itself goes through the same Redis, so a Redis that
             # stays down ends the job FAILED rather than looping.
             outcome = RetryRequest(f"Redis error: {exc}", TransientFailure(f"Redis error: {exc}"))
-        if isinstance(outcome, RetryRequest):
-            raise self.retry(exc=outcome.exc, countdown=settings.retry_delay)
-        return outcome.to_json()
+        raise self.retry(exc=outcome.exc, countdown=settings.retry_delay)
 
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:

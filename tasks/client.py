@@ -12,6 +12,7 @@ producers that send with a plain Celery client.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -53,7 +54,7 @@ _FAILURES: tuple[tuple[tuple[type[BaseException], ...], type[JobFailed]], ...] =
 )
 
 
-def families() -> Mapping[str, FamilySpec]:
+def known_families() -> Mapping[str, FamilySpec]:
     """The job families this farm knows, by name."""
     return registry.load()
 
@@ -113,10 +114,15 @@ class JobHandle:
         dest = Path(dest)
         target = dest / Path(name).name if dest.is_dir() else dest
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-        if sha256_of(target) != info.sha256:
-            target.unlink()
-            raise OSError(f"artifact {name!r} of job {self.id} does not match its sha256: changed since the job ended")
+        # Copied beside the target and checked before it replaces anything that is already there.
+        temp = target.with_name(f".{target.name}.download-{os.getpid()}")
+        try:
+            shutil.copyfile(source, temp)
+            if sha256_of(temp) != info.sha256:
+                raise OSError(f"artifact {name!r} of job {self.id} does not match its sha256: changed since it ended")
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
         return target
 
     def output(self) -> BaseModel:
@@ -127,8 +133,9 @@ class JobHandle:
         return registry.get(envelope["family"]).parse_result(envelope["output"])
 
     def cancel(self) -> None:
-        """Stop the job: a queued one never starts, a running one stops at its engine's next
-        cancellation check. Either way it ends as ``JobCancelled``."""
+        """Stop the job; it ends as ``JobCancelled``. A queued one is revoked (a worker that missed
+        the revoke runs it but discards its output); a running one stops at its engine's next
+        cancellation check (VAD: every 10 s of media). An engine that never checks runs to its end."""
         ttl = int(app.conf.result_expires)
         app.backend.client.set(keys.cancel(self.id), "1", ex=ttl)
         app.control.revoke(self.id)
@@ -203,7 +210,7 @@ def submit(family: str, *, queue: str | None = None, **fields: Any) -> JobHandle
     # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task that
     # happens to be registered in this process onto the message, and those override the worker's.
     async_result = app.send_task(
-        spec.task_name, kwargs=request.model_dump(mode="json", exclude_unset=True),
+        spec.task_name, kwargs=request.model_dump(mode="json", exclude_unset=True, by_alias=True),
         soft_time_limit=None, time_limit=None, **options,
     )  # fmt: skip
     return JobHandle(id=async_result.id, family=spec.name)

@@ -14,15 +14,16 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from redis.exceptions import RedisError
 
 from mediafarm.tasks import keys
 from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.errors import Cancelled, RungUnavailable
+from mediafarm.tasks.errors import Cancelled, RungUnavailable, TransientFailure
 from mediafarm.tasks.records import Progress
 
 log = logging.getLogger("mediafarm.progress")
@@ -65,11 +66,18 @@ class JobChannel:
             log.warning("could not report progress of job %s", self.job_id, exc_info=True)
 
     def publish(self, item: Any) -> None:
-        """Append one partial output (a generator engine's yield) where the client reads it."""
+        """Append one partial output (a generator engine's yield) where the client reads it.
+
+        Unlike progress, a partial output is part of what the client was promised: a Redis error
+        here is a transient failure (the attempt runs again on the same rung, from a clean list).
+        """
         pipe = self.client.pipeline(transaction=False)
         pipe.rpush(keys.partials(self.job_id), json.dumps(to_jsonable(item)))
         pipe.expire(keys.partials(self.job_id), self.ttl)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except RedisError as exc:
+            raise TransientFailure(f"could not publish a partial output: {exc}") from exc
 
     def cancelled(self) -> bool:
         now = time.monotonic()
@@ -111,6 +119,7 @@ class EngineContext:
         artifacts: The job's artifact folder (``ArtifactStore``); write output files there.
         models_dir: Where local model weights live (``FARM_MODELS_DIR``).
         channel: Redis side of progress, partials and cancellation; None outside a worker.
+        share: The part of the job's progress this context reports into (see :meth:`part`).
     """
 
     job_id: str
@@ -121,6 +130,7 @@ class EngineContext:
     artifacts: ArtifactStore
     models_dir: Path
     channel: JobChannel | None = field(default=None, repr=False)
+    share: tuple[float, float] = (0.0, 1.0)
 
     @classmethod
     def local(cls, *, storage_dir: Path | None = None, models_dir: Path | None = None, job_id: str = "local",
@@ -134,8 +144,15 @@ class EngineContext:
         if self.channel is None:
             return
         if fraction is not None:
-            fraction = min(1.0, max(0.0, fraction))
+            low, high = self.share
+            fraction = low + (high - low) * min(1.0, max(0.0, fraction))
         self.channel.report(Progress(fraction, stage, media_seconds, self.attempt, self.rung, self.variant))
+
+    def part(self, start: float, end: float) -> EngineContext:
+        """The same context for one stage of a multi-stage engine: the stage reports its own
+        fraction 0..1, the job's progress moves from ``start`` to ``end`` of this context's share."""
+        low, high = self.share
+        return replace(self, share=(low + (high - low) * start, low + (high - low) * end))
 
     def cancelled(self) -> bool:
         """Has the producer cancelled the job? (Throttled Redis read.)"""

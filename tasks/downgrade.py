@@ -200,6 +200,12 @@ def run_ladder(
             finish(Outcome.ERROR, f"{type(exc).__name__}: {exc}")
             # A bug or an unforeseen failure in the engine: no retry, but not "bad input" either.
             raise EngineError(f"{variant.name}: {type(exc).__name__}: {exc}") from exc
+        if running.pending.cancelled():
+            # Cancelled while queued (a revoke lives only in the memory of the workers that were
+            # up) and run by an engine that never checks: the producer asked for it not to finish.
+            reason = "cancelled by its producer before it ran; the output is discarded"
+            finish(Outcome.CANCELLED, reason)
+            raise Cancelled(f"job {job_id} was {reason}")
         finish(Outcome.OK)
         return Envelope(job_id, ladder.family, variant.name, rung, output, tuple(attempts), artifacts)
     tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)

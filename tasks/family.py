@@ -25,32 +25,38 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.ladders import Ladder, Variant
 from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.media.paths import resolve_media
 
 TASK_NAME = re.compile(r"^farm\.[a-z0-9_-]+\.[a-z0-9_]+$")
 FAMILY_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
-def _media_path(value: str, info: ValidationInfo) -> str | Path:
-    if not value.strip():
-        raise PermanentFailure(f"media path must be a non-empty string, got {value!r}")
+def _media_shape(value: Any) -> Any:
+    # ValueError, so pydantic reports it as this field's problem (InvalidRequest) on either side.
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty path string, got {value!r}")
     if "\x00" in value:
-        raise PermanentFailure("media path contains a NUL byte")
+        raise ValueError("contains a NUL byte")
+    return value
+
+
+def _media_resolved(value: Path, info: ValidationInfo) -> Path:
     roots = (info.context or {}).get("media_roots")
-    # In the worker (media roots given): the real path inside the roots. In a producer: the string,
+    # In the worker (media roots given): the real path inside the roots, or the media failure
+    # itself (MediaNotFound ...: not a ValueError, so pydantic lets it through). In a producer:
     # checked for shape only, since the producer may not see the farm's file system.
-    return value if roots is None else resolve_media(value, roots)
+    return value if roots is None else resolve_media(str(value), roots)
 
 
 # A request field that names an input file: a string on the wire, a resolved, checked Path in
 # the engine (symlinks followed, inside FARM_MEDIA_ROOTS, a non-empty regular file).
-MediaPath = Annotated[str, AfterValidator(_media_path)]
+MediaPath = Annotated[Path, BeforeValidator(_media_shape), AfterValidator(_media_resolved)]
 
 
 class Request(BaseModel):
@@ -160,7 +166,8 @@ class FamilySpec:
         queue: The family queue (default: ``name``).
         summary: One line about a result for the CLI (model, duration ...).
         render: A rich renderable of a result for the CLI (a table of spans ...), or None.
-        cli_argument: The request field that ``farm submit FAMILY ARG`` fills with ARG.
+        cli_argument: The request field that ``farm submit FAMILY ARG`` fills with ARG (None: the
+            CLI takes every field as ``--param``). A ``MediaPath`` field is made absolute first.
         ladder_field: A request field that names which declared ladder of this family to run
             (pipelines and tests choose ladders per job); None: always the family's own.
         in_default_pools: Whether pools that consume ``*`` take this family's queue.
@@ -177,7 +184,7 @@ class FamilySpec:
     queue: str = ""
     summary: Callable[[Any], str] = _no_summary
     render: Callable[[Any], Any] = _no_render
-    cli_argument: str | None = "media"
+    cli_argument: str | None = None
     ladder_field: str | None = None
     in_default_pools: bool = True
     description: str = ""
@@ -194,7 +201,7 @@ class FamilySpec:
         for name in filter(None, (self.cli_argument, self.ladder_field)):
             if name not in self.request.model_fields:
                 raise ValueError(f"family {self.name!r}: {name!r} is not a field of {self.request.__name__}")
-        problems = self.ladder_problems(self._ladder)
+        problems = self.rung_problems(self._ladder)
         if problems:  # a mistake in the family's own code, found when it is imported
             raise ValueError(f"family {self.name!r}, default ladder: " + "; ".join(problems))
 
@@ -202,7 +209,17 @@ class FamilySpec:
     def default_ladder(self) -> Ladder:
         return self._ladder
 
-    def ladder_problems(self, ladder: Ladder) -> list[str]:
+    @property
+    def cli_argument_is_path(self) -> bool:
+        """Is the CLI's positional argument a file path (a ``MediaPath`` field)?"""
+        if self.cli_argument is None:
+            return False
+        field_info = self.request.model_fields[self.cli_argument]
+        return field_info.annotation is Path and any(
+            getattr(m, "func", None) is _media_resolved for m in field_info.metadata
+        )
+
+    def rung_problems(self, ladder: Ladder) -> list[str]:
         """What is wrong with ``ladder``'s rungs for this family (unknown engine, params that do not fit)."""
         problems = []
         for rung in ladder.rungs:

@@ -50,7 +50,12 @@ class AttemptLog:
         try:
             connection.send_packed_command(
                 connection.pack_commands(
-                    [("RPUSH", self._key, json.dumps(attempt.to_json())), ("EXPIRE", self._key, self.ttl)]
+                    [
+                        ("RPUSH", self._key, json.dumps(attempt.to_json())),
+                        ("EXPIRE", self._key, self.ttl),
+                        # Rides along for free: was the job cancelled before this attempt began?
+                        ("EXISTS", keys.cancel(self.job_id)),
+                    ]
                 )
             )
         except BaseException:
@@ -66,11 +71,17 @@ class AttemptLog:
 
 
 class PendingAppend:
-    """The unanswered RPUSH + EXPIRE of :meth:`AttemptLog.append_behind`."""
+    """The unanswered RPUSH + EXPIRE + EXISTS of :meth:`AttemptLog.append_behind`."""
 
     def __init__(self, pool: Any, connection: Any) -> None:
         self._pool, self._connection = pool, connection
         self._index: int | None = None
+        self._cancelled = False
+
+    def cancelled(self) -> bool:
+        """Had the producer cancelled the job when this attempt was recorded? (False if unreadable.)"""
+        self.settle_quietly()
+        return self._cancelled
 
     def index(self) -> int:
         """Read Redis's answers (once), hand the connection back; the attempt's index."""
@@ -78,6 +89,7 @@ class PendingAppend:
             try:
                 length = self._connection.read_response()
                 self._connection.read_response()
+                self._cancelled = bool(self._connection.read_response())
             except BaseException:
                 self._connection.disconnect()  # its replies are out of step now
                 raise

@@ -43,6 +43,15 @@ class Outcome(StrEnum):
         """Does this outcome cost the job its rung?"""
         return self in _MOVES_DOWN
 
+    @classmethod
+    def read(cls, value: Any) -> Outcome:
+        """An outcome as stored; one this farm does not know (a newer farm's) reads as ``error``,
+        which neither moves the job down nor runs its rung again."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.ERROR
+
 
 RESOURCE_OUTCOMES = frozenset({Outcome.KILLED, Outcome.OOM, Outcome.CUDA_OOM, Outcome.TIMEOUT})
 _MOVES_DOWN = RESOURCE_OUTCOMES | {Outcome.UNAVAILABLE}
@@ -86,7 +95,7 @@ class Attempt:
 
     def __post_init__(self) -> None:
         if self.outcome is not None:
-            self.outcome = Outcome(self.outcome)
+            self.outcome = Outcome.read(self.outcome)
 
     def to_json(self) -> dict[str, Any]:
         # Flat fields only, so a shallow copy is the JSON form (dataclasses.asdict deep-copies, 10x slower).
@@ -123,7 +132,7 @@ class KillRecord:
     cap_mb: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "outcome", Outcome(self.outcome))
+        object.__setattr__(self, "outcome", Outcome.read(self.outcome))
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "outcome": self.outcome.value}

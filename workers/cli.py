@@ -20,7 +20,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as ProgressBar
 from rich.table import Table
 
 from mediafarm.config.celery import celery_config
@@ -32,7 +33,7 @@ from mediafarm.tasks.errors import JobFailed
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.guards import startup_problems
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
-from mediafarm.workers.retention import expired, remove
+from mediafarm.workers.retention import WrongBackend, expired, remove
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console()
@@ -112,7 +113,7 @@ def _follow(job: Any, timeout: float) -> dict[str, Any]:
         return job.wait(timeout=timeout)
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[detail]}"))  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as bar:
+    with ProgressBar(*columns, console=console, transient=True) as bar:
         task = bar.add_task(f"job {job.id[:8]}", total=1.0, detail="queued")
 
         def show(progress: Any) -> None:
@@ -217,8 +218,8 @@ def submit(
             if spec.cli_argument is None:
                 _fail(f"the {family} family takes no positional argument; use --param")
             # A relative path means the caller's working directory, not the worker's.
-            looks_like_file = spec.cli_argument == "media" or Path(argument).exists()
-            fields[spec.cli_argument] = str(Path(argument).absolute()) if looks_like_file else argument
+            path = spec.cli_argument_is_path
+            fields[spec.cli_argument] = str(Path(argument).absolute()) if path else argument
         job = submit_job(family, queue=queue, **fields)
     except ValueError as exc:
         _fail(str(exc))
@@ -252,7 +253,7 @@ def status(job_id: str) -> None:
     console.print(f"{job_id}: {state}")
     progress = job.progress()
     if progress is not None and state not in ("SUCCESS", "FAILURE", "REVOKED"):
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), console=console)
+        bar = ProgressBar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), console=console)
         detail = f"{progress.variant} {progress.stage}".strip()
         if progress.media_seconds is not None:
             detail += f", {progress.media_seconds:.0f} s of media"
@@ -295,12 +296,15 @@ def gc(
 
     freed = 0
     count = 0
-    for removal in expired(get_settings().storage_dir, app.backend, grace=grace):
-        console.print(f"{'would remove' if dry_run else 'removed'} {removal.path} ({removal.reason})")
-        if not dry_run:
-            remove(removal)
-        freed += removal.size
-        count += 1
+    try:
+        for removal in expired(get_settings().storage_dir, app.backend, grace=grace):
+            console.print(f"{'would remove' if dry_run else 'removed'} {removal.path} ({removal.reason})")
+            if not dry_run:
+                remove(removal)
+            freed += removal.size
+            count += 1
+    except WrongBackend as exc:
+        _fail(str(exc), code=1)
     console.print(f"{count} {'to remove' if dry_run else 'removed'}, {freed / 1e6:.1f} MB")
 
 

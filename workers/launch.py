@@ -26,7 +26,7 @@ def pool_environment(pool: Pool, base: Mapping[str, str] | None = None) -> dict[
     CUDA_VISIBLE_DEVICES is decided here, before the worker process exists, so no library can
     initialise CUDA on the wrong device first. A pool without GPUs sees none; a pool spanning
     several GPUs exposes all of them to the main process (which never touches CUDA) and each
-    child narrows it to one (``workers.limits``).
+    child narrows it to one (``workers.guards``).
     """
     env = dict(os.environ if base is None else base)
     env["FARM_POOL"] = pool.name

@@ -1,10 +1,12 @@
 """Retention of artifacts: a job's folder lives as long as its result, then ``farm gc`` removes it.
 
-The rule: ``<FARM_STORAGE_DIR>/<job id>/`` is removed when the result backend holds neither the
-job's result nor its attempt history (both expire after ``result_expires``, 7 days by default),
-and nothing in the folder changed for ``grace`` seconds (a job that is about to start, or whose
+The rule: a job folder (one the farm made: its name encodes a job id and it holds the farm's
+marker file) is removed when the result backend holds neither the job's result nor its attempt
+history (both expire after ``result_expires``, 7 days by default), and nothing in the folder changed for ``grace`` seconds (a job that is about to start, or whose
 result write is in flight, keeps its folder). Hidden partial files left by killed writers are
-removed from any folder once they are older than ``grace``.
+removed from any job folder once they are older than ``grace``. Nothing else in the storage folder
+is touched, and ``farm gc`` refuses to run against a backend that holds no farm keys at all (a
+wrong database number would otherwise make every job look expired).
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from mediafarm.tasks import keys
-from mediafarm.tasks.artifacts import PARTIAL_MARK
+from mediafarm.tasks.artifacts import MARKER, PARTIAL_MARK, job_id_of
+
+
+class WrongBackend(RuntimeError):
+    """The backend holds no result and no farm key: probably not this farm's database."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +50,12 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
     now = time.time() if now is None else now
     if not storage_dir.is_dir():
         return
-    for folder in sorted(p for p in storage_dir.iterdir() if p.is_dir()):
-        job_id = folder.name
-        if now - _newest_change(folder) < grace:
+    folders = [p for p in sorted(storage_dir.iterdir()) if p.is_dir() and (p / MARKER).is_file()]
+    if folders and not _holds_farm_keys(backend.client):
+        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    for folder in folders:
+        job_id = job_id_of(folder.name)
+        if job_id is None or now - _newest_change(folder) < grace:
             continue
         known = backend.client.exists(backend.get_key_for_task(job_id), keys.history(job_id))
         if not known:
@@ -55,6 +64,13 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
         for partial in folder.rglob(f".*{PARTIAL_MARK}*"):
             if now - partial.stat().st_mtime >= grace:
                 yield Removal(partial, "partial file of an attempt that never finished", _size(partial))
+
+
+def _holds_farm_keys(client: Any) -> bool:
+    for pattern in (f"{keys.PREFIX}:*", "celery-task-meta-*"):
+        if next(iter(client.scan_iter(match=pattern, count=1000)), None) is not None:
+            return True
+    return False
 
 
 def remove(removal: Removal) -> None:

@@ -130,5 +130,5 @@ def ladder_problems() -> list[str]:
         if spec is None:
             problems.append(f"[ladders.{name}]: no job family named {ladder.family!r}; registered: {sorted(families)}")
             continue
-        problems += [f"[ladders.{name}] {p}" for p in spec.ladder_problems(ladder)]
+        problems += [f"[ladders.{name}] {p}" for p in spec.rung_problems(ladder)]
     return problems

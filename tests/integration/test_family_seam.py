@@ -107,7 +107,7 @@ def test_writer_killed_mid_write_leaves_no_final_file_and_the_next_rung_writes_i
     assert outcomes(envelope["attempts"]) == ["killed", "ok"] and envelope["variant"] == "plain"
     # Complete, and nothing of the killed attempt left behind.
     assert (folder / "words.txt").read_text() == "one\ntwo\nthree\nfour\n"  # the plain rung keeps case
-    assert sorted(p.name for p in folder.iterdir()) == ["words.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == [".mediafarm-job", "words.txt"]
     assert [a["name"] for a in envelope["artifacts"]] == ["words.txt"]
 
 
@@ -181,6 +181,21 @@ def test_a_running_job_can_be_cancelled(cpu_worker, ten_minutes: Path) -> None:
     assert outcomes(info.value.attempts) == ["cancelled"]
     assert job.progress().fraction < 1
     assert cpu_worker.process.poll() is None
+
+
+def test_a_producer_chosen_job_id_keeps_its_artifacts_inside_storage(cpu_worker, tmp_path: Path) -> None:
+    import uuid
+
+    from mediafarm.config.settings import get_settings
+    from mediafarm.tasks.client import handle
+
+    job_id = f"../cam1:{uuid.uuid4()}"
+    app.send_task("farm.toy.count", kwargs={"text": "x y z"}, task_id=job_id, queue="toy")
+    job = handle(job_id)
+    assert job.wait(timeout=60)["output"]["words"] == ["X", "Y", "Z"]
+    [folder] = [p for p in get_settings().storage_dir.iterdir() if "cam1" in p.name and job_id[3:] in p.name.replace("%3A", ":")]
+    assert folder.parent == get_settings().storage_dir and (folder / "words.txt").is_file()
+    assert job.download("words.txt", tmp_path / "w.txt").read_text() == "X\nY\nZ\n"
 
 
 def test_unknown_engine_in_a_config_file_ladder_stops_the_worker(redis_url: str, tmp_path: Path) -> None:

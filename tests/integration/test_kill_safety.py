@@ -94,6 +94,23 @@ def test_unavailable_rungs_are_skipped_without_spending_attempts(chaos_worker) -
     assert {a["retries"] for a in envelope["attempts"]} == {0}  # no Celery retry was spent
 
 
+def test_a_job_cancelled_before_it_ran_discards_the_output_of_an_engine_that_never_checks(chaos_worker) -> None:
+    import uuid
+
+    from mediafarm.tasks import keys
+    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.errors import JobCancelled
+
+    # What a worker that missed the revoke sees: only the cancel flag; the `ok` engine never checks it.
+    job_id = f"cam1:{uuid.uuid4()}"  # a producer's own id, with a character no file name should hold
+    app.backend.client.set(keys.cancel(job_id), "1", ex=600)
+    app.send_task("farm.test.chaos", kwargs={"ladder": "steady"}, task_id=job_id, queue="chaos")
+    with pytest.raises(JobCancelled) as info:
+        handle(job_id).wait(timeout=60)
+    assert outcomes(info.value.attempts) == ["cancelled"]
+    assert "before it ran; the output is discarded" in info.value.attempts[0]["reason"]
+
+
 def test_bad_input_fails_once_without_retry(chaos_worker) -> None:
     job = send("bad")
     with pytest.raises(JobRejected, match="malformed on purpose"):

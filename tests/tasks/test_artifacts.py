@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, check_name, job_folder
+from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, check_name, job_folder, job_id_of
 from mediafarm.tasks.errors import PermanentFailure
 
 
@@ -36,10 +36,21 @@ def test_check_name_accepts_nested_relative_names() -> None:
     assert check_name("chunks/0001.wav") == PurePosixPath("chunks", "0001.wav")
 
 
-@pytest.mark.parametrize("job_id", ["../x", "a/b", "", "..", "a..b", ".x", "abc\n"])
-def test_job_folder_refuses_ids_that_are_not_plain_names(tmp_path: Path, job_id: str) -> None:
+@pytest.mark.parametrize("job_id", ["../x", "a/b", "..", "a..b", ".x", "abc\n", "cam1:2026-11-29", "/etc"])
+def test_any_job_id_names_a_folder_directly_under_storage(tmp_path: Path, job_id: str) -> None:
+    folder = job_folder(tmp_path, job_id)
+    assert folder.parent == tmp_path and "." not in folder.name and "/" not in folder.name
+    assert job_id_of(folder.name) == job_id  # reversible, so `farm gc` can ask Redis about it
+
+
+@pytest.mark.parametrize("job_id", ["", "x" * 201])
+def test_job_folder_refuses_ids_that_cannot_name_a_folder(tmp_path: Path, job_id: str) -> None:
     with pytest.raises(UnsafeArtifactName):
         job_folder(tmp_path, job_id)
+
+
+def test_names_the_farm_would_not_write_decode_to_no_job() -> None:
+    assert job_id_of("lost+found") is None and job_id_of("a.b") is None and job_id_of("abc") == "abc"
 
 
 def test_job_folder_is_the_id_under_storage(tmp_path: Path) -> None:
@@ -81,7 +92,7 @@ def test_a_writer_killed_mid_write_leaves_only_a_hidden_partial(store: ArtifactS
         _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     assert not (store.folder / "out.bin").exists()
-    assert sorted(p.name for p in store.folder.iterdir()) == [f".out.partial-{pid}.bin"]
+    assert sorted(p.name for p in store.folder.iterdir()) == [".mediafarm-job", f".out.partial-{pid}.bin"]
     assert (store.folder / f".out.partial-{pid}.bin").stat().st_size == 4096
     assert store.list() == []
 
@@ -120,7 +131,7 @@ def test_an_exception_inside_writing_removes_the_temp_file_and_goes_on(store: Ar
             temp.write_bytes(b"partial")
             assert temp.name.startswith(".audio.partial-") and temp.suffix == ".wav"
             raise RuntimeError("encoder crashed")
-    assert list(store.folder.iterdir()) == []
+    assert [p.name for p in store.folder.iterdir()] == [".mediafarm-job"]  # the job folder's marker only
 
 
 def test_writing_renames_into_place_only_at_the_end(store: ArtifactStore) -> None:

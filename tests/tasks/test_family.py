@@ -87,11 +87,12 @@ def test_parse_request_refuses_bad_fields_naming_the_field(fields: dict, field: 
 
 def test_producer_side_keeps_the_media_path_as_given() -> None:
     request = make_spec().parse_request({"media": "/not/on/this/machine.wav"})
-    assert request.media == "/not/on/this/machine.wav" and isinstance(request.media, str)
+    assert str(request.media) == "/not/on/this/machine.wav"
+    assert request.model_dump(mode="json")["media"] == "/not/on/this/machine.wav"
 
 
 def test_producer_side_still_refuses_an_empty_media_path() -> None:
-    with pytest.raises(PermanentFailure, match="non-empty"):
+    with pytest.raises(InvalidRequest, match="media: Value error, must be a non-empty path"):
         make_spec().parse_request({"media": "  "})
 
 

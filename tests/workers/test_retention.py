@@ -12,16 +12,21 @@ from typing import Any
 import pytest
 
 from mediafarm.tasks import keys
-from mediafarm.workers.retention import expired, remove
+from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.workers.retention import WrongBackend, expired, remove
 
 GRACE = 3600.0
 
 
 @pytest.fixture(scope="module")
-def backend() -> Any:
+def backend() -> Iterator[Any]:
     from mediafarm.tasks.app import app
 
-    return app.backend
+    # `farm gc` refuses a backend that holds no farm key at all; this one belongs to a farm.
+    marker = keys.history(f"retention-test-{uuid.uuid4()}")
+    app.backend.client.rpush(marker, "{}")
+    yield app.backend
+    app.backend.client.delete(marker)
 
 
 @pytest.fixture()
@@ -39,11 +44,10 @@ def new_job(storage: Path, backend: Any) -> Iterator[Any]:
     def make(*files: str) -> Path:
         job_id = str(uuid.uuid4())
         made.append(job_id)
-        folder = storage / job_id
-        folder.mkdir()
+        store = ArtifactStore(storage, job_id)
         for name in files or ("out.wav",):
-            (folder / name).write_bytes(b"RIFF" * 10)
-        return folder
+            store.write_bytes(name, b"RIFF" * 10)
+        return store.folder
 
     yield make
     for job_id in made:
@@ -86,15 +90,44 @@ def test_folder_changed_within_the_grace_period_is_kept(storage: Path, backend: 
 
 
 def test_stale_partial_in_a_kept_folder_is_listed_alone(storage: Path, backend: Any, new_job: Any) -> None:
-    folder = new_job("out.wav", ".out.partial-4242.wav")
+    folder = new_job("out.wav")
+    (folder / ".out.partial-4242.wav").write_bytes(b"RIFF")  # what a killed writer leaves
     backend.client.rpush(keys.history(folder.name), "{}")
     removals = list(expired(storage, backend, grace=GRACE, now=time.time() + 2 * GRACE))
     assert [(r.path, r.reason) for r in removals] == [
         (folder / ".out.partial-4242.wav", "partial file of an attempt that never finished")
     ]
     remove(removals[0])
-    assert sorted(p.name for p in folder.iterdir()) == ["out.wav"]
+    assert sorted(p.name for p in folder.iterdir()) == [".mediafarm-job", "out.wav"]
 
 
 def test_missing_storage_dir_has_nothing_to_remove(tmp_path: Path, backend: Any) -> None:
     assert list(expired(tmp_path / "absent", backend, grace=GRACE)) == []
+
+
+def test_folders_the_farm_did_not_make_are_never_touched(storage: Path, backend: Any, new_job: Any) -> None:
+    other = storage / "lost+found"
+    other.mkdir()
+    (other / "keep.bin").write_bytes(b"x")
+    unmarked = storage / str(uuid.uuid4())  # looks like a job id, but no farm marker inside
+    unmarked.mkdir()
+    job = new_job()
+    for folder in (other, unmarked, job):
+        _age(folder, 2 * GRACE)
+    assert [r.path for r in expired(storage, backend, grace=GRACE)] == [job]
+
+
+def test_a_backend_with_no_farm_keys_is_refused(storage: Path, backend: Any, redis_url: str, new_job: Any) -> None:
+    import redis
+
+    class EmptyBackend:
+        # An unused database of the session's Redis: what a wrong FARM_RESULT_BACKEND points at.
+        client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/13")
+
+        def get_key_for_task(self, job_id: str) -> bytes:
+            return backend.get_key_for_task(job_id)
+
+    EmptyBackend.client.flushdb()
+    _age(new_job(), 2 * GRACE)
+    with pytest.raises(WrongBackend, match="FARM_RESULT_BACKEND"):
+        list(expired(storage, EmptyBackend(), grace=GRACE))

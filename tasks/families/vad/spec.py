@@ -103,6 +103,7 @@ FAMILY = FamilySpec(
     ),
     # One attempt, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
     limits=TimeLimits(soft=1800, hard=1900),
+    cli_argument="media",
     summary=summary,
     render=render,
 )
