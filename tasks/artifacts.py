@@ -89,6 +89,10 @@ class ArtifactStore:
     def __init__(self, storage_dir: Path, job_id: str) -> None:
         self.folder = job_folder(storage_dir, job_id)
 
+    def of_job(self, job_id: str) -> ArtifactStore:
+        """Another job's artifacts in the same storage folder (to read what it made)."""
+        return ArtifactStore(self.folder.parent, job_id)
+
     def path(self, name: str) -> Path:
         """Where artifact ``name`` lives (it may not exist yet)."""
         target = self.folder.joinpath(*check_name(name).parts)

@@ -169,7 +169,8 @@ def make_task(app: Celery, spec: FamilySpec) -> Task:
             )
         return self.run_job(fields)
 
-    run.__name__ = run.__qualname__ = spec.name
+    # Celery builds a signature checker from the function's name: it must be an identifier.
+    run.__name__ = run.__qualname__ = spec.name.replace("-", "_")
     run.__doc__ = spec.description
     return app.task(
         bind=True,

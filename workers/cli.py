@@ -107,6 +107,27 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
     return fields
 
 
+def _field_options(args: list[str]) -> dict[str, Any]:
+    """``--some-field value`` (or ``--flag`` alone, meaning true) → request fields, values as in -p."""
+    pairs: list[str] = []
+    i = 0
+    while i < len(args):
+        name = args[i]
+        if not name.startswith("--") or len(name) < 3:
+            _fail(f"unexpected argument {name!r}; request fields go as --name value or -p name=value")
+        key = name[2:].replace("-", "_")
+        if "=" in key:
+            pairs.append(key)
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            pairs.append(f"{key}={args[i + 1]}")
+            i += 2
+        else:
+            pairs.append(f"{key}=true")
+            i += 1
+    return _parse_params(pairs)
+
+
 def _follow(job: Any, timeout: float) -> dict[str, Any]:
     """Wait for a job with a progress bar (on a terminal; plain waiting otherwise)."""
     if not console.is_terminal:
@@ -196,8 +217,9 @@ def up(
     console.print("farm stopped")
 
 
-@cli.command()
+@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit(
+    ctx: typer.Context,
     family: Annotated[str, typer.Argument(help="Job family (`farm families` lists them)")],
     argument: Annotated[str | None, typer.Argument(help="The family's main input, e.g. the media file")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="Another request field, key=value")] = None,
@@ -207,11 +229,14 @@ def submit(
     out: Annotated[Path | None, typer.Option(help="Folder to download the job's artifacts to (implies --wait)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result envelope as JSON")] = False,
 ) -> None:
-    """Submit a job to the configured broker; print its id, or its result with --wait."""
+    """Submit a job to the configured broker; print its id, or its result with --wait.
+
+    Request fields go as -p key=value, or as options of their own: --formats vtt,srt.
+    """
     _need_broker()
     from mediafarm.tasks.client import submit as submit_job
 
-    fields = _parse_params(param or [])
+    fields = _parse_params(param or []) | _field_options(ctx.args)
     try:
         spec = families.get(family)
         if argument is not None:

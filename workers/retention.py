@@ -2,8 +2,9 @@
 
 The rule: a job folder (one the farm made: its name encodes a job id and it holds the farm's
 marker file) is removed when the result backend holds neither the job's result nor its attempt
-history (both expire after ``result_expires``, 7 days by default), and nothing in the folder changed for ``grace`` seconds (a job that is about to start, or whose
-result write is in flight, keeps its folder). Hidden partial files left by killed writers are
+history (both expire after ``result_expires``, 7 days by default), and nothing in the folder
+changed for ``grace`` seconds (a job that is about to start, or whose result write is in flight,
+keeps its folder). Hidden partial files left by killed writers are
 removed from any job folder once they are older than ``grace``. Nothing else in the storage folder
 is touched, and ``farm gc`` refuses to run against a backend that holds no farm keys at all (a
 wrong database number would otherwise make every job look expired).

@@ -23,6 +23,8 @@ from mediafarm.tasks.family import FamilySpec
 
 BUILTIN: tuple[str, ...] = (
     "mediafarm.tasks.families.vad",
+    "mediafarm.tasks.families.subtitle",
+    "mediafarm.tasks.families.subtitle_render",
 )
 
 _families: dict[str, FamilySpec] = {}

@@ -109,6 +109,15 @@ def test_context_progress_clamps_the_fraction_and_carries_the_attempt(
     assert (stored.fraction, stored.attempt, stored.rung, stored.variant) == (1.0, 2, 1, "webrtc")
 
 
+def test_a_stage_reports_into_its_share_of_the_job(client: redis.Redis, job_id: str, clock: Clock, tmp_path: Path) -> None:
+    ctx = EngineContext.local(storage_dir=tmp_path, job_id=job_id)
+    ctx.channel = JobChannel(client, job_id, ttl=60)
+    recognise = ctx.part(0.2, 1.0)
+    recognise.part(0.5, 1.0).progress(0.5, stage="second half")  # 0.2 + 0.8 * (0.5 + 0.5 * 0.5)
+    assert _stored_progress(client, job_id).fraction == pytest.approx(0.8)
+    assert ctx.share == (0.0, 1.0) and recognise.share == pytest.approx((0.2, 1.0))
+
+
 class Span(BaseModel):
     start: float
     end: float

@@ -14,7 +14,7 @@ from mediafarm.config.ladders import declared_ladders, variant
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
-from mediafarm.tasks.errors import InvalidRequest, MediaNotFound, MediaOutsideRoots, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest, MediaNotFound, MediaOutsideRoots
 from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, Params, Request
 
 

@@ -1,0 +1,363 @@
+"""Subtitle engines: VAD first, then recognition of the speech alone, streamed, then cues and files.
+
+Both rungs' engines (``whisper``, ``pocketsphinx``) run the same pipeline with their own
+recogniser:
+
+1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing).
+2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows of
+   up to ``WINDOW_SECONDS`` of speech (a Whisper call costs the same for 1 s as for 30 s),
+   joined by a short silence; the silence between spans is never recognised (it is where Whisper
+   hallucinates). Every recognised time is mapped back, piece by piece, to the media's clock.
+3. Words become cues as windows finish; cues that later words can no longer change are final and
+   go out at once as time-windowed WebVTT segments with an HLS playlist (artifacts under
+   ``chunks/``, each announced as a partial output), so a player can follow a long job.
+4. At the end: ``subtitles.json`` (canonical: segments with words, language, rung, cue rules,
+   cues, timestamp checks), and WebVTT/SRT of the whole media.
+
+Memory stays flat with the media's length: at most one window of audio is held, segments are
+written to the JSON file as they come, and only cues and speech spans (a few KB an hour) are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.errors import RungUnavailable
+from mediafarm.tasks.families.subtitle.checks import timing_report
+from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
+from mediafarm.tasks.families.subtitle.recognizers import (
+    Recognition,
+    load_pocketsphinx,
+    load_whisper,
+    transcribe_pocketsphinx,
+    transcribe_whisper,
+)
+from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
+from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, SubtitleResult, WhisperParams
+from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
+from mediafarm.tasks.families.vad import engines as vad
+from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
+from mediafarm.tasks.family import NoParams
+from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks
+from mediafarm.tasks.media.intervals import Span
+
+# VAD for subtitles: a shorter silence ends a span than for cam-filter, so cue onsets can follow it.
+VAD_PARAMS = SileroParams(threshold=0.5, min_silence_ms=250, speech_pad_ms=30)
+# Speech is cut with this much context on each side (word edges are soft)...
+PAD_SECONDS = 0.15
+# ... and recognised in windows of at most this much speech, pieces joined by a short silence.
+WINDOW_SECONDS = 28.0
+JOIN_SECONDS = 0.3
+# Shares of the job's progress: the VAD pass is cheap next to recognition.
+VAD_SHARE = 0.15
+
+JSON_NAME, VTT_NAME, SRT_NAME = "subtitles.json", "subtitles.vtt", "subtitles.srt"
+CHUNKS = "chunks"
+PLAYLIST = f"{CHUNKS}/playlist.m3u8"
+
+
+Recognise = Callable[[np.ndarray], Recognition]
+
+
+def whisper(
+    ctx: EngineContext, request: SubtitleRequest, params: WhisperParams
+) -> Generator[Any, None, SubtitleResult]:
+    """faster-whisper on the speech; the model comes from the models dir, never from a hub."""
+    model = load_whisper(ctx.model_path(params.model), ctx.device, params.compute_type, params.cpu_threads)
+    language = request.language
+
+    def recognise(audio: np.ndarray) -> Recognition:
+        nonlocal language
+        heard = transcribe_whisper(model, audio, offset=0.0, language=language, beam_size=params.beam_size)
+        # The first window's language holds for the rest, so one medium is not split across two.
+        language = language or heard.language
+        return heard
+
+    return (yield from transcribe(ctx, request, recognise))
+
+
+def pocketsphinx(
+    ctx: EngineContext, request: SubtitleRequest, params: NoParams
+) -> Generator[Any, None, SubtitleResult]:
+    """pocketsphinx (en-US, the model inside its wheel) on the speech: the rung that is always there."""
+    decoder = load_pocketsphinx()
+
+    def recognise(audio: np.ndarray) -> Recognition:
+        return transcribe_pocketsphinx(decoder, audio, offset=0.0)
+
+    return (yield from transcribe(ctx, request, recognise))
+
+
+def transcribe(
+    ctx: EngineContext, request: SubtitleRequest, recognise: Recognise
+) -> Generator[Any, None, SubtitleResult]:
+    """The pipeline of the module docstring; yields each finished WebVTT segment's artifact name."""
+    path = Path(request.media)
+    vad = speech_spans(ctx.part(0.0, VAD_SHARE), path)
+    windows = plan_windows(vad.spans, vad.duration)
+    speech_total = sum(p.end - p.start for w in windows for p in w.pieces) or 1.0
+    recognising = ctx.part(VAD_SHARE, 1.0)
+    cues = CueStream(request)
+    chunks = ChunkedWebVTT(window_seconds=request.chunk_seconds)
+    heard_language: tuple[str, float | None] | None = None
+    model_name = ""
+    words = 0
+    done = 0.0
+    with ctx.artifacts.open(JSON_NAME, "w", encoding="utf-8") as canonical:
+        segments_out = JsonSegments(canonical)
+        for window, audio in cut_windows(path, windows):
+            ctx.check_cancelled()
+            heard = recognise(audio)
+            model_name = heard.model
+            if heard_language is None and heard.segments:
+                heard_language = (heard.language, heard.language_probability)
+            for segment in heard.segments:
+                mapped = window.to_media(segment)
+                if mapped.words:
+                    segments_out.write(mapped)
+                    cues.add(mapped.words)
+                    words += len(mapped.words)
+            done += window.speech_seconds
+            recognising.progress(done / speech_total, stage="recognise", media_seconds=window.end)
+            yield from _publish(ctx, chunks.add(cues.take_final(), final_until=cues.final_until(window.end)))
+        yield from _publish(ctx, chunks.add(cues.take_rest(), final_until=vad.duration))
+        yield from _publish(ctx, chunks.close(vad.duration))
+        ctx.artifacts.write_text(PLAYLIST, chunks.playlist(ended=True))
+        language, probability = _language(request, heard_language)
+        report = timing_report(cues.all, vad.spans, vad.duration, request.rules)
+        segments_out.close(
+            language=language, language_probability=probability, model=model_name or "none", variant=ctx.variant,
+            duration=round(vad.duration, 3), speech=[s.to_json() for s in vad.spans],
+            rules=request.rules.model_dump(mode="json"), cues=[c.model_dump(mode="json") for c in cues.all],
+            timing=report.model_dump(mode="json"),
+        )  # fmt: skip
+    files = {"json": JSON_NAME}
+    if "vtt" in request.formats:
+        ctx.artifacts.write_text(VTT_NAME, to_webvtt(cues.all))
+        files["vtt"] = VTT_NAME
+    if "srt" in request.formats:
+        ctx.artifacts.write_text(SRT_NAME, to_srt(cues.all))
+        files["srt"] = SRT_NAME
+    return SubtitleResult(
+        language=language, language_probability=probability, model=model_name or "none",
+        duration=round(vad.duration, 3), speech_seconds=round(sum(s.end - s.start for s in vad.spans), 3),
+        spans=len(vad.spans), words=words, cues=len(cues.all), rules=request.rules, timing=report, files=files,
+        playlist=PLAYLIST,
+    )  # fmt: skip
+
+
+def _language(request: SubtitleRequest, heard: tuple[str, float | None] | None) -> tuple[str, float | None]:
+    if request.language is not None:
+        return request.language, None
+    return heard if heard is not None else ("und", None)
+
+
+def _publish(ctx: EngineContext, segments: Sequence[tuple[str, str]]) -> Iterator[dict[str, str]]:
+    for name, text in segments:
+        ctx.artifacts.write_text(f"{CHUNKS}/{name}", text)
+        yield {"segment": f"{CHUNKS}/{name}"}
+
+
+def speech_spans(ctx: EngineContext, path: Path) -> VadResult:
+    """The farm's own streaming VAD: silero, or webrtcvad on a pool without silero."""
+    try:
+        return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS)
+    except RungUnavailable:
+        return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250))
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One padded speech span inside a window: [start, end) on the media clock, placed at
+    ``at`` seconds into the window's audio."""
+
+    start: float
+    end: float
+    at: float
+
+
+@dataclass
+class Window:
+    """Speech pieces recognised in one call, joined by JOIN_SECONDS of silence."""
+
+    pieces: list[Piece] = field(default_factory=list)
+
+    @property
+    def length(self) -> float:
+        last = self.pieces[-1]
+        return last.at + (last.end - last.start)
+
+    @property
+    def end(self) -> float:
+        return self.pieces[-1].end
+
+    @property
+    def speech_seconds(self) -> float:
+        return sum(p.end - p.start for p in self.pieces)
+
+    def media_time(self, t: float) -> float:
+        """A time in the window's audio → the media's clock (a time in a join goes to the piece
+        before it ends or after it starts, whichever is nearer)."""
+        best = self.pieces[0]
+        for piece in self.pieces:
+            if t >= piece.at:
+                best = piece
+        local = t - best.at
+        length = best.end - best.start
+        if local > length:  # inside the join after `best`
+            index = self.pieces.index(best)
+            following = self.pieces[index + 1] if index + 1 < len(self.pieces) else None
+            if following is None or local - length < following.at - t:
+                return best.end
+            return following.start
+        return best.start + max(0.0, local)
+
+    def to_media(self, segment: Segment) -> Segment:
+        words = [
+            Word(text=w.text, start=round(self.media_time(w.start), 3),
+                 end=round(max(self.media_time(w.end), self.media_time(w.start)), 3), probability=w.probability)
+            for w in segment.words
+        ]  # fmt: skip
+        if not words:
+            return Segment(start=0.0, end=0.0, text="", words=[])
+        return Segment(start=words[0].start, end=words[-1].end, text=" ".join(w.text for w in words), words=words)
+
+
+def plan_windows(spans: Sequence[Span], duration: float) -> list[Window]:
+    """Pad the speech spans, merge those that touch, and pack them into windows of at most
+    WINDOW_SECONDS of audio. A span longer than a window is split at window length."""
+    padded: list[Span] = []
+    for span in spans:
+        start, end = max(0.0, span.start - PAD_SECONDS), min(duration, span.end + PAD_SECONDS)
+        if padded and start <= padded[-1].end:
+            padded[-1] = Span(padded[-1].start, max(padded[-1].end, end))
+        elif end > start:
+            padded.append(Span(start, end))
+    pieces: list[Span] = []
+    for span in padded:
+        start = span.start
+        while span.end - start > WINDOW_SECONDS:
+            pieces.append(Span(start, start + WINDOW_SECONDS))
+            start += WINDOW_SECONDS
+        pieces.append(Span(start, span.end))
+    windows: list[Window] = []
+    for piece in pieces:
+        current = windows[-1] if windows else None
+        at = 0.0 if current is None else current.length + JOIN_SECONDS
+        if current is None or at + (piece.end - piece.start) > WINDOW_SECONDS:
+            windows.append(Window([Piece(piece.start, piece.end, 0.0)]))
+        else:
+            current.pieces.append(Piece(piece.start, piece.end, at))
+    return windows
+
+
+def cut_windows(path: Path, windows: Sequence[Window]) -> Iterator[tuple[Window, np.ndarray]]:
+    """One streaming decode: each window's audio (its pieces' samples joined by silence), in order."""
+    pieces = [(w, p) for w in windows for p in w.pieces]
+    if not pieces:
+        return
+    join = np.zeros(int(round(JOIN_SECONDS * SAMPLE_RATE)), dtype=np.float32)
+    index = 0
+    parts: list[np.ndarray] = []
+    collected: list[np.ndarray] = []
+    position = 0  # samples decoded before the current block
+    for block in audio_blocks(path):
+        block_end = position + block.size
+        while index < len(pieces):
+            window, piece = pieces[index]
+            first, last = round(piece.start * SAMPLE_RATE), round(piece.end * SAMPLE_RATE)
+            if first >= block_end:
+                break
+            collected.append(block[max(0, first - position) : max(0, min(last, block_end) - position)])
+            if last > block_end:
+                break  # the piece goes on in the next block
+            parts.append(np.concatenate(collected) if collected else np.zeros(0, dtype=np.float32))
+            collected = []
+            index += 1
+            if index == len(pieces) or pieces[index][0] is not window:
+                yield window, _join(parts, join)
+                parts = []
+        position = block_end
+    if index < len(pieces):
+        # The last piece ran to the very end of the media (its end rounded up past the last sample).
+        parts.append(np.concatenate(collected) if collected else np.zeros(0, dtype=np.float32))
+        yield pieces[index][0], _join(parts, join)
+
+
+def _join(parts: list[np.ndarray], join: np.ndarray) -> np.ndarray:
+    out: list[np.ndarray] = []
+    for i, part in enumerate(parts):
+        if i:
+            out.append(join)
+        out.append(part)
+    return np.concatenate(out).astype(np.float32, copy=False)
+
+
+class CueStream:
+    """Cues made as words arrive. A cue is final once a long enough pause closes the stretch of
+    speech it belongs to (``cues.final_cues``): later words cannot change it. The whole file and
+    the chunked segments are both made of these same cues.
+
+    Speech with no such pause for FORCE_AFTER_SECONDS is cut anyway, before its last cue, so a
+    player following a long monologue is never that far behind; the cues around that cut may
+    differ slightly from cueing the whole monologue at once.
+    """
+
+    FORCE_AFTER_SECONDS = 60.0
+
+    def __init__(self, request: SubtitleRequest) -> None:
+        self.rules = request.rules
+        self.all: list[Cue] = []
+        self._pending: list[Word] = []
+        self._fresh: list[Cue] = []
+
+    def add(self, words: Sequence[Word]) -> None:
+        self._pending.extend(words)
+        settled, count = final_cues(self._pending, self.rules)
+        if not settled and self._pending and self._pending[-1].end - self._pending[0].start > self.FORCE_AFTER_SECONDS:
+            cues = build_cues(self._pending, self.rules)
+            # Words are counted back from the cue text: only safe when no word holds a space.
+            if sum(len(c.text.split()) for c in cues) == len(self._pending):
+                settled, count = cues[:-1], sum(len(c.text.split()) for c in cues[:-1])
+        self.all.extend(settled)
+        self._fresh.extend(settled)
+        self._pending = self._pending[count:]
+
+    def final_until(self, heard_until: float) -> float:
+        """Time up to which no new cue can appear."""
+        return self._pending[0].start if self._pending else heard_until
+
+    def take_final(self) -> list[Cue]:
+        fresh, self._fresh = self._fresh, []
+        return fresh
+
+    def take_rest(self) -> list[Cue]:
+        rest = build_cues(self._pending, self.rules) if self._pending else []
+        self._pending = []
+        self.all.extend(rest)
+        return self.take_final() + rest
+
+
+class JsonSegments:
+    """subtitles.json written as segments arrive: ``{"segments": [...], <the rest>}``."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self.fh, self.count = fh, 0
+        fh.write('{"segments": [')
+
+    def write(self, segment: Segment) -> None:
+        self.fh.write(("," if self.count else "") + "\n" + segment.model_dump_json())
+        self.count += 1
+
+    def close(self, **rest: Any) -> None:
+        self.fh.write("\n]")
+        for key, value in rest.items():
+            self.fh.write(f",\n{json.dumps(key)}: {json.dumps(value)}")
+        self.fh.write("}\n")

@@ -1,0 +1,279 @@
+"""Speech recognisers for the subtitle family: faster-whisper (CTranslate2) and pocketsphinx.
+
+Plain functions, imported only in pool children. Each recogniser takes one speech span, cut out
+of the media by the caller (after VAD), as float32 mono samples at 16 kHz, plus the span's start
+``offset`` on the media clock, and returns a :class:`Recognition` whose times are all on the media
+clock. Models load lazily, once per child process (``functools.lru_cache``), never in the worker's
+main process, and never from a hub: a model the pool does not have is :class:`RungUnavailable`.
+
+Usage::
+
+    model = load_whisper(Path("/models/whisper-tiny.en"))
+    recognition = transcribe_whisper(model, samples, offset=span.start)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import weakref
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mediafarm.tasks.errors import ResourceFailure, RungUnavailable
+from mediafarm.tasks.families.subtitle.records import Segment, Word
+from mediafarm.tasks.media.decode import SAMPLE_RATE
+from mediafarm.tasks.records import Outcome
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
+    from pocketsphinx import Decoder
+
+EXTRA = "pip install 'mediafarm[subtitle]'"
+WHISPER_DEVICES = ("cpu", "cuda")
+# Words further apart than this start a new pocketsphinx segment (it has no segments of its own).
+POCKETSPHINX_PAUSE_SECONDS = 0.5
+# pocketsphinx fillers and sentence markers: <s>, </s>, <sil>, [NOISE], ++BREATH++ (older models).
+_FILLER = re.compile(r"^(<.*>|\[.*\]|\+\+.*\+\+)$")
+# An alternate pronunciation in CMUdict: "the(2)" is the word "the".
+_ALTERNATE = re.compile(r"\(\d+\)$")
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """What a recogniser heard in one speech span.
+
+    Attributes:
+        segments: The span's segments, in order, each with at least one word; seconds on the media clock.
+        language: The language spoken (an ISO 639-1 code, e.g. "en").
+        language_probability: The recogniser's confidence in ``language``; None when it does not say.
+        model: The recogniser and its model, with versions, for the job's result.
+    """
+
+    segments: list[Segment]
+    language: str
+    language_probability: float | None
+    model: str
+
+
+# ---------------------------------------------------------------------------------------------
+# faster-whisper
+
+# Labels for loaded models, kept beside them: a WhisperModel does not remember its folder.
+_WHISPER_LABELS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def load_whisper(
+    model_dir: Path, device: str = "cpu", compute_type: str = "int8", cpu_threads: int = 1
+) -> WhisperModel:
+    """A faster-whisper model from a CTranslate2 folder, loaded once per process per arguments.
+
+    Raises:
+        RungUnavailable: faster-whisper is not installed; the folder is missing or lacks
+            ``model.bin`` or ``tokenizer.json``; CTranslate2 cannot load it (corrupt file,
+            compute type the device cannot do); ``device="cuda"`` with no usable CUDA device.
+        ResourceFailure: out of memory while loading.
+        ValueError: a device other than "cpu" or "cuda" (a configuration bug, not a pool's lack).
+    """
+    if device not in WHISPER_DEVICES:
+        raise ValueError(f"device must be one of {WHISPER_DEVICES}, not {device!r}")
+    return _load_whisper(Path(model_dir).expanduser().resolve(), device, compute_type, cpu_threads)
+
+
+# One model per child: a child's memory cap is sized for one, and loading the next (a smaller
+# rung after an OOM) evicts this one.
+@functools.lru_cache(maxsize=1)
+def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: int) -> WhisperModel:
+    try:
+        import ctranslate2
+        from faster_whisper import WhisperModel
+    except ImportError as exc:
+        raise RungUnavailable(f"faster-whisper is not installed ({exc.name}); {EXTRA}") from exc
+    if not model_dir.is_dir():
+        raise RungUnavailable(f"no Whisper model folder at {model_dir}")
+    # Without tokenizer.json faster-whisper fetches one from the hub: refuse before it tries.
+    missing = [name for name in ("model.bin", "tokenizer.json") if not (model_dir / name).is_file()]
+    if missing:
+        raise RungUnavailable(f"Whisper model folder {model_dir} lacks {', '.join(missing)}")
+    if device == "cuda" and _cuda_device_count(ctranslate2) == 0:
+        raise RungUnavailable("device 'cuda' asked for, but CTranslate2 sees no CUDA device on this pool")
+    try:
+        model = WhisperModel(
+            str(model_dir),
+            device=device,
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            local_files_only=True,
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        _raise_if_out_of_memory(exc, device)
+        raise RungUnavailable(f"CTranslate2 cannot load the Whisper model at {model_dir}: {exc}") from exc
+    _WHISPER_LABELS[model] = (
+        f"faster-whisper {version('faster-whisper')} {model_dir.name} "
+        f"({compute_type}, {device}, ctranslate2 {version('ctranslate2')})"
+    )
+    return model
+
+
+def _cuda_device_count(ctranslate2: Any) -> int:
+    # Raises on a machine whose driver is older than CTranslate2's CUDA runtime: no usable device.
+    try:
+        return int(ctranslate2.get_cuda_device_count())
+    except RuntimeError:
+        return 0
+
+
+def _raise_if_out_of_memory(exc: BaseException, device: str) -> None:
+    # CTranslate2 reports "CUDA failed with error out of memory" or std::bad_alloc, which
+    # map_exceptions' torch-oriented checks do not recognise: translate them here, where we know.
+    message = str(exc)
+    if "out of memory" in message or "bad_alloc" in message:
+        outcome = Outcome.CUDA_OOM if device == "cuda" or "CUDA" in message else Outcome.OOM
+        raise ResourceFailure(f"CTranslate2: {message[:300]}", outcome=outcome) from None
+
+
+def transcribe_whisper(
+    model: WhisperModel, audio: np.ndarray, *, offset: float, language: str | None = None, beam_size: int = 1
+) -> Recognition:
+    """Recognise one speech span with Whisper.
+
+    Args:
+        model: From :func:`load_whisper`.
+        audio: The span's samples, float32 mono at 16 kHz.
+        offset: The span's start, seconds on the media clock; added to every time.
+        language: An ISO 639-1 code, or None to let a multilingual model detect it.
+        beam_size: 1 is greedy decoding, the fastest.
+    """
+    samples = _mono_float32(audio)
+    duration = samples.size / SAMPLE_RATE
+    label = _WHISPER_LABELS.get(model, f"faster-whisper {version('faster-whisper')}")
+    try:
+        raw_segments, info = model.transcribe(
+            samples,
+            language=language,
+            beam_size=beam_size,
+            word_timestamps=True,
+            vad_filter=False,  # the caller already cut the media at VAD's speech spans
+            # Each window decoded on its own: a wrong window cannot seed a hallucination loop.
+            condition_on_previous_text=False,
+        )
+        segments = [segment for raw in raw_segments if (segment := _whisper_segment(raw, offset, duration))]
+    except RuntimeError as exc:  # decoding is lazy: CUDA OOM surfaces while iterating
+        _raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")))
+        raise
+    return Recognition(
+        segments=segments,
+        language=info.language,
+        language_probability=float(info.language_probability),
+        model=label,
+    )
+
+
+def _whisper_segment(raw: Any, offset: float, duration: float) -> Segment | None:
+    """One faster-whisper segment on the media clock, or None when it has no word."""
+    words: list[Word] = []
+    for raw_word in raw.words or ():
+        text = raw_word.word.strip()
+        if not text:
+            continue
+        # A hallucinated timestamp can point past the span's end: keep every time inside the span.
+        start = offset + _clamp(raw_word.start, duration)
+        end = offset + _clamp(raw_word.end, duration)
+        words.append(Word(text=text, start=start, end=max(start, end), probability=float(raw_word.probability)))
+    if not words:
+        return None
+    # The text from the words themselves, so that text and words can never disagree.
+    return Segment(start=words[0].start, end=words[-1].end, text=" ".join(w.text for w in words), words=words)
+
+
+# ---------------------------------------------------------------------------------------------
+# pocketsphinx
+
+
+@functools.lru_cache(maxsize=1)
+def load_pocketsphinx() -> Decoder:
+    """pocketsphinx's decoder with the US English model inside its wheel, once per process.
+
+    Raises:
+        RungUnavailable: pocketsphinx is not installed, or its bundled model cannot be loaded.
+    """
+    try:
+        from pocketsphinx import Decoder
+    except ImportError as exc:
+        raise RungUnavailable(f"pocketsphinx is not installed ({exc.name}); {EXTRA}") from exc
+    try:
+        # "ERROR": its INFO log writes hundreds of lines to stderr per load.
+        decoder = Decoder(samprate=SAMPLE_RATE, loglevel="ERROR")
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise RungUnavailable(f"pocketsphinx cannot load its bundled en-US model: {exc}") from exc
+    return decoder
+
+
+def transcribe_pocketsphinx(decoder: Decoder, audio: np.ndarray, *, offset: float) -> Recognition:
+    """Recognise one speech span with pocketsphinx: one utterance, split into segments at pauses.
+
+    Args:
+        decoder: From :func:`load_pocketsphinx`.
+        audio: The span's samples, float32 mono at 16 kHz.
+        offset: The span's start, seconds on the media clock; added to every time.
+    """
+    samples = _mono_float32(audio)
+    duration = samples.size / SAMPLE_RATE
+    model = f"pocketsphinx {version('pocketsphinx')} en-us"
+    if samples.size == 0:  # process_raw fails on an empty buffer
+        return Recognition(segments=[], language="en", language_probability=None, model=model)
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    frame_rate = float(decoder.config["frate"])  # frames a second, 100 by default
+    decoder.start_utt()
+    try:
+        decoder.process_raw(pcm, full_utt=True)
+    finally:
+        decoder.end_utt()  # the cached decoder must be ready for the child's next span
+
+    words: list[Word] = []
+    for seg in decoder.seg() or ():  # None when a too-short span gave no hypothesis at all
+        if _FILLER.match(seg.word):
+            continue
+        text = _ALTERNATE.sub("", seg.word)
+        start = offset + _clamp(seg.start_frame / frame_rate, duration)
+        end = offset + _clamp((seg.end_frame + 1) / frame_rate, duration)  # end_frame is inclusive
+        # No probability: seg.prob is only a posterior when lattice posteriors are computed.
+        words.append(Word(text=text, start=start, end=max(start, end)))
+
+    segments: list[Segment] = []
+    group: list[Word] = []
+    for word in words:
+        if group and word.start - group[-1].end > POCKETSPHINX_PAUSE_SECONDS:
+            segments.append(_segment_of(group))
+            group = []
+        group.append(word)
+    if group:
+        segments.append(_segment_of(group))
+    return Recognition(
+        segments=segments,
+        language="en",
+        language_probability=None,
+        model=model,
+    )
+
+
+def _segment_of(words: list[Word]) -> Segment:
+    return Segment(start=words[0].start, end=words[-1].end, text=" ".join(w.text for w in words), words=words)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _mono_float32(audio: np.ndarray) -> np.ndarray:
+    samples = np.asarray(audio, dtype=np.float32)
+    if samples.ndim != 1:
+        raise ValueError(f"audio must be mono (one dimension), got shape {samples.shape}")
+    return np.ascontiguousarray(samples)
+
+
+def _clamp(seconds: float, duration: float) -> float:
+    return min(max(float(seconds), 0.0), duration)

