@@ -36,6 +36,8 @@ from mediafarm.tasks.records import KillRecord, Outcome
 from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
 
 log = logging.getLogger("mediafarm.watchdog")
+# Imported only in pool children, never in the main process that forks them.
+MODEL_RUNTIMES = ("torch", "ctranslate2", "faster_whisper", "onnxruntime", "pocketsphinx", "silero_vad")
 MB = 1024 * 1024
 
 
@@ -182,13 +184,15 @@ def _on_child_start(**_: Any) -> None:
 
 @inspect_command()
 def farm_main_process(state: Any) -> dict[str, Any]:
-    """What the worker's main process has loaded: it must never hold torch or a CUDA context."""
+    """What the worker's main process has loaded: it must never hold torch, a CUDA context or a
+    model runtime (CTranslate2 and ONNX Runtime are not fork-safe once initialised)."""
     torch = sys.modules.get("torch")
     cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
     return {
         "pid": os.getpid(),
         "torch_imported": torch is not None,
         "cuda_initialized": cuda_initialized,
+        "model_runtimes": sorted(m for m in MODEL_RUNTIMES if m in sys.modules),
         "pool": get_settings().pool,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }

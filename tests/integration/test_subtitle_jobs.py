@@ -93,6 +93,13 @@ def test_speech_is_subtitled_by_the_first_rung_this_pool_has(subtitled, speech_t
         assert min(abs(s - onset) for s in starts) <= TOLERANCE, (onset, starts)
 
 
+def test_models_load_in_the_children_never_in_the_main_process(subtitled, cpu_worker) -> None:
+    from mediafarm.tasks.app import app
+
+    [reply] = app.control.broadcast("farm_main_process", destination=[cpu_worker.node], reply=True, timeout=5)
+    assert reply[cpu_worker.node]["model_runtimes"] == []  # CTranslate2 ran in a child, after the fork
+
+
 def test_outputs_parse_and_the_timestamp_checks_pass(subtitled) -> None:
     import av
     import srt
