@@ -48,7 +48,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     redis = _SESSION.get("redis")
     if redis is not None:
         redis.stop()
-    if "base" in _SESSION:
+    # KEEP_TEST_DIR=1 keeps the session folder (worker logs, storage, Redis AOF) for a post-mortem.
+    if "base" in _SESSION and not os.environ.get("KEEP_TEST_DIR"):
         shutil.rmtree(_SESSION["base"], ignore_errors=True)
 
 

@@ -209,8 +209,30 @@ def send_short(ladder: str) -> JobHandle:
     return submit("chaos", queue=SHORT_QUEUE, ladder=ladder)
 
 
-def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(start_worker, short_env) -> None:
-    worker = start_worker("chaos", concurrency=2, queues=[SHORT_QUEUE], env=short_env)
+@pytest.fixture()
+def short_worker(start_worker, short_env):
+    """Factory: a chaos worker under the short limits, stopped when the test ends, pass or fail.
+
+    It must not outlive its test: kombu's restore sweep hands back *every* queue's unacked
+    messages older than the sweeping worker's own visibility timeout (10 s here), so a worker
+    left running would redeliver other tests' long jobs while they still run. (The same holds
+    in production: all workers on one Redis need the same FARM_VISIBILITY_TIMEOUT.)
+    """
+    from mediafarm.workers.launch import stop_worker
+
+    started = []
+
+    def start(concurrency: int = 1):
+        started.append(start_worker("chaos", concurrency=concurrency, queues=[SHORT_QUEUE], env=short_env))
+        return started[-1]
+
+    yield start
+    for worker in started:
+        stop_worker(worker.process, timeout=20)
+
+
+def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(short_worker) -> None:
+    worker = short_worker(concurrency=2)
     soft, hard = send_short("overrun_soft"), send_short("overrun_hard")
     soft_env, hard_env = soft.wait(timeout=60), hard.wait(timeout=60)
     assert outcomes(soft_env["attempts"]) == ["timeout", "ok"] and "soft time limit" in soft_env["attempts"][0]["reason"]
@@ -218,17 +240,10 @@ def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(star
     assert outcomes(hard_env["attempts"]) == ["timeout", "ok"], hard_env["attempts"]
     assert "hard time limit of 7 s" in hard_env["attempts"][0]["reason"]
     assert hard_env["variant"] == "frugal" and worker.process.poll() is None
-    stop_worker_now(worker)
 
 
-def stop_worker_now(worker) -> None:
-    from mediafarm.workers.launch import stop_worker
-
-    stop_worker(worker.process, timeout=20)
-
-
-def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, short_env) -> None:
-    first = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env)
+def test_whole_worker_death_redelivers_the_job_to_another_worker(short_worker) -> None:
+    first = short_worker()
     job = send_short("slow")
     deadline = time.monotonic() + 30
     while job.state() != "STARTED":
@@ -239,7 +254,7 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(start_worker, s
     os.killpg(first.main_pid(), signal.SIGKILL)
     first.process.wait(10)
 
-    second = start_worker("chaos", concurrency=1, queues=[SHORT_QUEUE], env=short_env)
+    second = short_worker()
     killed_at = time.monotonic()
     envelope = job.wait(timeout=120)
     # Back after the visibility timeout plus about one sweep, not kombu's default 100 s sweep.

@@ -220,11 +220,14 @@ class Window:
         return best.start + max(0.0, local)
 
     def to_media(self, segment: Segment) -> Segment:
-        words = [
-            Word(text=w.text, start=round(self.media_time(w.start), 3),
-                 end=round(max(self.media_time(w.end), self.media_time(w.start)), 3), probability=w.probability)
-            for w in segment.words
-        ]  # fmt: skip
+        """The segment on the media clock. A word keeps its length inside the piece its start maps
+        to: its end never jumps across the silence cut out between two pieces."""
+        words = []
+        for w in segment.words:
+            start = self.media_time(w.start)
+            piece = next(p for p in self.pieces if p.start <= start <= p.end)
+            end = min(piece.end, start + max(0.0, w.end - w.start))
+            words.append(Word(text=w.text, start=round(start, 3), end=round(end, 3), probability=w.probability))
         if not words:
             return Segment(start=0.0, end=0.0, text="", words=[])
         return Segment(start=words[0].start, end=words[-1].end, text=" ".join(w.text for w in words), words=words)

@@ -160,6 +160,10 @@ def transcribe_whisper(
             vad_filter=False,  # the caller already cut the media at VAD's speech spans
             # Each window decoded on its own: a wrong window cannot seed a hallucination loop.
             condition_on_previous_text=False,
+            # Greedy/beam at temperature 0 only. The default fallback re-decodes a window at five
+            # higher temperatures when its text compresses well (repetitive speech): 7x slower,
+            # random, and measured to drop whole windows (bench/subtitle.py, docs/BENCHMARKS.md).
+            temperature=0.0,
         )
         segments = [segment for raw in raw_segments if (segment := _whisper_segment(raw, offset, duration))]
     except RuntimeError as exc:  # decoding is lazy: CUDA OOM surfaces while iterating

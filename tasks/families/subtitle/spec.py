@@ -172,7 +172,7 @@ FAMILY = FamilySpec(
         # Its model ships inside the wheel: always there. Poor on synthetic speech, but real.
         variant("pocketsphinx", "pocketsphinx"),
     ),
-    # One attempt. tiny.en runs at RTF ~0.1 on one CPU thread: 2 h of speech in ~12 min.
+    # One attempt. tiny.en measured RTF 0.035 on one CPU thread (bench/subtitle.py): 2 h in ~5 min.
     limits=TimeLimits(soft=3600, hard=3700),
     cli_argument="media",
     summary=summary,

@@ -58,6 +58,17 @@ def test_times_in_a_window_map_back_to_the_media_clock() -> None:
         (round(a.start + 0.1, 3), round(a.start + 0.4, 3)), (round(b.start + 0.1, 3), round(b.start + 0.3, 3))]  # fmt: skip
 
 
+def test_a_word_at_the_end_of_a_piece_does_not_stretch_across_the_cut_silence() -> None:
+    [window] = plan_windows([Span(10.0, 12.0), Span(40.0, 42.0)], duration=60.0)
+    a, b = window.pieces
+    # Its start is in the first piece, its end in the join: the recogniser's word ran into the gap.
+    last = a.at + (a.end - a.start) - 0.2
+    mapped = window.to_media(Segment(start=last, end=last + 0.6, text="now.", words=[
+        Word(text="now.", start=last, end=last + 0.6)]))  # fmt: skip
+    [word] = mapped.words
+    assert word.start == pytest.approx(a.end - 0.2, abs=1e-3) and word.end == pytest.approx(a.end, abs=1e-3)
+
+
 def test_cut_windows_gives_exactly_the_speech_samples_in_one_pass(tmp_path: Path) -> None:
     # A ramp, so every sample says where it came from; 25 s spans block boundaries (10 s blocks).
     samples = (np.arange(RATE * 25) % 30000).astype(np.int16)
