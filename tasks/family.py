@@ -59,6 +59,17 @@ def _media_resolved(value: Path, info: ValidationInfo) -> Path:
 MediaPath = Annotated[Path, BeforeValidator(_media_shape), AfterValidator(_media_resolved)]
 
 
+def _comma_separated(value: Any) -> Any:
+    # The CLI gives `--formats vtt,srt` as one string; the wire and Python callers give a list.
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+# A list request field that also takes "a,b,c".
+CommaList = BeforeValidator(_comma_separated)
+
+
 class Request(BaseModel):
     """Base of every family's request: unknown fields are refused, never silently dropped."""
 

@@ -6,15 +6,15 @@ faster-whisper / pocketsphinx in the pool child).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from rich.table import Table
 
 from mediafarm.config.ladders import variant
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
-from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
+from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
 
 ENGINES = "mediafarm.tasks.families.subtitle.engines"
 # Where viewers notice subtitles that are early or late (the subtitle story).
@@ -30,20 +30,12 @@ class SubtitleRequest(Request):
 
     media: MediaPath
     # `format` too: `farm submit subtitle talk.mp4 --format vtt,srt`.
-    formats: list[SubtitleFormat] = Field(
+    formats: Annotated[list[SubtitleFormat], CommaList] = Field(
         default_factory=lambda: ["vtt", "srt", "json"], min_length=1, validation_alias=AliasChoices("formats", "format")
     )
     language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
     rules: CueRules = Field(default_factory=CueRules)
     chunk_seconds: float = Field(10.0, ge=2.0, le=600.0)
-
-    @field_validator("formats", mode="before")
-    @classmethod
-    def _comma_list(cls, value: object) -> object:
-        # `farm submit subtitle x.mp4 -p formats=vtt,srt` and the --format option give a string.
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
 
 
 class LateCue(BaseModel):

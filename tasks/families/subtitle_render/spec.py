@@ -7,15 +7,15 @@ cheap job (milliseconds of CPU): ``farm submit subtitle-render JOB_ID -p rules='
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from mediafarm.config.ladders import variant
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
 from mediafarm.tasks.families.subtitle.spec import TimingReport
-from mediafarm.tasks.family import EngineSpec, FamilySpec, NoParams, Request
+from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, NoParams, Request
 
 
 class RenderRequest(Request):
@@ -24,14 +24,9 @@ class RenderRequest(Request):
 
     source: str = Field(min_length=1, max_length=200)
     rules: CueRules = Field(default_factory=CueRules)
-    formats: list[Literal["vtt", "srt"]] = Field(default_factory=lambda: ["vtt", "srt"], min_length=1)
-
-    @field_validator("formats", mode="before")
-    @classmethod
-    def _comma_list(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    formats: Annotated[list[Literal["vtt", "srt"]], CommaList] = Field(
+        default_factory=lambda: ["vtt", "srt"], min_length=1
+    )
 
 
 class RenderResult(BaseModel):
