@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
-from celery.exceptions import TaskRevokedError
+from celery.exceptions import NotRegistered, TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 from pydantic import BaseModel
@@ -30,7 +30,7 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families as registry
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.artifacts import ArtifactStore, sha256_of
+from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, sha256_of
 from mediafarm.tasks.errors import (
     Cancelled,
     JobCancelled,
@@ -48,7 +48,8 @@ from mediafarm.tasks.records import ArtifactInfo, Progress
 # Failure classes (as the client rebuilds them) → what the producer gets. Sorted by class, so a
 # family's own PermanentFailure subclass, sent as PermanentFailure, lands in the right place.
 _FAILURES: tuple[tuple[tuple[type[BaseException], ...], type[JobFailed]], ...] = (
-    ((PermanentFailure,), JobRejected),
+    # NotRegistered: a task name no worker runs (a foreign client's typo), rejected at intake.
+    ((PermanentFailure, NotRegistered), JobRejected),
     ((Cancelled, TaskRevokedError), JobCancelled),
     ((NoRungLeft, ResourceFailure, WorkerLostError), LadderExhausted),
 )
@@ -197,22 +198,44 @@ class JobHandle:
         raise JobFailed(self.id, reason, attempts)
 
 
-def submit(family: str, *, queue: str | None = None, **fields: Any) -> JobHandle:
+def submit(family: str, *, queue: str | None = None, job_id: str | None = None, **fields: Any) -> JobHandle:
     """Send a job of ``family`` with its request fields as keywords (JSON-safe).
 
     The fields are checked against the family's request model before anything is sent:
     ``ValueError`` for an unknown family, ``InvalidRequest`` (a ValueError) naming each field
     that does not fit. ``queue`` overrides the family queue, e.g. ``gpu0.vad`` for GPU affinity.
+
+    ``job_id`` is an idempotency key: the first submit with it sends the job, every later one
+    (racing or not) returns that job's handle and sends nothing, so the job never runs twice for
+    it. Reusing a key for another family or other fields raises ValueError. Keys are remembered
+    as long as results (``result_expires``). Without ``job_id`` every job gets a fresh UUID.
     """
     spec = registry.get(family)
     request = spec.parse_request(fields)
-    options: dict[str, Any] = {"queue": queue or spec.queue}
-    # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task that
-    # happens to be registered in this process onto the message, and those override the worker's.
-    async_result = app.send_task(
-        spec.task_name, kwargs=request.model_dump(mode="json", exclude_unset=True, by_alias=True),
-        soft_time_limit=None, time_limit=None, **options,
-    )  # fmt: skip
+    kwargs = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    if job_id is not None:
+        try:
+            ArtifactStore(get_settings().storage_dir, job_id)
+        except UnsafeArtifactName as exc:
+            raise ValueError(str(exc)) from None
+        fingerprint = json.dumps({"family": spec.name, "fields": kwargs}, sort_keys=True)
+        key = keys.submitted(job_id)
+        if not app.backend.client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)):
+            first = app.backend.client.get(key)
+            if first is not None and first.decode() != fingerprint:
+                raise ValueError(f"job id {job_id!r} was already submitted with another family or other fields")
+            return JobHandle(id=job_id, family=spec.name)
+    try:
+        # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task
+        # registered in this process onto the message, and those override the worker's.
+        async_result = app.send_task(
+            spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
+            soft_time_limit=None, time_limit=None,
+        )  # fmt: skip
+    except BaseException:
+        if job_id is not None:  # nothing was sent: the key must not stand for a job that never was
+            app.backend.client.delete(keys.submitted(job_id))
+        raise
     return JobHandle(id=async_result.id, family=spec.name)
 
 

@@ -29,6 +29,11 @@ def partials(job_id: str) -> str:
     return f"{PREFIX}:partials:{job_id}"
 
 
+def submitted(job_id: str) -> str:
+    """A producer-chosen job id already used: who submitted what (``client.submit(job_id=...)``)."""
+    return f"{PREFIX}:submitted:{job_id}"
+
+
 def cancel(job_id: str) -> str:
     """Present when a producer asked for the job to stop; engines poll it (``EngineContext.cancelled``)."""
     return f"{PREFIX}:cancel:{job_id}"

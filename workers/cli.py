@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -151,9 +152,14 @@ def worker(
     pool: Annotated[str, typer.Option(help="Pool name from config.pools / FARM_CONFIG_FILE")] = "cpu",
     queues: Annotated[str | None, typer.Option(help="Comma-separated queues (default: the pool's)")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Children (default: the pool's)")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Node name before @host (default: the pool's), for two workers of a pool")
+    ] = None,
     loglevel: str = "INFO",
 ) -> None:
     """Run one pool's worker against the configured broker (FARM_BROKER_URL)."""
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        _fail(f"--name {name!r}: letters, digits, '.', '_' and '-' only (the host is added after '@')")
     try:
         selected = get_pool(pool)
         problems = startup_problems(celery_config(get_settings()))
@@ -161,7 +167,10 @@ def worker(
         _fail(str(exc))
     if problems:
         _fail("refusing to start:\n  - " + "\n  - ".join(problems))
-    exec_worker(selected, queues=queues.split(",") if queues else None, concurrency=concurrency, loglevel=loglevel)
+    exec_worker(
+        selected, queues=queues.split(",") if queues else None, concurrency=concurrency, loglevel=loglevel,
+        node=f"{name}@%h" if name else None,
+    )  # fmt: skip
 
 
 class LocalFarm:

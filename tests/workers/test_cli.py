@@ -107,3 +107,27 @@ def test_up_serves_jobs_and_ctrl_c_stops_everything_it_started() -> None:
     assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         pass
+
+
+@pytest.mark.integration
+def test_two_workers_of_one_pool_on_one_host_by_name(redis_url: str) -> None:
+    import socket
+
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.launch import stop_worker, wait_ready
+
+    bad = run(["worker", "--name", "a/b"], clean_env(FARM_BROKER_URL=redis_url), timeout=60)
+    assert bad.returncode == 2 and "--name 'a/b'" in bad.stderr
+    env = {**os.environ, "COLUMNS": "200"}
+    workers = {}
+    try:
+        for name in ("cpu-a", "cpu-b"):
+            workers[name] = subprocess.Popen(
+                FARM + ["worker", "--name", name, "--queues", "named-test", "--concurrency", "1"], env=env, cwd=REPO,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        for name, process in workers.items():
+            wait_ready(app, f"{name}@{socket.gethostname()}", process, timeout=90)
+    finally:
+        for process in workers.values():
+            stop_worker(process, timeout=20)
