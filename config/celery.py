@@ -57,14 +57,24 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
             # A dead worker's jobs come back visibility_timeout + at most one sweep after it died.
             "unacked_restore_interval": settings.restore_interval,
             "unacked_restore_throttle": 1,
+            # The sweep's lock: kombu's default 300 s expiry, left behind by a Redis stopped while a
+            # worker held it, blocked every restore for 5 minutes after the restart. A sweep takes
+            # milliseconds; each message is restored at most once whoever sweeps.
+            "unacked_mutex_expire": 5,
         },
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
-        # When the broker connection drops, kombu hands every unacked message back to the queue,
-        # running jobs included; cancelling them avoids running the same job twice at once. The
-        # redelivered job finds its attempt open and reruns the same rung ("worker_lost").
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A running job goes on through a broker outage. On Redis its unacked message stays in the
+        # unacked hash (AOF keeps it across a restart) and its ack later works on a new
+        # connection, so nothing runs twice. Cancelling instead (Celery's option) sends the cancel's
+        # retry to the backend that is down, fails, and ends the job REVOKED for good: measured,
+        # every running job lost on a Redis restart (tests/integration/test_broker_faults.py).
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Result and attempt writes ride out a short backend outage: retried with backoff (10 ms
+        # doubling to 10 s), about two minutes in all, then the job fails as before.
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 20,
         # Cold shutdown (SIGQUIT, or a second SIGTERM) waits this long for running jobs, then hands
         # their messages back to the queue at once instead of after the visibility timeout.
         "worker_soft_shutdown_timeout": settings.soft_shutdown_timeout,

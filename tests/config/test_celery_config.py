@@ -22,6 +22,15 @@ def test_default_configuration_is_safe() -> None:
     assert conf["broker_transport_options"]["visibility_timeout"] > max(limits().values())
 
 
+def test_broker_outages_are_ridden_out_not_turned_into_failures() -> None:
+    conf = safe()
+    # Cancelling running jobs on a lost connection ends them REVOKED when the backend is the
+    # broker (measured); result writes retry through a short outage; the restore lock is short.
+    assert conf["worker_cancel_long_running_tasks_on_connection_loss"] is False
+    assert conf["result_backend_always_retry"] and 0 < conf["result_backend_max_retries"] <= 50
+    assert conf["broker_transport_options"]["unacked_mutex_expire"] <= 10
+
+
 def test_pickle_is_refused() -> None:
     conf = safe() | {"accept_content": ["json", "pickle"]}
     with pytest.raises(UnsafeConfiguration, match=r"only json is allowed"):

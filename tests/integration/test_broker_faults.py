@@ -1,0 +1,78 @@
+"""Broker faults (issue #10): a Redis restart under running jobs costs no job.
+
+Each test here starts a Redis of its own (AOF on) and a worker against it, so restarting that
+Redis disturbs nothing else: not the session's Redis, never the machine's shared one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from celery.result import AsyncResult
+
+from mediafarm.config.celery import celery_config
+from mediafarm.config.pools import get_pool
+from mediafarm.config.settings import FarmSettings
+from mediafarm.workers.embedded import EmbeddedRedis
+from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    redis = EmbeddedRedis(data_dir=tmp_path / "redis").start()
+    yield redis
+    redis.stop()
+
+
+def producer_for(url: str) -> Celery:
+    """A producer bound to this test's Redis (the session's app is bound to the session Redis)."""
+    app = Celery(f"producer-{uuid.uuid4().hex[:6]}")
+    app.config_from_object(celery_config(FarmSettings(broker_url=url, result_backend=url)))
+    return app
+
+
+def restart(redis: EmbeddedRedis, down_for: float) -> EmbeddedRedis:
+    """Stop the server (it writes its AOF), wait, start it again on the same port and data."""
+    redis.process.terminate()
+    redis.process.wait(10)
+    time.sleep(down_for)
+    return EmbeddedRedis(data_dir=redis.data_dir, port=redis.port).start()
+
+
+def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis, session_dir: Path) -> None:
+    env = {**os.environ, "FARM_BROKER_URL": own_redis.url, "FARM_RESULT_BACKEND": own_redis.url}
+    node = f"restart-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+    producer = producer_for(own_redis.url)
+    log = session_dir / f"{node.split('@')[0]}.log"
+    with log.open("wb") as fh:
+        worker = spawn_worker(get_pool("chaos"), env=env, logfile=fh, queues=["chaos"], concurrency=2, node=node)
+    restarted = None
+    try:
+        wait_ready(producer, node, worker, timeout=90)
+        jobs = [producer.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos") for _ in range(4)]
+        time.sleep(1.5)  # two of them are running (sleeping 4 s), two wait in the queue
+        restarted = restart(own_redis, down_for=2.0)
+        states = {}
+        for job in jobs:
+            result = AsyncResult(job.id, app=producer)
+            result.get(timeout=120, propagate=False)
+            states[job.id] = (result.state, result.result)
+        assert all(state == "SUCCESS" for state, _ in states.values()), (states, log.read_text()[-4000:])
+        # Each ran once, on its first rung: the outage cost no attempt and nothing ran twice.
+        for _, envelope in states.values():
+            assert [(a["rung"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope
+        assert log.read_text().count("succeeded in") == len(jobs)
+        assert worker.poll() is None
+    finally:
+        stop_worker(worker, timeout=30)
+        if restarted is not None:
+            restarted.stop()
