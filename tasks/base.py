@@ -15,6 +15,8 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Ignore
+from celery.utils.log import get_task_logger
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
@@ -28,12 +30,15 @@ from mediafarm.tasks.errors import (
     FarmError,
     InvalidRequest,
     ResourceFailure,
+    StaleAttempt,
     TransientFailure,
     wire_exception,
 )
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome
+
+logger = get_task_logger("mediafarm.task")
 
 
 class FarmTask(Task):
@@ -56,6 +61,11 @@ class FarmTask(Task):
         """Run this job on its rung and return the envelope (JSON)."""
         try:
             return self._run_job(fields)
+        except StaleAttempt as exc:
+            # Celery stores nothing and retries nothing for Ignore: the job's state is another
+            # worker's now, and this process's message is acked and forgotten.
+            logger.warning("job %s: %s", self.request.id, exc)
+            raise Ignore() from exc
         except FarmError as exc:
             wired = wire_exception(exc)
             if wired is exc:
@@ -102,6 +112,8 @@ class FarmTask(Task):
                 transient_budget=settings.transient_retries,
                 run_rung=run_rung,
                 fresh=fresh,
+                result_key=self.backend.get_key_for_task(request.id).decode(),
+                stale_after=settings.visibility_timeout / 2,
             )
             if isinstance(outcome, Envelope):
                 return outcome.to_json()

@@ -27,6 +27,7 @@ from mediafarm.tasks.errors import (
     PermanentFailure,
     ResourceFailure,
     RungUnavailable,
+    StaleAttempt,
     TransientFailure,
     map_exceptions,
 )
@@ -108,9 +109,9 @@ def _peak_rss_mb() -> float | None:
 class _Running:
     """One attempt from its start record to its outcome."""
 
-    def __init__(self, log: AttemptLog, attempt: Attempt) -> None:
-        self.log, self.attempt = log, attempt
-        self.pending = log.append_behind(attempt)
+    def __init__(self, log: AttemptLog, attempt: Attempt, result_key: str, stale_after: float) -> None:
+        self.log, self.attempt, self.result_key, self.stale_after = log, attempt, result_key, stale_after
+        self.pending = log.append_behind(attempt, result_key)
         _peak_rss_reset()
         self.t0 = time.monotonic()
 
@@ -119,12 +120,19 @@ class _Running:
         attempt.outcome, attempt.reason = outcome, reason
         attempt.duration = round(time.monotonic() - self.t0, 3)
         attempt.peak_rss_mb = _peak_rss_mb()
-        if outcome == Outcome.OK:
+        if outcome == Outcome.OK and self.pending.succeeded_before():
+            raise StaleAttempt(f"job already succeeded elsewhere before pid {attempt.pid} began it; writing nothing")
+        if outcome == Outcome.OK and time.time() - attempt.started < self.stale_after:
             # Completed in the envelope; the record's reply is read only to free the connection,
-            # and a Redis error here must not throw away a finished result.
+            # and a Redis error here must not throw away a finished result. No other worker can
+            # hold this job yet: Redis hands an unacked job to another only after the visibility
+            # timeout, so the check below is needed (and paid for) only by attempts that long.
             self.pending.settle_quietly()
-        else:
-            self.log.update(self.pending.index(), attempt)
+        elif not self.log.finish(self.pending.index(), attempt, self.result_key):
+            raise StaleAttempt(
+                f"attempt {attempt.variant} of pid {attempt.pid} was settled elsewhere (this process was paused "
+                "or cut off while the job went on); writing nothing"
+            )
 
 
 # What the family adapter does for one rung: given the variant, its ladder index and the index of
@@ -143,6 +151,8 @@ def run_ladder(
     transient_budget: int,
     run_rung: RunRung,
     fresh: bool = False,
+    result_key: str = "",
+    stale_after: float = 0.0,
 ) -> Envelope | RetryRequest:
     """Run the job on its current rung. Returns the result envelope, or a RetryRequest.
 
@@ -150,12 +160,19 @@ def run_ladder(
     saves the common path a Redis round trip. A successful attempt is completed in the result
     envelope only (another round trip saved); the log keeps it open, and readers of a
     successful job's history take the envelope's (``tasks.history.read_attempts``).
+
+    Every outcome but a quick success is written conditionally (``AttemptLog.finish``): a process
+    whose attempt was settled elsewhere, that is no longer the newest, or whose job already has a
+    stored SUCCESS raises StaleAttempt and writes nothing. ``stale_after``: seconds after which a
+    success is checked the same way (half the visibility timeout; before it no other worker can
+    have been handed the job).
     """
     attempts: list[Attempt] = []
     if not fresh:
         attempts, kill = log.read()
-        for i in settle_open_attempts(attempts, kill, retries, transient_budget):
-            log.update(i, attempts[i])
+        settled = [log.settle(i, attempts[i]) for i in settle_open_attempts(attempts, kill, retries, transient_budget)]
+        if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
+            attempts, _ = log.read()
         if kill is not None:
             log.clear_kill()  # used, or stale: either way it must not judge a later attempt
     rung = current_rung(attempts)
@@ -170,7 +187,8 @@ def run_ladder(
             log.append(attempts[-1])
             rung += 1
             continue
-        running = _Running(log, Attempt(rung, variant.name, retries=retries, worker=worker))
+        attempt = Attempt(rung, variant.name, retries=retries, worker=worker)
+        running = _Running(log, attempt, result_key, stale_after)
         attempts.append(running.attempt)
         finish = running.finish
         try:

@@ -15,6 +15,7 @@
     │     └── ...                a family's own subclasses (they reach Celery as PermanentFailure)
     ├── Cancelled                the producer cancelled the job: fail now, never retry
     ├── TransientFailure         nobody's fault (broker hiccup): retry the same rung, a bounded number of times
+    ├── StaleAttempt             worker side: the job went on elsewhere while this process was paused; stop quietly
     ├── NoRungLeft               raised in the worker when a job has failed on every rung
     ├── EngineError              an engine failed in a way nobody foresaw (a bug): fail, no retry
     └── JobFailed                raised by the client for a job that ended FAILURE; carries the history
@@ -88,6 +89,11 @@ class Cancelled(FarmError):
 
 class TransientFailure(FarmError):
     """A failure that is nobody's fault; the same rung is retried a bounded number of times."""
+
+
+class StaleAttempt(FarmError):
+    """Worker side: this process's attempt was settled elsewhere while it was paused or cut off
+    (another worker ran the job on). It writes nothing, stores nothing and is not retried."""
 
 
 class NoRungLeft(FarmError):

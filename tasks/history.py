@@ -20,6 +20,7 @@ class AttemptLog:
     def __init__(self, client: Any, job_id: str, ttl: int) -> None:
         self.client, self.job_id, self.ttl = client, job_id, ttl
         self._key = keys.history(job_id)
+        self._script: Any = None
 
     def read(self) -> tuple[list[Attempt], KillRecord | None]:
         """All attempts so far, and the watchdog's last kill record for this job (if any)."""
@@ -37,7 +38,7 @@ class AttemptLog:
         length, _ = pipe.execute()
         return int(length) - 1
 
-    def append_behind(self, attempt: Attempt) -> PendingAppend:
+    def append_behind(self, attempt: Attempt, result_key: str = "") -> PendingAppend:
         """Send the new attempt's record without waiting for Redis to answer.
 
         The record is what lets a later attempt recognise this one as killed, so it must be
@@ -53,8 +54,10 @@ class AttemptLog:
                     [
                         ("RPUSH", self._key, json.dumps(attempt.to_json())),
                         ("EXPIRE", self._key, self.ttl),
-                        # Rides along for free: was the job cancelled before this attempt began?
+                        # Ride along for free: was the job cancelled before this attempt began, and
+                        # had it already succeeded elsewhere (a worker paused before it started)?
                         ("EXISTS", keys.cancel(self.job_id)),
+                        ("GET", result_key or keys.history(self.job_id) + ":no-result"),
                     ]
                 )
             )
@@ -66,8 +69,49 @@ class AttemptLog:
     def clear_kill(self) -> None:
         self.client.delete(keys.kill(self.job_id))
 
-    def update(self, index: int, attempt: Attempt) -> None:
-        self.client.lset(self._key, index, json.dumps(attempt.to_json()))
+    def settle(self, index: int, attempt: Attempt) -> bool:
+        """Give an attempt another process left open its outcome, if it is still that open
+        attempt (its owner may have finished it meanwhile). False when it was not written."""
+        return bool(self._write(index, attempt, newest=False))
+
+    def finish(self, index: int, attempt: Attempt, result_key: str) -> bool:
+        """Write this process's own attempt's outcome, only if that attempt is still open, is
+        still the newest, and the job has no stored SUCCESS (``result_key``). False: this process
+        is stale (it was paused or cut off while the job went on elsewhere) and must write nothing.
+        """
+        return bool(self._write(index, attempt, newest=True, result_key=result_key))
+
+    def _write(self, index: int, attempt: Attempt, *, newest: bool, result_key: str = "") -> int:
+        script = self.client.register_script(_CONDITIONAL_LSET) if self._script is None else self._script
+        self._script = script
+        return int(
+            script(
+                keys=[self._key, result_key],
+                args=[index, attempt.pid, attempt.worker, repr(attempt.started), json.dumps(attempt.to_json()),
+                      int(newest)],
+            )  # fmt: skip
+        )
+
+
+# An attempt's outcome is written only over the very attempt the writer means: same child, same
+# worker, same start, still open; for a process finishing its own attempt, also still the newest
+# attempt and no SUCCESS stored. Atomic in Redis, so a stale process can never rewrite history.
+_CONDITIONAL_LSET = """
+local i = tonumber(ARGV[1])
+if ARGV[6] == '1' and redis.call('LLEN', KEYS[1]) ~= i + 1 then return 0 end
+local raw = redis.call('LINDEX', KEYS[1], i)
+if not raw then return 0 end
+local a = cjson.decode(raw)
+if a['outcome'] ~= nil and a['outcome'] ~= cjson.null then return 0 end
+if tostring(a['pid']) ~= ARGV[2] or a['worker'] ~= ARGV[3] then return 0 end
+if math.abs(tonumber(a['started']) - tonumber(ARGV[4])) > 0.000001 then return 0 end
+if ARGV[6] == '1' and KEYS[2] ~= '' then
+  local meta = redis.call('GET', KEYS[2])
+  if meta and cjson.decode(meta)['status'] == 'SUCCESS' then return 0 end
+end
+redis.call('LSET', KEYS[1], i, ARGV[5])
+return 1
+"""
 
 
 class PendingAppend:
@@ -77,6 +121,15 @@ class PendingAppend:
         self._pool, self._connection = pool, connection
         self._index: int | None = None
         self._cancelled = False
+        self._result_before: bytes | None = None
+
+    def succeeded_before(self) -> bool:
+        """Was a SUCCESS already stored for the job when this attempt began? (False if unreadable.)"""
+        self.settle_quietly()
+        try:
+            return json.loads(self._result_before or b"{}").get("status") == "SUCCESS"
+        except ValueError:
+            return False
 
     def cancelled(self) -> bool:
         """Had the producer cancelled the job when this attempt was recorded? (False if unreadable.)"""
@@ -90,6 +143,7 @@ class PendingAppend:
                 length = self._connection.read_response()
                 self._connection.read_response()
                 self._cancelled = bool(self._connection.read_response())
+                self._result_before = self._connection.read_response()
             except BaseException:
                 self._connection.disconnect()  # its replies are out of step now
                 raise

@@ -76,3 +76,66 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         stop_worker(worker, timeout=30)
         if restarted is not None:
             restarted.stop()
+
+
+SHORT = """
+[pools.chaos]
+queues = ["chaos"]
+concurrency = 1
+child_rss_cap_mb = 400
+
+[ladders.slow]
+family = "chaos"
+rungs = [{ name = "only", engine = "ok", params = { sleep = 4.0 } }, { name = "fallback", engine = "ok" }]
+"""
+
+
+def test_a_paused_worker_that_wakes_up_rewrites_nothing(own_redis: EmbeddedRedis, session_dir: Path) -> None:
+    """End to end: no damage from a worker stopped mid-job past the visibility timeout. (Here its
+    watchdog kills the woken child at the hard limit and the stored SUCCESS answers the retry; the
+    conditional writes themselves are pinned down in tests/tasks/test_stale_attempts.py.)"""
+    import signal
+
+    from mediafarm.tasks import families
+
+    # Visibility 10 s: a job held by a stopped worker goes to another after 10 s. Limits under it.
+    config = session_dir / f"pause-{uuid.uuid4().hex[:6]}.toml"
+    config.write_text(SHORT + "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in families.load()))
+    env = {**os.environ, "FARM_BROKER_URL": own_redis.url, "FARM_RESULT_BACKEND": own_redis.url,
+           "FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}  # fmt: skip
+    producer = producer_for(own_redis.url)
+    workers = {}
+
+    def start(name: str):
+        node = f"{name}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+        with (session_dir / f"{node.split('@')[0]}.log").open("wb") as fh:
+            workers[name] = (node, spawn_worker(get_pool("chaos"), env=env, logfile=fh, node=node, concurrency=1))
+        wait_ready(producer, node, workers[name][1], timeout=90)
+        return workers[name]
+
+    try:
+        node_a, paused = start("a")
+        job = producer.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos")
+        history = f"mediafarm:attempts:{job.id}"
+        deadline = time.monotonic() + 30
+        while not producer.backend.client.llen(history):
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.05)
+        os.killpg(paused.pid, signal.SIGSTOP)  # the whole worker, mid-job: main process and child
+        node_b, _ = start("b")
+        result = AsyncResult(job.id, app=producer)
+        envelope = result.get(timeout=90)
+        before = producer.backend.client.lrange(history, 0, -1)
+        assert [a["outcome"] for a in envelope["attempts"]] == ["worker_lost", "ok"]
+        assert envelope["attempts"][1]["worker"] == node_b and envelope["variant"] == "only"
+        os.killpg(paused.pid, signal.SIGCONT)  # it wakes up past its time limits, its job long done
+        time.sleep(6)
+        # Nothing rewritten, nothing retried, nothing moved down a rung: the stored result is B's.
+        assert producer.backend.client.lrange(history, 0, -1) == before
+        meta = producer.backend.get_task_meta(job.id)
+        assert meta["status"] == "SUCCESS" and meta["result"]["attempts"] == envelope["attempts"]
+        assert paused.poll() is None
+    finally:
+        for _, process in workers.values():
+            os.killpg(process.pid, signal.SIGCONT) if process.poll() is None else None
+            stop_worker(process, timeout=30)

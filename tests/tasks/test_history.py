@@ -1,0 +1,72 @@
+"""Conditional history writes against the session's real Redis: a stale process cannot rewrite history."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from mediafarm.tasks import keys
+from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.records import Attempt, Outcome
+
+
+@pytest.fixture()
+def log(redis_url: str) -> Iterator[AttemptLog]:
+    client = redis.Redis.from_url(redis_url)
+    job_id = f"history-test-{uuid.uuid4()}"
+    yield AttemptLog(client, job_id, ttl=60)
+    client.delete(keys.history(job_id), f"result-{job_id}")
+
+
+def stored(log: AttemptLog) -> list[Attempt]:
+    return log.read()[0]
+
+
+def mine(rung: int = 0, pid: int = 4242) -> Attempt:
+    return Attempt(rung, f"v{rung}", pid=pid, worker="cpu@a", started=1000.5)
+
+
+def finished(attempt: Attempt, outcome: Outcome) -> Attempt:
+    return Attempt(**{**attempt.__dict__, "outcome": outcome, "reason": "test"})
+
+
+def test_a_process_finishes_its_own_open_newest_attempt(log: AttemptLog) -> None:
+    index = log.append(mine())
+    assert log.finish(index, finished(mine(), Outcome.TIMEOUT), result_key=f"result-{log.job_id}")
+    assert stored(log)[0].outcome is Outcome.TIMEOUT
+
+
+def test_an_attempt_settled_elsewhere_is_not_rewritten(log: AttemptLog) -> None:
+    index = log.append(mine())
+    assert log.settle(index, finished(mine(), Outcome.WORKER_LOST))  # another worker judged it lost
+    assert not log.finish(index, finished(mine(), Outcome.TIMEOUT), result_key="")  # the owner wakes up
+    assert not log.settle(index, finished(mine(), Outcome.KILLED))
+    assert stored(log)[0].outcome is Outcome.WORKER_LOST
+
+
+def test_a_newer_attempt_or_a_stored_success_stops_the_write(log: AttemptLog) -> None:
+    index = log.append(mine())
+    log.append(mine(rung=0, pid=5151))  # the job went on in another child
+    assert not log.finish(index, finished(mine(), Outcome.OOM), result_key="")
+    other = f"history-test-{uuid.uuid4()}"
+    fresh_log = AttemptLog(log.client, other, ttl=60)
+    try:
+        index = fresh_log.append(mine())
+        log.client.set(f"result-{other}", json.dumps({"status": "SUCCESS", "result": {}}))
+        assert not fresh_log.finish(index, finished(mine(), Outcome.OOM), result_key=f"result-{other}")
+        assert stored(fresh_log)[0].outcome is None
+    finally:
+        log.client.delete(keys.history(other), f"result-{other}")
+
+
+def test_only_the_process_that_started_an_attempt_finishes_it(log: AttemptLog) -> None:
+    index = log.append(mine(pid=4242))
+    impostor = finished(mine(pid=7777), Outcome.OOM)  # pids repeat across hosts and restarts
+    assert not log.finish(index, impostor, result_key="")
+    other_worker = Attempt(**{**mine().__dict__, "worker": "cpu@b", "outcome": Outcome.OOM})
+    assert not log.finish(index, other_worker, result_key="")
+    assert stored(log)[0].outcome is None
