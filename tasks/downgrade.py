@@ -178,10 +178,7 @@ def run_ladder(
     rung = current_rung(attempts)
     while rung < len(ladder):
         variant = ladder.rungs[rung]
-        try:
-            why_not = engines[variant.engine].unavailable(variant)
-        except Exception as exc:  # noqa: BLE001 - a broken install is this pool's problem, not the job's
-            why_not = f"could not check the engine's packages: {type(exc).__name__}: {exc}"
+        why_not = engines[variant.engine].unavailable(variant)
         if why_not:
             attempts.append(Attempt(rung, variant.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
             log.append(attempts[-1])

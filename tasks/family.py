@@ -137,10 +137,11 @@ class EngineSpec:
 
 
 def _installed(module: str) -> bool:
-    # find_spec imports a dotted name's parent package, and raises when that parent is missing.
+    # find_spec imports a dotted name's parent package: a missing parent raises ImportError, a
+    # broken one anything at all. Either way this pool cannot run the engine.
     try:
         return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
+    except Exception:  # noqa: BLE001
         return False
 
 

@@ -47,24 +47,22 @@ class AttemptLog:
         to the socket it reaches Redis even if this process is SIGKILLed: the kernel still
         delivers a dead process's sent bytes.
         """
+        commands = [
+            ("RPUSH", self._key, json.dumps(attempt.to_json())),
+            ("EXPIRE", self._key, self.ttl),
+            # Ride along for free: was the job cancelled before this attempt began, and had it
+            # already succeeded elsewhere (a worker paused before its child started it)?
+            ("EXISTS", keys.cancel(self.job_id)),
+        ]
+        if result_key:
+            commands.append(("GET", result_key))
         connection = self.client.connection_pool.get_connection()
         try:
-            connection.send_packed_command(
-                connection.pack_commands(
-                    [
-                        ("RPUSH", self._key, json.dumps(attempt.to_json())),
-                        ("EXPIRE", self._key, self.ttl),
-                        # Ride along for free: was the job cancelled before this attempt began, and
-                        # had it already succeeded elsewhere (a worker paused before it started)?
-                        ("EXISTS", keys.cancel(self.job_id)),
-                        ("GET", result_key or keys.history(self.job_id) + ":no-result"),
-                    ]
-                )
-            )
+            connection.send_packed_command(connection.pack_commands(commands))
         except BaseException:
             self.client.connection_pool.release(connection)
             raise
-        return PendingAppend(self.client.connection_pool, connection)
+        return PendingAppend(self.client.connection_pool, connection, reads_result=bool(result_key))
 
     def clear_kill(self) -> None:
         self.client.delete(keys.kill(self.job_id))
@@ -82,10 +80,10 @@ class AttemptLog:
         return bool(self._write(index, attempt, newest=True, result_key=result_key))
 
     def _write(self, index: int, attempt: Attempt, *, newest: bool, result_key: str = "") -> int:
-        script = self.client.register_script(_CONDITIONAL_LSET) if self._script is None else self._script
-        self._script = script
+        if self._script is None:  # lazily: most jobs never write an outcome here
+            self._script = self.client.register_script(_CONDITIONAL_LSET)
         return int(
-            script(
+            self._script(
                 keys=[self._key, result_key],
                 args=[index, attempt.pid, attempt.worker, repr(attempt.started), json.dumps(attempt.to_json()),
                       int(newest)],
@@ -115,10 +113,10 @@ return 1
 
 
 class PendingAppend:
-    """The unanswered RPUSH + EXPIRE + EXISTS of :meth:`AttemptLog.append_behind`."""
+    """The unanswered RPUSH + EXPIRE + EXISTS (+ GET of the result) of :meth:`AttemptLog.append_behind`."""
 
-    def __init__(self, pool: Any, connection: Any) -> None:
-        self._pool, self._connection = pool, connection
+    def __init__(self, pool: Any, connection: Any, *, reads_result: bool) -> None:
+        self._pool, self._connection, self._reads_result = pool, connection, reads_result
         self._index: int | None = None
         self._cancelled = False
         self._result_before: bytes | None = None
@@ -143,7 +141,8 @@ class PendingAppend:
                 length = self._connection.read_response()
                 self._connection.read_response()
                 self._cancelled = bool(self._connection.read_response())
-                self._result_before = self._connection.read_response()
+                if self._reads_result:
+                    self._result_before = self._connection.read_response()
             except BaseException:
                 self._connection.disconnect()  # its replies are out of step now
                 raise

@@ -129,6 +129,14 @@ def _field_options(args: list[str]) -> dict[str, Any]:
     return _parse_params(pairs)
 
 
+def _progress_detail(progress: Any) -> str:
+    """``whisper-tiny recognise  312 s of media``: the rung, the stage, how far into the media."""
+    detail = f"{progress.variant} {progress.stage}".strip()
+    if progress.media_seconds is not None:
+        detail += f"  {progress.media_seconds:.0f} s of media"
+    return detail
+
+
 def _follow(job: Any, timeout: float) -> dict[str, Any]:
     """Wait for a job with a progress bar (on a terminal; plain waiting otherwise)."""
     if not console.is_terminal:
@@ -139,10 +147,7 @@ def _follow(job: Any, timeout: float) -> dict[str, Any]:
         task = bar.add_task(f"job {job.id[:8]}", total=1.0, detail="queued")
 
         def show(progress: Any) -> None:
-            detail = f"{progress.variant} {progress.stage}".strip()
-            if progress.media_seconds is not None:
-                detail += f"  {progress.media_seconds:.0f} s of media"
-            bar.update(task, completed=progress.fraction or 0.0, detail=detail)
+            bar.update(task, completed=progress.fraction or 0.0, detail=_progress_detail(progress))
 
         return job.wait(timeout=timeout, poll=0.25, on_progress=show)
 
@@ -288,10 +293,7 @@ def status(job_id: str) -> None:
     progress = job.progress()
     if progress is not None and state not in ("SUCCESS", "FAILURE", "REVOKED"):
         bar = ProgressBar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), console=console)
-        detail = f"{progress.variant} {progress.stage}".strip()
-        if progress.media_seconds is not None:
-            detail += f", {progress.media_seconds:.0f} s of media"
-        bar.add_task(detail, total=1.0, completed=progress.fraction or 0.0)
+        bar.add_task(_progress_detail(progress), total=1.0, completed=progress.fraction or 0.0)
         console.print(bar.get_renderable())
     _print_attempts(job.attempts(), always=True)
     _print_artifacts([a.to_json() for a in job.artifacts()])
