@@ -70,6 +70,10 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         # Each ran once, on its first rung: the outage cost no attempt and nothing ran twice.
         for _, envelope in states.values():
             assert [(a["rung"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope
+        # The worker logs a success just after storing it: give the last line a moment to land.
+        deadline = time.monotonic() + 10
+        while log.read_text().count("succeeded in") < len(jobs) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert log.read_text().count("succeeded in") == len(jobs)
         assert worker.poll() is None
     finally:
