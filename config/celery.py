@@ -17,6 +17,20 @@ from mediafarm.config.settings import FarmSettings
 # Routing reads the family registry: every family's task goes to its family queue unless the
 # producer names another. A string, so this module does not import the tasks package.
 ROUTER = "mediafarm.tasks.families.route"
+# Celery's Redis backend, except that nothing but a SUCCESS replaces a stored SUCCESS (atomic).
+RESULT_BACKEND = "mediafarm.tasks.result_backend:FarmRedisBackend"
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def result_backend_setting(url: str) -> str:
+    """``result_backend`` for a URL: a Redis URL gets the farm's backend class (``class+url``)."""
+    return f"{RESULT_BACKEND}+{url}" if url.startswith(_REDIS_SCHEMES) else url
+
+
+def backend_address(setting: str) -> str:
+    """The URL in a ``result_backend`` setting, without a ``class+`` prefix."""
+    scheme = setting.partition("://")[0]
+    return setting.split("+", 1)[1] if "+" in scheme else setting
 
 
 class UnsafeConfiguration(ImproperlyConfigured):
@@ -28,7 +42,7 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
     """Celery settings (new-style lowercase names) derived from the farm settings."""
     return {
         "broker_url": settings.broker_url or None,
-        "result_backend": settings.backend_url or None,
+        "result_backend": result_backend_setting(settings.backend_url) or None,
         # JSON only: a worker that unpickles what a producer sent runs the producer's code.
         "task_serializer": "json",
         "result_serializer": "json",
@@ -112,8 +126,8 @@ def config_problems(conf: Any, hard_limits: Mapping[str, float] | None = None, r
             f"FARM_RETRY_DELAY ({retry_delay:g} s) plus the longest hard time limit ({longest:g} s) must "
             f"stay below FARM_VISIBILITY_TIMEOUT ({visibility} s): a delayed retry would be delivered twice"
         )
-    backend = str(conf.get("result_backend") or "")
-    if backend and not backend.startswith(("redis://", "rediss://", "unix://")):
+    backend = backend_address(str(conf.get("result_backend") or ""))
+    if backend and not backend.startswith(_REDIS_SCHEMES):
         problems.append(
             f"result backend {backend.split('://')[0]}:// is not Redis: the attempt histories and kill "
             "records live beside the results, in Redis"

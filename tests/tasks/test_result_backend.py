@@ -1,0 +1,95 @@
+"""The farm's result backend against the session's real Redis: a late RETRY, FAILURE or STARTED
+(a process that moved the job down a rung just before the next rung finished) never replaces a
+stored SUCCESS, and everything else is stored and published as Celery stores it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery, states
+
+from mediafarm.config.celery import backend_address, celery_config, result_backend_setting
+from mediafarm.config.settings import FarmSettings
+from mediafarm.tasks.result_backend import FarmRedisBackend
+
+
+@pytest.fixture()
+def backend(redis_url: str) -> Iterator[FarmRedisBackend]:
+    app = Celery("result-backend-test")
+    app.config_from_object(celery_config(FarmSettings(broker_url=redis_url)))
+    backend = app.backend
+    assert isinstance(backend, FarmRedisBackend)
+    yield backend
+    app.close()
+
+
+def job_id() -> str:
+    return f"backend-test-{uuid.uuid4()}"
+
+
+def stale_write(backend: FarmRedisBackend, task_id: str, state: str, result: object) -> None:
+    """What Celery's ``_store_result`` writes after its own read of the state found no SUCCESS:
+    the write that loses the race (the read happened before the other rung stored SUCCESS)."""
+    if isinstance(result, BaseException):
+        result = backend.prepare_exception(result)
+    meta = backend._get_result_meta(result=result, state=state, traceback=None, request=None)
+    meta["task_id"] = task_id
+    backend._set_with_state(backend.get_key_for_task(task_id), backend.encode(meta), state)
+
+
+def next_message(pubsub) -> bytes:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        # The subscription's own confirmation comes first and reads as None here.
+        message = pubsub.get_message(timeout=0.5)
+        if message is not None:
+            return message["data"]
+    raise AssertionError("nothing was published")
+
+
+@pytest.mark.parametrize("state", [states.RETRY, states.FAILURE, states.STARTED])
+def test_a_late_write_never_replaces_a_stored_success(backend: FarmRedisBackend, state: str) -> None:
+    task_id = job_id()
+    backend.store_result(task_id, {"rung": 1}, states.SUCCESS)
+    stale_write(backend, task_id, state, ValueError("moved down") if state != states.STARTED else {})
+    meta = backend.get_task_meta(task_id, cache=False)
+    assert meta["status"] == states.SUCCESS and meta["result"] == {"rung": 1}
+    backend.forget(task_id)
+
+
+def test_states_before_success_are_stored_with_their_expiry_and_published(backend: FarmRedisBackend) -> None:
+    task_id = job_id()
+    key = backend.get_key_for_task(task_id)
+    pubsub = backend.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(key)
+    try:
+        stale_write(backend, task_id, states.RETRY, ValueError("moved down"))
+        assert backend.get_task_meta(task_id, cache=False)["status"] == states.RETRY
+        assert 0 < backend.client.ttl(key) <= backend.expires
+        assert b'"RETRY"' in next_message(pubsub)
+        backend.store_result(task_id, {"rung": 1}, states.SUCCESS)
+        assert backend.get_task_meta(task_id, cache=False)["status"] == states.SUCCESS
+        # A redelivered job that returns its stored result stores SUCCESS again: allowed.
+        backend.store_result(task_id, {"rung": 1}, states.SUCCESS)
+        assert backend.get_task_meta(task_id, cache=False)["result"] == {"rung": 1}
+    finally:
+        pubsub.close()
+        backend.forget(task_id)
+
+
+def test_a_failure_gets_celerys_failure_expiry(backend: FarmRedisBackend) -> None:
+    task_id = job_id()
+    backend.failure_expires = 30
+    stale_write(backend, task_id, states.FAILURE, ValueError("bad input"))
+    assert 0 < backend.client.ttl(backend.get_key_for_task(task_id)) <= 30
+    backend.forget(task_id)
+
+
+def test_only_redis_urls_get_the_farm_backend_class() -> None:
+    setting = result_backend_setting("redis://h:1/0")
+    assert setting.endswith("+redis://h:1/0") and backend_address(setting) == "redis://h:1/0"
+    assert result_backend_setting("rpc://") == "rpc://" and backend_address("rpc://") == "rpc://"
+    assert backend_address("redis://h:1/0") == "redis://h:1/0"
