@@ -6,7 +6,9 @@ FROM python:3.11-slim
 ARG EXTRAS=vad,embedded,flower
 # Where pip takes torch from: the CPU wheel index keeps the CPU image small; a CUDA index for GPU pools.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ARG TORCH_VERSION=2.9.1
+# torch with its own torchvision (ultralytics needs the pair; ChatTTS's torchaudio needs torch >= 2.11).
+ARG TORCH_VERSION=2.14.1
+ARG TORCHVISION_VERSION=0.29.1
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends espeak-ng \
@@ -14,7 +16,7 @@ RUN apt-get update \
 
 WORKDIR /app
 # torch first and pinned: silero-vad depends on it and an unpinned resolve pulls a multi-GB build.
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 COPY pyproject.toml README.md ./
 COPY mediafarm ./mediafarm
 COPY config ./config
