@@ -1,10 +1,11 @@
 # One image for every mediafarm service; pools differ by the extras they install and their command.
 #   docker build --build-arg EXTRAS=vad,flower -t mediafarm:cpu .
-#   docker build --build-arg EXTRAS=all --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 -t mediafarm:gpu .
+#   docker build --build-arg EXTRAS=all --build-arg TORCH_INDEX=https://pypi.org/simple -t mediafarm:gpu .
 FROM python:3.11-slim
 
 ARG EXTRAS=vad,embedded,flower
-# Where pip takes torch from: the CPU wheel index keeps the CPU image small; a CUDA index for GPU pools.
+# Where pip takes torch from: the CPU wheel index keeps the CPU image small; PyPI's own torch is
+# the CUDA build, for GPU pools.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # torch with its own torchvision (ultralytics needs the pair; ChatTTS's torchaudio needs torch >= 2.11).
 ARG TORCH_VERSION=2.14.1

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery.exceptions import ImproperlyConfigured
 
-from mediafarm.config.settings import FarmSettings
+from mediafarm.config.settings import FarmSettings, is_amqp
 
 # Routing reads the family registry: every family's task goes to its family queue unless the
 # producer names another. A string, so this module does not import the tasks package.
@@ -40,6 +40,34 @@ class UnsafeConfiguration(ImproperlyConfigured):
 
 def celery_config(settings: FarmSettings) -> dict[str, Any]:
     """Celery settings (new-style lowercase names) derived from the farm settings."""
+    return _common(settings) | (_rabbitmq() if settings.broker_is_rabbitmq else {})
+
+
+def _broker_options(settings: FarmSettings) -> dict[str, Any]:
+    if settings.broker_is_rabbitmq:
+        # A submit returns only once RabbitMQ has taken the message (publisher confirms).
+        return {"confirm_publish": True}
+    return {
+        "visibility_timeout": settings.visibility_timeout,
+        # A dead worker's jobs come back visibility_timeout + at most one sweep after it died.
+        "unacked_restore_interval": settings.restore_interval,
+        "unacked_restore_throttle": 1,
+        # The sweep's lock: kombu's default 300 s expiry, left behind by a Redis stopped while a
+        # worker held it, blocked every restore for 5 minutes after the restart. A sweep takes
+        # milliseconds; each message is restored at most once whoever sweeps.
+        "unacked_mutex_expire": 5,
+    }
+
+
+def _rabbitmq() -> dict[str, Any]:
+    # Quorum queues: replicated and durable, and the queue type RabbitMQ keeps developing. Every
+    # process of the farm must declare them alike (a classic declaration of the same queue is
+    # refused by the broker), which one shared configuration guarantees. Celery turns global QoS
+    # off for them by itself (worker_detect_quorum_queues).
+    return {"task_default_queue_type": "quorum", "task_create_missing_queue_type": "quorum"}
+
+
+def _common(settings: FarmSettings) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url or None,
         "result_backend": result_backend_setting(settings.backend_url) or None,
@@ -66,16 +94,7 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
         "result_expires": 7 * 24 * 3600,
         "task_routes": (ROUTER,),
         "task_default_queue": "default",
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout,
-            # A dead worker's jobs come back visibility_timeout + at most one sweep after it died.
-            "unacked_restore_interval": settings.restore_interval,
-            "unacked_restore_throttle": 1,
-            # The sweep's lock: kombu's default 300 s expiry, left behind by a Redis stopped while a
-            # worker held it, blocked every restore for 5 minutes after the restart. A sweep takes
-            # milliseconds; each message is restored at most once whoever sweeps.
-            "unacked_mutex_expire": 5,
-        },
+        "broker_transport_options": _broker_options(settings),
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
@@ -95,12 +114,20 @@ def celery_config(settings: FarmSettings) -> dict[str, Any]:
     }
 
 
-def config_problems(conf: Any, hard_limits: Mapping[str, float] | None = None, retry_delay: float = 0.0) -> list[str]:
+def config_problems(
+    conf: Any,
+    hard_limits: Mapping[str, float] | None = None,
+    retry_delay: float = 0.0,
+    *,
+    consumer_timeout: float = 1800.0,
+    consumed_limits: Mapping[str, float] | None = None,
+) -> list[str]:
     """What is unsafe in a Celery configuration (empty when it is safe).
 
     ``conf`` is a Celery ``app.conf`` or any mapping with the same keys; ``hard_limits`` maps
     what has a hard time limit (``family vad``, ``task farm.vad.detect``) to it, in seconds;
-    ``retry_delay`` is FARM_RETRY_DELAY.
+    ``retry_delay`` is FARM_RETRY_DELAY. On RabbitMQ, ``consumer_timeout`` is FARM_CONSUMER_TIMEOUT
+    and ``consumed_limits`` the limits of what this worker consumes (default: all of them).
     """
     problems: list[str] = []
     accepted = set(conf.get("accept_content") or ()) | set(conf.get("result_accept_content") or ())
@@ -111,11 +138,52 @@ def config_problems(conf: Any, hard_limits: Mapping[str, float] | None = None, r
             f"accept_content/result_accept_content/serializers include {sorted(unsafe)}: "
             "only json is allowed (a worker that unpickles a message runs the sender's code)"
         )
-    visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout", 3600)
     limits = {name: hard for name, hard in (hard_limits or {}).items() if hard}
     if conf.get("task_time_limit"):
         limits["task_time_limit"] = conf.get("task_time_limit")
+    if is_amqp(str(conf.get("broker_url") or "")):
+        # RabbitMQ redelivers a job only when its consumer is gone or holds it past the
+        # consumer timeout, which counts per channel: only the queues this worker consumes matter.
+        consumed = dict(limits if consumed_limits is None else consumed_limits)
+        name, longest = max(consumed.items(), key=lambda kv: kv[1], default=("nothing", 0))
+        if consumer_timeout <= longest + retry_delay:
+            problems.append(
+                f"FARM_CONSUMER_TIMEOUT ({consumer_timeout:g} s, RabbitMQ's consumer_timeout) must exceed the "
+                f"longest hard time limit this worker runs ({longest:g} s, {name})"
+                + (f" plus FARM_RETRY_DELAY ({retry_delay:g} s)" if retry_delay else "")
+                + ": otherwise RabbitMQ closes the channel of a still-running job and delivers it again. "
+                "Raise consumer_timeout in rabbitmq.conf and state it in FARM_CONSUMER_TIMEOUT"
+            )
+    else:
+        problems += _visibility_problems(conf, limits, retry_delay)
+    backend = backend_address(str(conf.get("result_backend") or ""))
+    if backend and not backend.startswith(_REDIS_SCHEMES):
+        problems.append(
+            f"result backend {backend.split('://')[0]}:// is not Redis: the attempt histories and kill "
+            "records live beside the results, in Redis (set FARM_RESULT_BACKEND to a Redis URL)"
+        )
+    if not conf.get("task_retry_on_worker_lost"):
+        problems.append(
+            "task_retry_on_worker_lost is off: a job whose child is killed would fail instead of moving down"
+        )
+    if not conf.get("task_acks_late"):
+        problems.append("task_acks_late is off: a worker that dies mid-job would lose it")
+    if conf.get("task_reject_on_worker_lost") and not conf.get("task_retry_on_worker_lost"):
+        problems.append(
+            "task_reject_on_worker_lost without task_retry_on_worker_lost redelivers a job that "
+            "kills its child forever"
+        )
+    if not conf.get("broker_url"):
+        problems.append("FARM_BROKER_URL is not set (use `farm up` for a local farm with an embedded Redis)")
+    return problems
+
+
+def _visibility_problems(conf: Any, limits: Mapping[str, float], retry_delay: float) -> list[str]:
+    # Redis hands any unacked job, whichever worker holds it, to the next sweeper after the
+    # visibility timeout: every family's limit counts, not just this worker's.
+    visibility = (conf.get("broker_transport_options") or {}).get("visibility_timeout", 3600)
     longest_name, longest = max(limits.items(), key=lambda kv: kv[1], default=("nothing", 0))
+    problems = []
     if visibility <= longest:
         problems.append(
             f"FARM_VISIBILITY_TIMEOUT ({visibility} s) must exceed the longest hard time limit "
@@ -126,23 +194,6 @@ def config_problems(conf: Any, hard_limits: Mapping[str, float] | None = None, r
             f"FARM_RETRY_DELAY ({retry_delay:g} s) plus the longest hard time limit ({longest:g} s) must "
             f"stay below FARM_VISIBILITY_TIMEOUT ({visibility} s): a delayed retry would be delivered twice"
         )
-    backend = backend_address(str(conf.get("result_backend") or ""))
-    if backend and not backend.startswith(_REDIS_SCHEMES):
-        problems.append(
-            f"result backend {backend.split('://')[0]}:// is not Redis: the attempt histories and kill "
-            "records live beside the results, in Redis"
-        )
-    if not conf.get("task_retry_on_worker_lost"):
-        problems.append("task_retry_on_worker_lost is off: a job whose child is killed would fail instead of moving down")
-    if not conf.get("task_acks_late"):
-        problems.append("task_acks_late is off: a worker that dies mid-job would lose it")
-    if conf.get("task_reject_on_worker_lost") and not conf.get("task_retry_on_worker_lost"):
-        problems.append(
-            "task_reject_on_worker_lost without task_retry_on_worker_lost redelivers a job that "
-            "kills its child forever"
-        )
-    if not conf.get("broker_url"):
-        problems.append("FARM_BROKER_URL is not set (use `farm up` for a local farm with an embedded Redis)")
     return problems
 
 

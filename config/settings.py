@@ -19,14 +19,21 @@ class FarmSettings(BaseSettings):
     """Settings of one farm process (producer, worker or CLI).
 
     Attributes:
-        broker_url: Celery broker. Empty means "none configured": ``farm up`` then starts an
-            embedded Redis, and everything else refuses to guess.
-        result_backend: Where results and attempt histories live. Defaults to the broker.
+        broker_url: Celery broker: Redis (``redis://``) or RabbitMQ (``amqp://``). Empty means
+            "none configured": ``farm up`` then starts an embedded Redis, and everything else
+            refuses to guess.
+        result_backend: Where results and attempt histories live: always a Redis. Defaults to
+            the broker, so a RabbitMQ farm must set it.
         media_roots: Inputs must resolve (symlinks followed) inside one of these folders.
         storage_dir: Artifacts of a job go under ``<storage_dir>/<job id>/``.
         models_dir: Local model weights (nothing is downloaded at run time).
         visibility_timeout: Seconds Redis waits before redelivering an unacked job. Must exceed
             every hard time limit, or a long job is delivered twice while it still runs.
+        consumer_timeout: RabbitMQ's ``consumer_timeout`` in seconds, as the broker is
+            configured (rabbitmq.conf; RabbitMQ's default is 1800). A job unacked longer than this
+            makes RabbitMQ close the worker's channel and deliver it again, so it must exceed the
+            hard time limit of every family the worker consumes. A client cannot read it from
+            the broker: the operator states it here, and the worker checks against it.
         restore_interval: Seconds between two sweeps in which a worker hands back the unacked
             jobs of dead workers whose visibility timeout has passed (kombu's default sweep is
             every 100 s; ours scans every ``restore_interval``).
@@ -53,6 +60,7 @@ class FarmSettings(BaseSettings):
     storage_dir: Path = Field(default_factory=lambda: Path.cwd() / "storage")
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
+    consumer_timeout: int = 1800
     restore_interval: int = 10
     soft_shutdown_timeout: float = 60.0
     retry_delay: float = 0.0
@@ -74,6 +82,15 @@ class FarmSettings(BaseSettings):
     @property
     def backend_url(self) -> str:
         return self.result_backend or self.broker_url
+
+    @property
+    def broker_is_rabbitmq(self) -> bool:
+        return is_amqp(self.broker_url)
+
+
+def is_amqp(url: str) -> bool:
+    """Is ``url`` a RabbitMQ (AMQP 0.9.1) broker URL?"""
+    return url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
 
 
 @functools.lru_cache(maxsize=1)

@@ -113,7 +113,7 @@ class FarmTask(Task):
                 run_rung=run_rung,
                 fresh=fresh,
                 result_key=self.backend.get_key_for_task(request.id).decode(),
-                stale_after=settings.visibility_timeout / 2,
+                stale_after=_stale_after(settings),
             )
             if isinstance(outcome, Envelope):
                 return outcome.to_json()
@@ -131,6 +131,16 @@ class FarmTask(Task):
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:
             self.send_event(event, **fields)
+
+
+def _stale_after(settings: Any) -> float:
+    """Seconds a successful attempt may run before it must check that the job is still its own.
+
+    Redis gives an unacked job to another worker only after the visibility timeout. RabbitMQ does
+    as soon as it drops the worker's connection (missed heartbeats while the worker is paused or
+    cut off), which can be any time: every success is checked there.
+    """
+    return 0.0 if settings.broker_is_rabbitmq else settings.visibility_timeout / 2
 
 
 def run_engine(

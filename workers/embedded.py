@@ -61,8 +61,10 @@ def _ping(port: int) -> bool:
 class EmbeddedRedis:
     """A Redis server process on a free loopback port. Use as a context manager."""
 
-    def __init__(self, data_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path | None = None, port: int | None = None, bind: tuple[str, ...] = ()) -> None:
+        """``bind``: addresses to listen on beside loopback (a test's veth address)."""
         self._own_dir = data_dir is None
+        self.bind = ("127.0.0.1", *bind)
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="mediafarm-redis-"))
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -76,7 +78,7 @@ class EmbeddedRedis:
         args = [
             redis_server_binary(),
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", *self.bind,
             "--save", "",
             # AOF: a job queued before a crash of this Redis is still there after a restart.
             "--appendonly", "yes",
@@ -84,6 +86,9 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
             "--daemonize", "no",
         ]  # fmt: skip
+        if len(self.bind) > 1:
+            # Reachable on the extra addresses too (protected mode would refuse non-loopback clients).
+            args += ["--protected-mode", "no"]
         # Its own output file, never our stdout: a server left behind must not hold our pipes open.
         with (self.data_dir / "redis.stdout").open("ab") as out:
             self.process = subprocess.Popen(

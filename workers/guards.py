@@ -46,20 +46,35 @@ class ConfigCheck(bootsteps.Step):
     ladders name an engine or engine parameters that do not exist."""
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
-        problems = startup_problems(worker.app.conf, hard_limits(worker.app))
+        consumed = set(worker.app.amqp.queues.consume_from)  # -Q, or every declared queue
+        problems = startup_problems(worker.app.conf, hard_limits(worker.app), consumed_queues=consumed)
         if problems:
             raise UnsafeConfiguration("refusing to start:\n  - " + "\n  - ".join(problems))
         super().__init__(worker, **kwargs)
 
 
-def startup_problems(conf: Any, task_limits: dict[str, float] | None = None) -> list[str]:
+def startup_problems(
+    conf: Any, task_limits: dict[str, float] | None = None, consumed_queues: set[str] | None = None
+) -> list[str]:
     """Everything that stops a worker from starting: unsafe Celery settings and ladder mistakes.
 
     ``task_limits``: hard limits of the tasks a running worker has registered (any task module it
-    was given), beside the families' own.
+    was given), beside the families' own. ``consumed_queues``: the queues the worker consumes
+    (None: all), which is what RabbitMQ's consumer timeout is checked against.
     """
-    limits = families.hard_limits() | {f"task {name}": hard for name, hard in (task_limits or {}).items()}
-    return config_problems(conf, limits, retry_delay=get_settings().retry_delay) + families.ladder_problems()
+    settings = get_settings()
+    tasks = {f"task {name}": hard for name, hard in (task_limits or {}).items()}
+    consumed = None
+    if consumed_queues is not None:
+        # A family's task counts where its queue is consumed; another task (a benchmark's) has
+        # no known queue, so it counts wherever it may run.
+        others = {name: hard for name, hard in tasks.items() if families.by_task_name(name[5:]) is None}
+        consumed = families.hard_limits(queues=consumed_queues) | others
+    problems = config_problems(
+        conf, families.hard_limits() | tasks, retry_delay=settings.retry_delay,
+        consumer_timeout=settings.consumer_timeout, consumed_limits=consumed,
+    )  # fmt: skip
+    return problems + families.ladder_problems()
 
 
 def hard_limits(app: Any) -> dict[str, float]:
@@ -153,8 +168,10 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self, worker: Any, child: psutil.Process, request: Any, rss: int, outcome: Outcome, reason: str
     ) -> None:
         if request is not None:
-            record = KillRecord(pid=child.pid, worker=worker.hostname, at=time.time(), outcome=outcome,
-                                reason=reason, rss_mb=round(rss / MB, 1), cap_mb=self.pool.child_rss_cap_mb)  # fmt: skip
+            record = KillRecord(
+                pid=child.pid, worker=worker.hostname, at=time.time(), outcome=outcome, reason=reason,
+                rss_mb=round(rss / MB, 1), cap_mb=self.pool.child_rss_cap_mb,
+            )  # fmt: skip
             try:
                 record_kill(self._redis, request.id, record, ttl=int(worker.app.conf.result_expires))
             except Exception:  # the kill matters more than its record

@@ -94,9 +94,11 @@ def limits_for(spec: FamilySpec) -> TimeLimits:
     return limit_overrides().get(spec.name, spec.limits)
 
 
-def hard_limits() -> dict[str, float]:
-    """``family <name>`` → hard limit of every family, for the configuration checks."""
-    return {f"family {s.name}": float(limits_for(s).hard) for s in load().values()}
+def hard_limits(queues: set[str] | None = None) -> dict[str, float]:
+    """``family <name>`` → hard limit of every family (or of those whose queue is in
+    ``queues``), for the configuration checks."""
+    specs = [s for s in load().values() if queues is None or s.queue in queues]
+    return {f"family {s.name}": float(limits_for(s).hard) for s in specs}
 
 
 def ladders_of(spec: FamilySpec) -> list[Ladder]:

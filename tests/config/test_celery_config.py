@@ -41,7 +41,8 @@ def test_visibility_timeout_not_above_time_limits_is_refused() -> None:
     conf = celery_config(FarmSettings(broker_url="redis://x/0", visibility_timeout=600))
     problems = config_problems(conf, limits())
     assert len(problems) == 1 and "FARM_VISIBILITY_TIMEOUT (600 s) must exceed" in problems[0]
-    assert "family subtitle" in problems[0]  # the longest: 3700 s
+    longest = max(limits(), key=limits().get)
+    assert f"{limits()[longest]} s, {longest})" in problems[0]
 
 
 def test_missing_broker_and_early_ack_are_named() -> None:
@@ -70,3 +71,35 @@ def test_retry_delay_that_outlasts_the_visibility_timeout_is_refused() -> None:
     conf = celery_config(FarmSettings(broker_url="redis://x/0"))
     assert config_problems(conf, limits(), retry_delay=60) == []
     assert any("FARM_RETRY_DELAY (7000 s)" in p for p in config_problems(conf, limits(), retry_delay=7000))
+
+
+def rabbitmq(**settings) -> dict:
+    return celery_config(FarmSettings(broker_url="amqp://guest:guest@h:5672/farm", result_backend="redis://h/0",
+                                      **settings))  # fmt: skip
+
+
+def test_rabbitmq_gets_quorum_queues_and_publisher_confirms_and_no_redis_options() -> None:
+    conf = rabbitmq()
+    assert conf["task_default_queue_type"] == conf["task_create_missing_queue_type"] == "quorum"
+    assert conf["broker_transport_options"] == {"confirm_publish": True}
+    assert conf["result_backend"].endswith("+redis://h/0")
+    # The visibility timeout is Redis's: no RabbitMQ farm is refused for it.
+    assert config_problems(conf, {"family long": 10_000}, consumer_timeout=20_000) == []
+
+
+def test_rabbitmq_consumer_timeout_is_checked_against_what_the_worker_consumes() -> None:
+    conf = rabbitmq()
+    limits = {"family short": 60.0, "family long": 5000.0}
+    problems = config_problems(conf, limits, consumer_timeout=1800)
+    assert len(problems) == 1 and "FARM_CONSUMER_TIMEOUT (1800 s" in problems[0]
+    assert "5000 s, family long" in problems[0]
+    short = {"family short": 60.0}
+    assert config_problems(conf, limits, consumer_timeout=1800, consumed_limits=short) == []
+    delayed = config_problems(conf, limits, retry_delay=1800, consumer_timeout=1800, consumed_limits=short)
+    assert len(delayed) == 1 and "plus FARM_RETRY_DELAY (1800 s)" in delayed[0]
+
+
+def test_a_rabbitmq_farm_without_a_redis_result_backend_is_told_to_set_one() -> None:
+    conf = celery_config(FarmSettings(broker_url="amqp://guest@h//", result_backend=""))
+    text = "\n".join(config_problems(conf, consumer_timeout=7200))
+    assert "result backend amqp:// is not Redis" in text and "FARM_RESULT_BACKEND" in text
