@@ -81,8 +81,15 @@ def _common(settings: FarmSettings) -> dict[str, Any]:
         # A killed child must not make Redis redeliver the same killing message forever
         # (measured: 13 runs in 30 s). Celery 5.7 instead retries it under the same id with
         # retries + 1, and the ladder turns that count into a cheaper rung.
-        "task_reject_on_worker_lost": False,
         "task_retry_on_worker_lost": True,
+        # Only when that retry cannot be sent (the broker is down: a child killed during a Redis
+        # restart) is the message handed back instead, and the job runs again once the broker is
+        # back, the killed attempt settled from its record. Without it Celery fails the job with
+        # WorkerLostError (found by the chaos suite).
+        "task_reject_on_worker_lost": True,
+        # Publishing (a producer's submit, a retry sent by a worker) rides out a broker restart of
+        # up to about a minute: Celery's default gives up after 3 tries in 0.6 s.
+        "task_publish_retry_policy": {"max_retries": 30, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
         # One job at a time per child: a long job never holds others hostage in its prefetch.
         "worker_prefetch_multiplier": 1,
         # For tasks outside the farm (the bench's bare baselines): farm tasks write their attempt

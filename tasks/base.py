@@ -15,13 +15,13 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from celery import Celery, Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
+from mediafarm.tasks import families, soft_time_limit
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.context import EngineContext, JobChannel
 from mediafarm.tasks.downgrade import RetryRequest, run_ladder
@@ -59,6 +59,7 @@ class FarmTask(Task):
 
     def run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """Run this job on its rung and return the envelope (JSON)."""
+        soft_time_limit.arm()
         try:
             return self._run_job(fields)
         except StaleAttempt as exc:
@@ -71,6 +72,11 @@ class FarmTask(Task):
             if wired is exc:
                 raise
             raise wired from exc
+        finally:
+            # The job's work is over; what is left is Celery storing its state (or sending its
+            # retry), which may wait out a broker outage. A soft limit firing there would turn a
+            # finished job into a FAILURE of SoftTimeLimitExceeded (found by the chaos suite).
+            soft_time_limit.disarm()
 
     def _run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         settings = get_settings()
@@ -121,6 +127,13 @@ class FarmTask(Task):
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
             # one. The open attempt, if any, is settled by the next run as a lost child: one rung down.
             outcome = RetryRequest("MemoryError outside the engine", ResourceFailure("MemoryError", Outcome.OOM))
+        except SoftTimeLimitExceeded:
+            # Outside the engine (the engine's own are mapped in run_ladder): the bookkeeping
+            # around it waited out a slow or absent Redis. The attempt is settled by the next
+            # run as a lost child, one rung down, as for a MemoryError here.
+            outcome = RetryRequest(
+                "soft time limit outside the engine", ResourceFailure("soft time limit", Outcome.TIMEOUT)
+            )
         except RedisError as exc:
             # The attempt log or result backend failed (a broker hiccup), not the job: same rung,
             # bounded by max_retries; the retry itself goes through the same Redis, so a Redis that

@@ -18,7 +18,10 @@ def test_default_configuration_is_safe() -> None:
     assert config_problems(conf, limits()) == []
     assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
     assert conf["task_acks_late"] and conf["worker_prefetch_multiplier"] == 1
-    assert conf["task_retry_on_worker_lost"] and not conf["task_reject_on_worker_lost"]
+    # Retry a killed child's job one rung down; hand the message back only if that retry cannot
+    # be sent (Celery then rejects instead of failing the job).
+    assert conf["task_retry_on_worker_lost"] and conf["task_reject_on_worker_lost"]
+    assert conf["task_publish_retry_policy"]["max_retries"] >= 20
     assert conf["broker_transport_options"]["visibility_timeout"] > max(limits().values())
 
 

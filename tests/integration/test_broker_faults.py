@@ -40,14 +40,6 @@ def producer_for(url: str) -> Celery:
     return app
 
 
-def restart(redis: EmbeddedRedis, down_for: float) -> EmbeddedRedis:
-    """Stop the server (it writes its AOF), wait, start it again on the same port and data."""
-    redis.process.terminate()
-    redis.process.wait(10)
-    time.sleep(down_for)
-    return EmbeddedRedis(data_dir=redis.data_dir, port=redis.port).start()
-
-
 def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis, session_dir: Path) -> None:
     env = {**os.environ, "FARM_BROKER_URL": own_redis.url, "FARM_RESULT_BACKEND": own_redis.url}
     node = f"restart-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
@@ -55,12 +47,11 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
     log = session_dir / f"{node.split('@')[0]}.log"
     with log.open("wb") as fh:
         worker = spawn_worker(get_pool("chaos"), env=env, logfile=fh, queues=["chaos"], concurrency=2, node=node)
-    restarted = None
     try:
         wait_ready(producer, node, worker, timeout=90)
         jobs = [producer.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos") for _ in range(4)]
         time.sleep(1.5)  # two of them are running (sleeping 4 s), two wait in the queue
-        restarted = restart(own_redis, down_for=2.0)
+        own_redis.restart(down_for=2.0)
         states = {}
         for job in jobs:
             result = AsyncResult(job.id, app=producer)
@@ -78,8 +69,6 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         assert worker.poll() is None
     finally:
         stop_worker(worker, timeout=30)
-        if restarted is not None:
-            restarted.stop()
 
 
 SHORT = """

@@ -193,7 +193,8 @@ def test_a_producer_chosen_job_id_keeps_its_artifacts_inside_storage(cpu_worker,
     app.send_task("farm.toy.count", kwargs={"text": "x y z"}, task_id=job_id, queue="toy")
     job = handle(job_id)
     assert job.wait(timeout=60)["output"]["words"] == ["X", "Y", "Z"]
-    [folder] = [p for p in get_settings().storage_dir.iterdir() if "cam1" in p.name and job_id[3:] in p.name.replace("%3A", ":")]
+    folders = get_settings().storage_dir.iterdir()
+    [folder] = [p for p in folders if "cam1" in p.name and job_id[3:] in p.name.replace("%3A", ":")]
     assert folder.parent == get_settings().storage_dir and (folder / "words.txt").is_file()
     assert job.download("words.txt", tmp_path / "w.txt").read_text() == "X\nY\nZ\n"
 

@@ -10,14 +10,11 @@ removed here (root needed: skipped, saying so, without it).
 from __future__ import annotations
 
 import os
-import random
-import shutil
 import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,51 +27,18 @@ from mediafarm.config.settings import FarmSettings
 from mediafarm.tasks import keys
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
+from tests.support.netns import Link, NamespaceUnavailable, veth_link
 
 pytestmark = pytest.mark.integration
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-@dataclass
-class Link:
-    namespace: str
-    host_end: str
-    host_address: str
-    worker_address: str
-
-    def down(self) -> None:
-        ip("link", "set", self.host_end, "down")
-
-    def up(self) -> None:
-        ip("link", "set", self.host_end, "up")
-
-
 @pytest.fixture()
 def link() -> Iterator[Link]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to make a network namespace and a veth pair")
-    tag = uuid.uuid4().hex[:6]
-    namespace, host_end, worker_end = f"mf-{tag}", f"mfh{tag}", f"mfw{tag}"
-    subnet = f"10.{random.randint(200, 250)}.{random.randint(0, 255)}"
     try:
-        ip("netns", "add", namespace)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create a network namespace here: {exc.stderr.strip()}")
-    try:
-        ip("link", "add", host_end, "type", "veth", "peer", "name", worker_end)
-        ip("link", "set", worker_end, "netns", namespace)
-        ip("addr", "add", f"{subnet}.1/30", "dev", host_end)
-        ip("link", "set", host_end, "up")
-        ip("-n", namespace, "addr", "add", f"{subnet}.2/30", "dev", worker_end)
-        ip("-n", namespace, "link", "set", worker_end, "up")
-        ip("-n", namespace, "link", "set", "lo", "up")
-        yield Link(namespace, host_end, f"{subnet}.1", f"{subnet}.2")
-    finally:
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)  # takes the pair with it
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True)
+        with veth_link() as made:
+            yield made
+    except NamespaceUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture()
@@ -94,8 +58,7 @@ def test_a_worker_cut_off_mid_job_ends_it_once_and_reconnects(
     node = f"cut-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     inside = {"FARM_BROKER_URL": inside_url, "FARM_RESULT_BACKEND": inside_url}
     env = pool_environment(get_pool("chaos"), {**os.environ, **inside})
-    argv = ["ip", "netns", "exec", link.namespace, *worker_argv(get_pool("chaos"), queues=["chaos"], concurrency=1,
-                                                                  node=node, loglevel="INFO")]  # fmt: skip
+    argv = link.command(worker_argv(get_pool("chaos"), queues=["chaos"], concurrency=1, node=node, loglevel="INFO"))
     log = session_dir / f"{node.split('@')[0]}.log"
     client = redis.Redis.from_url(linked_redis.url)
     with log.open("wb") as fh:

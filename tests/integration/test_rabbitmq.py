@@ -1,15 +1,12 @@
 """RabbitMQ as the broker (issue #10 item 4), results and histories still in the session's Redis.
 
-Every test runs in a vhost of its own, made with ``rabbitmqctl`` and deleted afterwards, so the
-machine's RabbitMQ (127.0.0.1:5672, guest/guest) keeps nothing of ours and nothing else on it is
-touched. Skipped, saying why, where there is no RabbitMQ or no ``rabbitmqctl`` we may use.
+The tests run in a vhost of their own (``amqp_url`` in tests/integration/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,33 +28,6 @@ from mediafarm.tasks import keys
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 
 pytestmark = pytest.mark.integration
-
-AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
-
-
-def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def amqp_url() -> Iterator[str]:
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is not installed: cannot make a vhost of our own on the local RabbitMQ")
-    try:
-        socket.create_connection((AMQP_HOST, AMQP_PORT), timeout=2).close()
-    except OSError as exc:
-        pytest.skip(f"no RabbitMQ at {AMQP_HOST}:{AMQP_PORT} ({exc})")
-    vhost = f"mediafarm-test-{uuid.uuid4().hex[:8]}"
-    made = _rabbitmqctl("add_vhost", vhost)
-    if made.returncode != 0:
-        pytest.skip(f"rabbitmqctl add_vhost failed (not allowed here?): {made.stderr.strip()[-300:]}")
-    try:
-        granted = _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-        assert granted.returncode == 0, granted.stderr
-        yield f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}"
-    finally:
-        _rabbitmqctl("delete_vhost", vhost)
-
 
 @pytest.fixture(scope="module")
 def producer(amqp_url: str, redis_url: str) -> Iterator[Celery]:

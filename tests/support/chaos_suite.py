@@ -1,0 +1,379 @@
+"""The chaos suite (issue #10 item 7): mixed jobs on cheap rungs while the farm is hurt.
+
+While the jobs run, the suite SIGKILLs pool children (about one attempt in ten), SIGKILLs one whole
+worker (and starts a replacement), restarts its own Redis (AOF on), pauses a worker past the
+visibility timeout (Redis broker only: RabbitMQ notices a paused consumer by missed heartbeats,
+minutes later) and cuts a worker's network link while Redis drops its connections (when a veth
+namespace can be made and the broker is reachable through it). Then it counts:
+
+- submitted, terminal, succeeded per rung, failed with history;
+- lost: jobs with no final state by the deadline (must be 0);
+- duplicated completions: jobs whose SUCCESS was published with two different envelopes, i.e.
+  the job completed twice as far as any client could see (must be 0);
+- failed by infrastructure: a job revoked, or failed for anything but its design: bad input (the
+  ``bad`` ladder), or every rung killed or out of memory (the suite's kills hit a short ladder's
+  last rung too) (must be 0);
+- history/envelope disagreements: a successful job whose attempt log in Redis does not match the
+  attempts in its envelope (must be 0).
+
+Every process, server and namespace the suite starts is its own; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+
+from mediafarm.config.pools import get_pool
+from mediafarm.tasks import keys
+from mediafarm.workers.embedded import EmbeddedRedis
+from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
+
+QUEUE = "chaos-suite"
+TASK = "farm.test.chaos"
+# The mix: mostly jobs that must succeed (on whichever rung), some that go down a rung by design,
+# some that must fail at once (bad input: the only failures allowed).
+MIX = (("steady", 0.7), ("memerr", 0.1), ("kill_once", 0.1), ("bad", 0.1))
+EXPECTED_FAILURES = {"bad"}
+# Outcomes that may use up a ladder: the suite's own kills and the ladders' designed failures.
+RESOURCE_OUTCOMES = {"oom", "killed", "timeout", "unavailable"}
+JOB_SECONDS = 1.0  # each attempt of a steady job sleeps this long, so events land mid-job
+
+
+@dataclass
+class Report:
+    broker: str
+    submitted: int = 0
+    terminal: int = 0
+    succeeded_by_rung: Counter[str] = field(default_factory=Counter)
+    failed_with_history: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    infrastructure_failures: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)  # faults the run ended too soon for
+
+    def problems(self) -> list[str]:
+        return [
+            f"{name}: {values[:5]}{' ...' if len(values) > 5 else ''}"
+            for name, values in (("lost", self.lost), ("duplicated completions", self.duplicated),
+                                 ("failed by infrastructure", self.infrastructure_failures),
+                                 ("history/envelope disagreements", self.disagreements),
+                                 ("faults not reached (too few jobs)", self.missed))  # fmt: skip
+            if values
+        ]
+
+    def text(self) -> str:
+        rungs = ", ".join(f"{rung}: {n}" for rung, n in sorted(self.succeeded_by_rung.items()))
+        return "\n".join([
+            f"chaos suite on {self.broker}",
+            f"  submitted {self.submitted}, terminal {self.terminal}",
+            f"  succeeded per rung: {rungs}",
+            f"  failed with history: {self.failed_with_history}",
+            f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
+            f"failed by infrastructure: {len(self.infrastructure_failures)}  "
+            f"history/envelope disagreements: {len(self.disagreements)}",
+            *(f"  event: {e}" for e in self.events),
+        ])  # fmt: skip
+
+
+class SuccessWatch(threading.Thread):
+    """Every SUCCESS the result backend publishes, per job (reconnects through a Redis restart)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.successes: dict[str, set[str]] = {}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                client = redis.Redis.from_url(self.url)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.psubscribe("celery-task-meta-*")
+                while not self._stop_event.is_set():
+                    message = pubsub.get_message(timeout=0.2)
+                    if message is not None:
+                        self._record(message["data"])
+            except redis.RedisError:
+                time.sleep(0.2)
+
+    def _record(self, data: bytes) -> None:
+        meta = json.loads(data)
+        if meta.get("status") == "SUCCESS":
+            result = meta.get("result") or {}
+            # The same envelope stored again (a redelivery answered from the stored result) is
+            # one completion; a different one means the job completed twice.
+            self.successes.setdefault(meta["task_id"], set()).add(json.dumps(result.get("attempts"), sort_keys=True))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+@dataclass
+class Worker:
+    node: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    inside_namespace: bool = False
+    paused: bool = False
+
+
+class ChaosSuite:
+    """One run of the suite. ``broker_url``: the broker the workers and the producer use;
+    ``redis_server``: the suite's own Redis (the result backend, and the broker when it is Redis);
+    ``link``: a veth link (``tests.support.netns``) for the worker whose network is cut, or None."""
+
+    def __init__(
+        self, *, producer: Any, broker_url: str, redis_server: EmbeddedRedis, workdir: Path, env: dict[str, str],
+        jobs: int, link: Any = None, broker_name: str = "redis",
+    ) -> None:  # fmt: skip
+        self.producer, self.broker_url, self.redis_server = producer, broker_url, redis_server
+        self.workdir, self.env, self.jobs, self.link = workdir, env, jobs, link
+        self.report = Report(broker_name)
+        self.is_redis_broker = broker_name == "redis"
+        self.visibility = float(env.get("FARM_VISIBILITY_TIMEOUT", "10"))
+        self.workers: list[Worker] = []
+        self.client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+        self.random = random.Random(jobs)
+        # Second halves of faults (resume a paused worker, bring a link up), run by the main loop
+        # when due, so jobs go on being watched and children killed meanwhile.
+        self._later: list[tuple[float, Callable[[], None]]] = []
+
+    def after(self, seconds: float, action: Callable[[], None]) -> None:
+        self._later.append((time.monotonic() + seconds, action))
+
+    def _run_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        due = [item for item in self._later if everything or item[0] <= now]
+        self._later = [item for item in self._later if item not in due]
+        for _, action in sorted(due, key=lambda item: item[0]):
+            action()
+
+    # --- workers -------------------------------------------------------------------------------
+
+    def start_worker(self, *, inside_namespace: bool = False) -> Worker:
+        node = f"suite-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+        env = dict(self.env)
+        argv = worker_argv(get_pool("chaos"), queues=[QUEUE], concurrency=2, node=node, loglevel="INFO")
+        if inside_namespace:
+            inside = self.broker_url.replace("127.0.0.1", self.link.host_address)
+            env.update(FARM_BROKER_URL=inside, FARM_RESULT_BACKEND=inside)
+            argv = self.link.command(argv)
+        log = self.workdir / f"{node.split('@')[0]}.log"
+        with log.open("wb") as fh:
+            process = subprocess.Popen(argv, env=pool_environment(get_pool("chaos"), env), stdin=subprocess.DEVNULL,
+                                       stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        wait_ready(self.producer, node, process, timeout=90)
+        worker = Worker(node, process, log, inside_namespace)
+        self.workers.append(worker)
+        return worker
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            if worker.paused:
+                os.killpg(worker.process.pid, signal.SIGCONT)
+            stop_worker(worker.process, timeout=30)
+
+    def _live(self) -> list[Worker]:
+        return [w for w in self.workers if w.process.poll() is None and not w.paused]
+
+    # --- the run -------------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        watch = SuccessWatch(self.redis_server.url)
+        watch.start()
+        self.start_worker(), self.start_worker()
+        if self.link is not None:
+            self.start_worker(inside_namespace=True)
+        ladders = self._ladders()
+        jobs = {
+            self.producer.send_task(TASK, kwargs={"ladder": ladder, "plan": {"sleep": JOB_SECONDS}}, queue=QUEUE).id:
+            ladder for ladder in ladders
+        }  # fmt: skip
+        self.report.submitted = len(jobs)
+        events: list[tuple[float, Callable[[], None]]] = [
+            (0.15, self.kill_a_worker), (0.3, self.restart_redis), (0.45, self.cut_a_link), (0.6, self.pause_a_worker),
+        ]
+        kills_due, kills_done = max(1, len(jobs) // 10), 0
+        deadline = time.monotonic() + 120 + len(jobs) * JOB_SECONDS
+        states: dict[str, dict[str, Any]] = {}
+        try:
+            while time.monotonic() < deadline:
+                states = self._states(jobs) or states
+                done = sum(1 for s in states.values() if s.get("status") in ("SUCCESS", "FAILURE", "REVOKED"))
+                if done == len(jobs):
+                    break
+                self._run_due()
+                while events and done >= events[0][0] * len(jobs):
+                    events.pop(0)[1]()
+                if kills_done < kills_due and self.random.random() < 0.3 and self.kill_a_child():
+                    kills_done += 1
+                time.sleep(0.25)
+            for _, event in events:  # whatever the run finished too fast for
+                self.report.missed.append(event.__name__)
+            self.report.events.append(f"children SIGKILLed: {kills_done} (of {kills_due} planned)")
+            time.sleep(1.0)  # the last publishes reach the watch
+        finally:
+            self._run_due(everything=True)
+            watch.stop()
+            self.stop_workers()
+            self.client.close()
+        self.client = redis.Redis.from_url(self.redis_server.url)
+        self._count(jobs, self._states(jobs), watch)
+        self.client.close()
+        return self.report
+
+    def _ladders(self) -> list[str]:
+        ladders = [name for name, share in MIX for _ in range(max(1, round(share * self.jobs)))]
+        self.random.shuffle(ladders)
+        return ladders[: self.jobs]
+
+    def _states(self, jobs: dict[str, str]) -> dict[str, dict[str, Any]]:
+        try:
+            raw = self.client.mget([f"celery-task-meta-{job}" for job in jobs])
+        except redis.RedisError:  # restarting: keep the last reading
+            return {}
+        return {job: json.loads(r) if r else {} for job, r in zip(jobs, raw)}
+
+    # --- the faults ----------------------------------------------------------------------------
+
+    def kill_a_child(self) -> bool:
+        children = [c for w in self._live() for c in _pool_children(w.process.pid)]
+        if not children:
+            return False
+        os.kill(self.random.choice(children), signal.SIGKILL)
+        return True
+
+    def kill_a_worker(self) -> None:
+        victim = next(w for w in self._live() if not w.inside_namespace)
+        os.killpg(victim.process.pid, signal.SIGKILL)
+        victim.process.wait(10)
+        self.start_worker()
+        self.report.events.append(f"worker {victim.node} SIGKILLed whole; a replacement started")
+
+    def restart_redis(self) -> None:
+        self.redis_server.restart(down_for=2.0)
+        self.report.events.append("Redis restarted (down 2 s, AOF on)")
+
+    def pause_a_worker(self) -> None:
+        if not self.is_redis_broker:
+            self.report.events.append("pause: skipped on RabbitMQ (a paused consumer is noticed after missed "
+                                      "heartbeats, minutes; nothing to see in a short pause)")  # fmt: skip
+            return
+        victim = next(w for w in self._live() if not w.inside_namespace)
+        victim.paused = True
+        os.killpg(victim.process.pid, signal.SIGSTOP)
+
+        def resume() -> None:
+            os.killpg(victim.process.pid, signal.SIGCONT)
+            victim.paused = False
+
+        self.after(self.visibility + 4, resume)
+        self.report.events.append(f"worker {victim.node} paused {self.visibility + 4:g} s, past the visibility timeout")
+
+    def cut_a_link(self) -> None:
+        if self.link is None:
+            self.report.events.append("network cut: skipped (no veth namespace here, or the broker is not reachable "
+                                      "through one)")  # fmt: skip
+            return
+        self.link.down()
+
+        def drop_connections() -> None:
+            for client in self.client.client_list():
+                if client["addr"].startswith(f"{self.link.worker_address}:"):
+                    self.client.client_kill(client["addr"])
+
+        self.after(1, drop_connections)
+        self.after(5, self.link.up)
+        self.report.events.append("network of the namespaced worker cut 5 s; Redis dropped its connections")
+
+    # --- the counts ----------------------------------------------------------------------------
+
+    def _count(self, jobs: dict[str, str], states: dict[str, dict[str, Any]], watch: SuccessWatch) -> None:
+        report = self.report
+        for job, ladder in jobs.items():
+            meta = states.get(job) or {}
+            status = meta.get("status")
+            history = [json.loads(r) for r in self.client.lrange(keys.history(job), 0, -1)]
+            if status not in ("SUCCESS", "FAILURE", "REVOKED"):
+                report.lost.append(f"{job} ({ladder}, {status or 'no state'})")
+                continue
+            report.terminal += 1
+            if len(watch.successes.get(job, ())) > 1:
+                report.duplicated.append(f"{job} ({ladder})")
+            if status == "SUCCESS":
+                envelope = meta["result"]
+                report.succeeded_by_rung[f"{ladder}/{envelope['variant']}"] += 1
+                problem = _disagreement(history, envelope["attempts"])
+                if problem:
+                    report.disagreements.append(f"{job} ({ladder}): {problem}")
+            else:
+                if history:
+                    report.failed_with_history += 1
+                if not _failed_by_design(ladder, status, meta.get("result") or {}, history):
+                    report.infrastructure_failures.append(f"{job} ({ladder}, {status}: {meta.get('result')})")
+
+
+def short_limits_config(target: Path) -> Path:
+    """The test farm configuration with short time limits for every family (soft 6 s, hard 7 s),
+    written to ``target``: what a 10 s visibility timeout requires, or workers refuse to start."""
+    from mediafarm.tasks import families
+
+    base = (Path(__file__).parent / "farm-test.toml").read_text()
+    short = base.replace("[limits.chaos]\nsoft = 60\nhard = 90", "[limits.chaos]\nsoft = 6\nhard = 7")
+    others = [name for name in families.load() if name != "chaos"]
+    short += "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in others)
+    target.write_text(short)
+    return target
+
+
+def _failed_by_design(ladder: str, status: str, error: dict[str, Any], history: list[dict[str, Any]]) -> bool:
+    if status != "FAILURE":
+        return False
+    if ladder in EXPECTED_FAILURES:
+        return True
+    outcomes = [a.get("outcome") for a in history]
+    return error.get("exc_type") == "NoRungLeft" and bool(outcomes) and set(outcomes) <= RESOURCE_OUTCOMES
+
+
+def _pool_children(main_pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(main_pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _disagreement(history: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> str:
+    """What differs between the attempt log and the envelope's attempts ('' when they agree).
+
+    The log's copy of the successful (last) attempt may stay open: a quick success is completed
+    in the envelope only (``tasks.downgrade.run_ladder``)."""
+    if len(history) != len(attempts):
+        return f"{len(history)} attempts in the log, {len(attempts)} in the envelope"
+    for i, (logged, enveloped) in enumerate(zip(history, attempts)):
+        for key in ("rung", "variant", "pid", "worker", "started"):
+            if logged.get(key) != enveloped.get(key):
+                return f"attempt {i}: {key} {logged.get(key)!r} in the log, {enveloped.get(key)!r} in the envelope"
+        last = i == len(history) - 1
+        if logged.get("outcome") != enveloped.get("outcome") and not (last and logged.get("outcome") is None):
+            logged_outcome, enveloped_outcome = logged.get("outcome"), enveloped.get("outcome")
+            return f"attempt {i}: outcome {logged_outcome!r} in the log, {enveloped_outcome!r} in the envelope"
+    return ""
