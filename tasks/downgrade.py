@@ -120,7 +120,7 @@ class _Running:
         attempt.outcome, attempt.reason = outcome, reason
         attempt.duration = round(time.monotonic() - self.t0, 3)
         attempt.peak_rss_mb = _peak_rss_mb()
-        if outcome == Outcome.OK and self.pending.succeeded_before():
+        if self.pending.succeeded_before():  # whatever this attempt's outcome: it has no record
             raise StaleAttempt(f"job already succeeded elsewhere before pid {attempt.pid} began it; writing nothing")
         if outcome == Outcome.OK and time.time() - attempt.started < self.stale_after:
             # Completed in the envelope; the record's reply is read only to free the connection,

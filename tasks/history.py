@@ -46,23 +46,22 @@ class AttemptLog:
         round trip per job is most of the farm's per-job cost (bench/overhead.py). Once written
         to the socket it reaches Redis even if this process is SIGKILLed: the kernel still
         delivers a dead process's sent bytes.
+
+        The record is not written when the job already has a stored SUCCESS (``result_key``): a
+        redelivered message that a stale or paused worker picks up after the job succeeded
+        elsewhere must leave the history as the envelope tells it (found by the chaos suite).
         """
-        commands = [
-            ("RPUSH", self._key, json.dumps(attempt.to_json())),
-            ("EXPIRE", self._key, self.ttl),
-            # Ride along for free: was the job cancelled before this attempt began, and had it
-            # already succeeded elsewhere (a worker paused before its child started it)?
-            ("EXISTS", keys.cancel(self.job_id)),
-        ]
-        if result_key:
-            commands.append(("GET", result_key))
+        # EVAL, not EVALSHA: the reply is read later, so a NOSCRIPT could not be retried. Redis
+        # caches the compiled script; the cost is its text on the wire.
+        command = ("EVAL", _APPEND_UNLESS_SUCCEEDED, 3, self._key, keys.cancel(self.job_id), result_key or self._key,
+                   json.dumps(attempt.to_json()), self.ttl, int(bool(result_key)))  # fmt: skip
         connection = self.client.connection_pool.get_connection()
         try:
-            connection.send_packed_command(connection.pack_commands(commands))
+            connection.send_packed_command(connection.pack_command(*command))
         except BaseException:
             self.client.connection_pool.release(connection)
             raise
-        return PendingAppend(self.client.connection_pool, connection, reads_result=bool(result_key))
+        return PendingAppend(self.client.connection_pool, connection)
 
     def clear_kill(self) -> None:
         self.client.delete(keys.kill(self.job_id))
@@ -112,22 +111,39 @@ return 1
 """
 
 
-class PendingAppend:
-    """The unanswered RPUSH + EXPIRE + EXISTS (+ GET of the result) of :meth:`AttemptLog.append_behind`."""
+# Appends an attempt record (RPUSH + EXPIRE) unless the job has a stored SUCCESS; answers
+# {list length or -1 when not appended, cancel flag, 1 when a SUCCESS was stored}.
+_APPEND_UNLESS_SUCCEEDED = """
+local succeeded = 0
+if ARGV[3] == '1' then
+  local meta = redis.call('GET', KEYS[3])
+  if meta then
+    local ok, decoded = pcall(cjson.decode, meta)
+    if ok and type(decoded) == 'table' and decoded['status'] == 'SUCCESS' then succeeded = 1 end
+  end
+end
+local cancelled = redis.call('EXISTS', KEYS[2])
+if succeeded == 1 then return {-1, cancelled, 1} end
+local length = redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return {length, cancelled, 0}
+"""
 
-    def __init__(self, pool: Any, connection: Any, *, reads_result: bool) -> None:
-        self._pool, self._connection, self._reads_result = pool, connection, reads_result
+
+class PendingAppend:
+    """The unanswered conditional append of :meth:`AttemptLog.append_behind`."""
+
+    def __init__(self, pool: Any, connection: Any) -> None:
+        self._pool, self._connection = pool, connection
         self._index: int | None = None
         self._cancelled = False
-        self._result_before: bytes | None = None
+        self._succeeded_before = False
 
     def succeeded_before(self) -> bool:
-        """Was a SUCCESS already stored for the job when this attempt began? (False if unreadable.)"""
+        """Was a SUCCESS already stored for the job when this attempt began (so no record of it
+        was written)? False if unreadable."""
         self.settle_quietly()
-        try:
-            return json.loads(self._result_before or b"{}").get("status") == "SUCCESS"
-        except ValueError:
-            return False
+        return self._succeeded_before
 
     def cancelled(self) -> bool:
         """Had the producer cancelled the job when this attempt was recorded? (False if unreadable.)"""
@@ -135,20 +151,18 @@ class PendingAppend:
         return self._cancelled
 
     def index(self) -> int:
-        """Read Redis's answers (once), hand the connection back; the attempt's index."""
+        """Read Redis's answer (once), hand the connection back; the attempt's index (-1: no
+        record was written, the job had succeeded)."""
         if self._index is None:
             try:
-                length = self._connection.read_response()
-                self._connection.read_response()
-                self._cancelled = bool(self._connection.read_response())
-                if self._reads_result:
-                    self._result_before = self._connection.read_response()
+                length, cancelled, succeeded = self._connection.read_response()
+                self._cancelled, self._succeeded_before = bool(cancelled), bool(succeeded)
             except BaseException:
                 self._connection.disconnect()  # its replies are out of step now
                 raise
             finally:
                 self._pool.release(self._connection)
-            self._index = int(length) - 1
+            self._index = int(length) - 1 if length >= 0 else -1
         return self._index
 
     def settle_quietly(self) -> None:

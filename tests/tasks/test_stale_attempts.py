@@ -92,6 +92,21 @@ def test_a_job_that_had_already_succeeded_when_its_attempt_began_is_not_stored_a
     with pytest.raises(StaleAttempt, match="already succeeded elsewhere"):
         run(log, result_key, rung)
     assert json.loads(log.client.get(result_key))["result"] == {"by": "another worker"}
+    # It left no attempt record either: the history is still the one the stored envelope tells.
+    assert log.read()[0] == []
+
+
+@pytest.mark.parametrize("failure", [MemoryError("woke up short of memory"), ValueError("engine bug")])
+def test_a_stale_attempt_that_fails_after_a_stored_success_writes_nothing(job, failure: Exception) -> None:
+    log, result_key = job
+    log.client.set(result_key, json.dumps({"status": "SUCCESS", "result": {"by": "another worker"}}))
+
+    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+        raise failure
+
+    with pytest.raises(StaleAttempt, match="already succeeded elsewhere"):
+        run(log, result_key, rung)
+    assert log.read()[0] == []
 
 
 def test_a_quick_success_pays_no_extra_round_trip_and_succeeds(job) -> None:
