@@ -35,6 +35,9 @@ _EXPORTS = {
     "ArtifactInfo": "mediafarm.tasks.records",
     "Progress": "mediafarm.tasks.records",
     "Outcome": "mediafarm.tasks.records",
+    "register_speaker": "mediafarm.tasks.families.tts.speakers",
+    "list_speakers": "mediafarm.tasks.families.tts.speakers",
+    "remove_speaker": "mediafarm.tasks.families.tts.speakers",
 }
 __all__ = [
     "ArtifactInfo",
@@ -52,6 +55,9 @@ __all__ = [
     "Progress",
     "handle",
     "known_families",
+    "list_speakers",
+    "register_speaker",
+    "remove_speaker",
     "submit",
 ]
 
@@ -66,6 +72,7 @@ if TYPE_CHECKING:
         LadderExhausted,
         PermanentFailure,
     )
+    from mediafarm.tasks.families.tts.speakers import list_speakers, register_speaker, remove_speaker
     from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, Outcome, Progress
 
 

@@ -37,3 +37,8 @@ def submitted(job_id: str) -> str:
 def cancel(job_id: str) -> str:
     """Present when a producer asked for the job to stop; engines poll it (``EngineContext.cancelled``)."""
     return f"{PREFIX}:cancel:{job_id}"
+
+
+def speakers() -> str:
+    """The TTS speakers: a hash, name → JSON speaker (``families.tts.speakers``). Never expires."""
+    return f"{PREFIX}:speakers"

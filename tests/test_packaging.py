@@ -83,3 +83,24 @@ def test_importing_the_settings_does_not_build_the_celery_app(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_a_producer_imports_no_media_or_model_package(tmp_path: Path, redis_url: str) -> None:
+    # The core install (what a producer service has) carries none of these: a family's spec
+    # module that imported one would break every producer (the TTS spec once pulled PyAV).
+    result = _python(
+        """
+        import sys
+        import mediafarm
+        import mediafarm.tasks.app, mediafarm.tasks.client, mediafarm.workers.cli
+        from mediafarm.tasks import families
+        families.load()
+        heavy = ["av", "numpy", "soundfile", "torch", "onnxruntime", "ultralytics", "ChatTTS", "cv2",
+                 "faster_whisper", "ctranslate2", "silero_vad", "piper", "pocketsphinx"]
+        print(sorted(m for m in heavy if m in sys.modules))
+        """,
+        cwd=tmp_path,
+        env=_producer_env(FARM_BROKER_URL=redis_url),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

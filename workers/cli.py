@@ -240,7 +240,11 @@ def submit(
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the result, with progress")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 600.0,
     queue: Annotated[str | None, typer.Option(help="Queue override, e.g. gpu0.vad")] = None,
-    out: Annotated[Path | None, typer.Option(help="Folder to download the job's artifacts to (implies --wait)")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder to download the job's artifacts to, or a file (speech.wav) for the one top-level "
+                     "artifact with its extension (implies --wait)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result envelope as JSON")] = False,
 ) -> None:
     """Submit a job to the configured broker; print its id, or its result with --wait.
@@ -273,7 +277,16 @@ def submit(
     except TimeoutError as exc:
         _fail(str(exc), code=1)
     _print_envelope(envelope, as_json)
-    if out is not None:
+    if out is not None and out.suffix and not out.is_dir():
+        # A file name: the job's one top-level artifact of that kind (`farm submit tts "Hi." --out hi.wav`).
+        named = [a.name for a in job.artifacts() if "/" not in a.name and Path(a.name).suffix == out.suffix]
+        if len(named) != 1:
+            _fail(f"--out {out}: the job made {len(named)} top-level {out.suffix} artifacts; give a folder", code=1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        target = job.download(named[0], out)
+        if not as_json:
+            console.print(f"saved {target}")
+    elif out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for artifact in job.artifacts():
             target = job.download(artifact.name, out / artifact.name)
@@ -319,6 +332,62 @@ def list_families() -> None:
         rungs = " → ".join(f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}" for v in ladder.rungs)
         table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}", spec.description)
     console.print(table)
+
+
+speakers_cli = typer.Typer(no_args_is_help=True, help="TTS speakers: one fixed voice per engine, kept in Redis.")
+cli.add_typer(speakers_cli, name="speakers")
+
+
+@speakers_cli.command("add")
+def speakers_add(
+    name: str,
+    seed: Annotated[int | None, typer.Option(help="ChatTTS: sample the speaker embedding with this seed")] = None,
+    embedding: Annotated[str | None, typer.Option(help="ChatTTS: the speaker embedding string itself")] = None,
+    piper_voice: Annotated[str | None, typer.Option(help="Piper: voice .onnx under FARM_MODELS_DIR")] = None,
+    piper_speaker: Annotated[int | None, typer.Option(help="Piper: speaker id of a multi-speaker voice")] = None,
+    espeak_voice: Annotated[str | None, typer.Option(help="espeak-ng: voice and variant, e.g. en-us+m3")] = None,
+) -> None:
+    """Register a speaker; the voices it does not name are chosen distinct from every other speaker's."""
+    _need_broker()
+    from mediafarm.tasks.families.tts.speakers import register_speaker
+
+    given = {"seed": seed, "embedding": embedding, "piper_voice": piper_voice, "piper_speaker": piper_speaker,
+             "espeak_voice": espeak_voice}  # fmt: skip
+    try:
+        speaker = register_speaker(name, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        _fail(str(exc))
+    console.print(f"speaker [bold]{speaker.name}[/] registered (slot {speaker.slot})")
+
+
+@speakers_cli.command("list")
+def speakers_list() -> None:
+    """Every speaker and its voice on each engine."""
+    _need_broker()
+    from mediafarm.tasks.families.tts.speakers import list_speakers
+
+    table = Table("speaker", "slot", "ChatTTS", "Piper", "espeak-ng")
+    for s in list_speakers():
+        chattts = "stored embedding" if s.embedding else f"seed {s.chattts_seed}"
+        piper = s.piper_voice or "rung's voice"
+        piper += f" speaker {s.piper_speaker}" if s.piper_speaker is not None else f" pitch {s.piper_pitch:g}"
+        table.add_row(s.name, str(s.slot), chattts, piper, s.espeak)
+    console.print(table)
+
+
+@speakers_cli.command("rm")
+def speakers_rm(name: str) -> None:
+    """Remove a registered speaker (jobs naming it are then rejected)."""
+    _need_broker()
+    from mediafarm.tasks.families.tts.speakers import remove_speaker
+
+    try:
+        removed = remove_speaker(name)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not removed:
+        _fail(f"no speaker named {name!r}", code=1)
+    console.print(f"speaker {name} removed")
 
 
 @cli.command()

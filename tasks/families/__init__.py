@@ -25,6 +25,8 @@ BUILTIN: tuple[str, ...] = (
     "mediafarm.tasks.families.vad",
     "mediafarm.tasks.families.subtitle",
     "mediafarm.tasks.families.subtitle_render",
+    "mediafarm.tasks.families.tts",
+    "mediafarm.tasks.families.yolo",
 )
 
 _families: dict[str, FamilySpec] = {}

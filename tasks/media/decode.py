@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -22,7 +23,8 @@ BLOCK_SECONDS = 10.0
 MAX_CONSECUTIVE_DECODE_ERRORS = 50
 
 
-def _open(path: Path) -> av.container.InputContainer:
+def open_media(path: Path) -> av.container.InputContainer:
+    """``path`` opened for reading, or UnreadableMedia naming it."""
     try:
         return av.open(str(path), mode="r")
     except av.error.FFmpegError as exc:
@@ -31,9 +33,25 @@ def _open(path: Path) -> av.container.InputContainer:
         raise UnreadableMedia(f"not a media file FFmpeg can read: {path.name} ({exc})") from exc
 
 
+def tolerant_frames(container: av.container.InputContainer, stream: av.stream.Stream, label: str) -> Iterator[Any]:
+    """Every decoded frame of ``stream``, skipping corrupt packets; UnreadableMedia after
+    MAX_CONSECUTIVE_DECODE_ERRORS of them in a row. ``label`` names the stream in the error."""
+    errors_in_row = 0
+    for packet in container.demux(stream):
+        try:
+            decoded = packet.decode()
+        except av.error.InvalidDataError as exc:
+            errors_in_row += 1
+            if errors_in_row > MAX_CONSECUTIVE_DECODE_ERRORS:
+                raise UnreadableMedia(f"{label} undecodable ({exc.strerror})") from exc
+            continue
+        errors_in_row = 0
+        yield from decoded
+
+
 def probe_duration(path: Path) -> float | None:
     """Duration in seconds from the container header, without decoding; None if unknown."""
-    with _open(path) as container:
+    with open_media(path) as container:
         audio = [s for s in container.streams if s.type == "audio"]
         if audio and audio[0].duration is not None and audio[0].time_base is not None:
             return float(audio[0].duration * audio[0].time_base)
@@ -53,7 +71,7 @@ def audio_blocks(
     block = int(rate * block_seconds)
     if block <= 0:
         raise ValueError("block_seconds too small")
-    with _open(path) as container:
+    with open_media(path) as container:
         streams = [s for s in container.streams if s.type == "audio"]
         if not streams:
             raise UnreadableMedia(f"{path.name} has no audio stream")
@@ -61,20 +79,9 @@ def audio_blocks(
         resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
         pending: list[np.ndarray] = []
         pending_len = 0
-        errors_in_row = 0
 
-        def frames() -> Iterator[av.AudioFrame]:
-            nonlocal errors_in_row
-            for packet in container.demux(stream):
-                try:
-                    decoded = packet.decode()
-                except av.error.InvalidDataError as exc:
-                    errors_in_row += 1
-                    if errors_in_row > MAX_CONSECUTIVE_DECODE_ERRORS:
-                        raise UnreadableMedia(f"{path.name}: audio stream undecodable ({exc.strerror})") from exc
-                    continue
-                errors_in_row = 0
-                yield from decoded
+        def frames() -> Iterator[av.AudioFrame | None]:
+            yield from tolerant_frames(container, stream, f"{path.name}: audio stream")
             yield None  # flush the resampler
 
         for frame in frames():

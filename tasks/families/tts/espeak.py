@@ -1,0 +1,89 @@
+"""espeak-ng as a TTS voice: the rung that is always there (a Debian package, ~8 MB, no model).
+
+The text goes on stdin (never on the command line, where a leading ``-`` would read as an
+option). A process costs ~13 ms to start, which for a 100,000-character text (2,000 sentences)
+would be most of the job; so a chunk's pieces go to one process as SSML, separated by a
+``BREAK`` of silence, and the waveform is cut back into pieces at the runs of exact zeros that
+long (espeak-ng's own pauses are shorter and never quite zero for that long). Should the count
+of such runs not match the pieces, each piece is spoken on its own instead: times stay exact.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+from collections.abc import Sequence
+from xml.sax.saxutils import escape
+
+import numpy as np
+import soundfile as sf
+
+from mediafarm.tasks.errors import RungUnavailable
+
+# espeak-ng's own default pace, words a minute.
+WORDS_PER_MINUTE = 175
+# espeak-ng's output rate, whatever the voice.
+RATE = 22050
+# Silence put between a chunk's pieces, and the shortest run of zeros taken for one.
+BREAK_MS = 1500
+CUT_SECONDS = 1.2
+# A piece is at most a few hundred characters: seconds at most, even on a loaded machine.
+TIMEOUT = 60.0
+
+
+def find_espeak(binary: str) -> str:
+    """The espeak-ng executable's path; RungUnavailable if it is not installed."""
+    path = shutil.which(binary)
+    if path is None:
+        raise RungUnavailable(f"{binary!r} is not on PATH on this pool (apt-get install espeak-ng)")
+    return path
+
+
+class EspeakVoice:
+    """One espeak-ng voice (``en-us+m3``) at one pace."""
+
+    def __init__(self, binary: str, voice: str, speed: float) -> None:
+        self.binary, self.voice = find_espeak(binary), voice
+        self.wpm = int(round(WORDS_PER_MINUTE * speed))
+        version = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=TIMEOUT)
+        self.label = f"{version.stdout.split(':')[0].strip() or 'espeak-ng'} {voice}"
+        self.rate = RATE
+
+    def speak(self, texts: Sequence[str]) -> list[np.ndarray]:
+        if len(texts) > 1:
+            ssml = f'<break time="{BREAK_MS}ms"/>'.join(escape(t) for t in texts)
+            pieces = _cut_at_breaks(self._run(f"<speak>{ssml}</speak>", ssml=True), len(texts))
+            if pieces is not None:
+                return pieces
+        return [self._run(text) for text in texts]
+
+    def _run(self, text: str, ssml: bool = False) -> np.ndarray:
+        done = subprocess.run(
+            [self.binary, *(["-m"] if ssml else []), "-v", self.voice, "-s", str(self.wpm), "--stdin", "--stdout"],
+            input=text.encode("utf-8"), capture_output=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+        if done.returncode != 0 or not done.stdout:
+            message = done.stderr.decode(errors="replace").strip()[:300]
+            if "voice" in message.lower():
+                raise RungUnavailable(f"espeak-ng has no voice {self.voice!r}: {message}")
+            raise RuntimeError(f"espeak-ng failed (exit {done.returncode}): {message}")
+        # espeak-ng writes a streaming WAV header (sizes 0x7fffffff); libsndfile reads it anyway.
+        audio, rate = sf.read(io.BytesIO(done.stdout), dtype="float32")
+        if rate != self.rate:
+            raise RuntimeError(f"espeak-ng spoke at {rate} Hz, not {self.rate}")
+        return audio.reshape(-1)
+
+
+def _cut_at_breaks(audio: np.ndarray, count: int) -> list[np.ndarray] | None:
+    """``audio`` cut at its inner runs of >= CUT_SECONDS of exact zeros into ``count`` pieces, or
+    None when there are not exactly ``count - 1`` such runs."""
+    silent = np.concatenate([[0], (audio == 0).astype(np.int8), [0]])
+    edges = np.diff(silent)
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    inner = zip(starts, ends, strict=True)
+    long = [(a, b) for a, b in inner if b - a >= CUT_SECONDS * RATE and 0 < a and b < audio.size]
+    if len(long) != count - 1:
+        return None
+    bounds = [0, *(x for run in long for x in run), audio.size]
+    return [audio[bounds[i] : bounds[i + 1]] for i in range(0, len(bounds), 2)]

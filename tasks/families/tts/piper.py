@@ -1,0 +1,85 @@
+"""Piper (VITS voices as ONNX) as a TTS voice: a sound CPU rung between ChatTTS and espeak-ng.
+
+Voices are files the operator puts in FARM_MODELS_DIR (``voice.onnx`` beside ``voice.onnx.json``);
+a missing one makes the rung unavailable. Loaded once per child per voice file.
+
+Deterministic by default: VITS draws random noise for prosody (``noise_scale``) and durations
+(``noise_w_scale``) on every call, which onnxruntime cannot seed, so the same text and speaker
+would differ between jobs. With both at 0 they are bit-identical; an operator who prefers varied
+prosody sets them in the rung's params.
+
+A one-speaker voice serves many farm speakers by pitch: the speaker's factor ``p`` stretches the
+synthesis by ``p`` (``length_scale``) and the waveform is then resampled to ``1/p`` of its length
+at the same rate, so the pace is kept and the pitch (and formants) move by ``p``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mediafarm.tasks.errors import RungUnavailable
+
+if TYPE_CHECKING:
+    from piper import PiperVoice as Loaded
+
+EXTRA = "pip install 'mediafarm[tts]'"
+
+
+def load_piper(model: Path) -> Loaded:
+    """The voice in ``model`` (with ``model.json``); RungUnavailable if absent or unloadable."""
+    return _load(Path(model).resolve())
+
+
+# A child meets few voices; each is ~60 MB of ONNX session.
+@functools.lru_cache(maxsize=2)
+def _load(model: Path) -> Loaded:
+    try:
+        from piper import PiperVoice
+    except ImportError as exc:
+        raise RungUnavailable(f"piper-tts is not installed ({exc.name}); {EXTRA}") from exc
+    config = Path(f"{model}.json")
+    missing = [p.name for p in (model, config) if not p.is_file()]
+    if missing:
+        raise RungUnavailable(f"Piper voice {model} is not in the models dir: {', '.join(missing)} missing")
+    try:
+        return PiperVoice.load(model, config_path=config, use_cuda=False)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime and json raise many kinds for a bad file
+        raise RungUnavailable(f"Piper cannot load the voice {model.name}: {str(exc)[:300]}") from exc
+
+
+class PiperTTSVoice:
+    """One Piper voice as one farm speaker: speaker id, pace and pitch fixed."""
+
+    def __init__(self, model: Path, *, speaker_id: int | None, speed: float, pitch: float, noise_scale: float,
+                 noise_w_scale: float) -> None:  # fmt: skip
+        from piper import SynthesisConfig
+
+        self.voice = load_piper(model)
+        speakers = self.voice.config.num_speakers
+        if speaker_id is not None and speaker_id >= speakers:
+            raise RungUnavailable(f"Piper voice {model.name} has {speakers} speaker(s); speaker id {speaker_id} asked")
+        self.pitch = pitch
+        self.config = SynthesisConfig(
+            speaker_id=speaker_id, length_scale=self.voice.config.length_scale * pitch / speed,
+            noise_scale=noise_scale, noise_w_scale=noise_w_scale,
+        )  # fmt: skip
+        self.rate = self.voice.config.sample_rate
+        who = f" speaker {speaker_id}" if speaker_id is not None else ""
+        self.label = f"piper {version('piper-tts')} {model.stem}{who} pitch {pitch:g}"
+
+    def speak(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self._one(text) for text in texts]
+
+    def _one(self, text: str) -> np.ndarray:
+        parts = [chunk.audio_float_array for chunk in self.voice.synthesize(text, self.config)]
+        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        if self.pitch == 1.0 or audio.size < 2:
+            return audio
+        length = max(2, int(round(audio.size / self.pitch)))
+        return np.interp(np.linspace(0, audio.size - 1, length), np.arange(audio.size), audio).astype(np.float32)

@@ -1,0 +1,162 @@
+"""Streaming video decode at a stride: PyAV frames → small grey frames (for the motion gate) and
+BGR frames at the model's width, made only at the stride.
+
+Inter-coded video cannot skip decoding a frame (the next ones are built from it), so every frame
+is decoded, but only one per stride is converted and scaled, straight from the decoder's YUV to
+the small sizes, and nothing else is kept: memory is the same for a minute of 4K or a day of it.
+An image is a one-frame video to FFmpeg (its image2 demuxer), so the same path reads both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import av
+import numpy as np
+
+from mediafarm.tasks.errors import UnreadableMedia
+from mediafarm.tasks.families.yolo.motion import Region
+from mediafarm.tasks.media.decode import open_media, tolerant_frames
+
+# A frame is "at the stride" if it is this close before its slot (timestamps are rounded).
+SLOT_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One frame at the stride, already downscaled.
+
+    Attributes:
+        t: Seconds from the first frame.
+        grey: ``(h, w)`` uint8 at the motion width.
+        image: ``(h, w, 3)`` uint8 BGR at the model frame width (ultralytics reads arrays as BGR);
+            None when no model will look at it (the ``motion`` rung).
+    """
+
+    t: float
+    grey: np.ndarray
+    image: np.ndarray | None
+
+
+def scaled_size(width: int, height: int, target_width: int) -> tuple[int, int]:
+    """``target_width`` (never upscaled) and the height that keeps the aspect, both even."""
+    w = min(target_width, width)
+    h = max(2, round(height * w / width / 2) * 2)
+    return max(2, w - w % 2), h
+
+
+class VideoSamples:
+    """Open a video (or image) and iterate its frames at a stride.
+
+    Usage::
+
+        with VideoSamples(path, stride=0.5, grey_width=160, image_width=640) as video:
+            for sample in video:
+                ...  # video.position / video.duration for progress
+
+    Attributes (after opening):
+        width, height: Source frame size.
+        duration: Seconds the container declares, or None (an image, some streams).
+        decoded: Frames decoded so far; sampled: frames yielded so far.
+        position: Seconds of the last decoded frame.
+
+    Raises:
+        UnreadableMedia: not a file FFmpeg reads, no video stream, too many undecodable packets
+            in a row, or no frame decodes at all.
+    """
+
+    def __init__(self, path: Path, *, stride: float, grey_width: int, image_width: int | None) -> None:
+        if stride <= 0:
+            raise ValueError("stride must be positive")
+        self.path, self.stride = path, stride
+        self.grey_width, self.image_width = grey_width, image_width
+        self.decoded = self.sampled = 0
+        self.position = 0.0
+
+    def __enter__(self) -> VideoSamples:
+        self._container = open_media(self.path)
+        streams = self._container.streams.video
+        if not streams:
+            self._container.close()
+            raise UnreadableMedia(f"{self.path.name} has no video stream")
+        stream = streams[0]
+        # Frame-threaded decode: FFmpeg spreads frames over cores; the GIL is released meanwhile.
+        stream.thread_type = "AUTO"
+        self._stream = stream
+        self.width, self.height = stream.codec_context.width, stream.codec_context.height
+        if not self.width or not self.height:
+            self._container.close()
+            raise UnreadableMedia(f"{self.path.name}: the video stream declares no frame size")
+        self.duration = self._declared_duration()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._container.close()
+
+    def _declared_duration(self) -> float | None:
+        stream = self._stream
+        if stream.duration is not None and stream.time_base is not None:
+            return float(stream.duration * stream.time_base)
+        if self._container.duration is not None:
+            return self._container.duration / av.time_base
+        return None
+
+    def __iter__(self) -> Iterator[Sample]:
+        grey_size = scaled_size(self.width, self.height, self.grey_width)
+        image_size = scaled_size(self.width, self.height, self.image_width) if self.image_width else None
+        next_slot = 0.0
+        start: float | None = None
+        rate = float(self._stream.average_rate or 25)
+        for frame in self._frames():
+            t = frame.time if frame.time is not None else self.decoded / rate
+            start = t if start is None else start
+            t -= start
+            self.decoded += 1
+            self.position = t
+            if t + SLOT_TOLERANCE < next_slot:
+                continue  # decoded (it had to be) but never converted: the cheap skip
+            next_slot = (int((t + SLOT_TOLERANCE) / self.stride) + 1) * self.stride
+            self.sampled += 1
+            image = _convert(frame, image_size, "bgr24") if image_size else None
+            yield Sample(t, _convert(frame, grey_size, "gray"), image)
+        if self.decoded == 0:
+            raise UnreadableMedia(f"{self.path.name}: no video frame could be decoded")
+
+    def _frames(self) -> Iterator[av.VideoFrame]:
+        # Camera footage has the odd corrupt packet; a run of them is a file we cannot read.
+        return tolerant_frames(self._container, self._stream, f"{self.path.name}: video stream")
+
+
+def _convert(frame: av.VideoFrame, size: tuple[int, int], pixel_format: str) -> np.ndarray:
+    # swscale scales and converts in one pass from the decoder's YUV; AREA averages the pixels a
+    # downscale drops, which also takes out the sensor noise the motion gate would see.
+    width, height = size
+    return frame.reformat(width=width, height=height, format=pixel_format, interpolation="AREA").to_ndarray()
+
+
+def crop_around(image: np.ndarray, region: Region, *, min_side: int, pad: float = 0.25) -> tuple[np.ndarray, int, int]:
+    """The part of ``image`` around a motion ``region``, and its offset ``(x, y)`` in ``image``.
+
+    The region is padded by ``pad`` of its size on each side (a person's moving arm is not the
+    whole person) and grown to at least ``min_side`` pixels a side (the model's input: a smaller
+    crop would only be upscaled), then clipped to the image.
+    """
+    h, w = image.shape[:2]
+    cx, cy = (region.x1 + region.x2) / 2 * w, (region.y1 + region.y2) / 2 * h
+    half_w = max((region.x2 - region.x1) * w * (1 + 2 * pad), min_side) / 2
+    half_h = max((region.y2 - region.y1) * h * (1 + 2 * pad), min_side) / 2
+    x1, x2 = _clip_span(cx - half_w, cx + half_w, w)
+    y1, y2 = _clip_span(cy - half_h, cy + half_h, h)
+    return image[y1:y2, x1:x2], x1, y1
+
+
+def _clip_span(low: float, high: float, limit: int) -> tuple[int, int]:
+    # Shift a window that runs off one edge back inside before cutting it, so it keeps its size.
+    size = min(high - low, limit)
+    low = min(max(0.0, low), limit - size)
+    return int(low), int(round(low + size))

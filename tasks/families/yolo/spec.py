@@ -1,0 +1,221 @@
+"""What a YOLO job takes and returns, its engines, its default ladder and how the CLI shows it.
+
+Imported by every farm process, producers included: nothing heavy here (the engines import PyAV,
+numpy and ultralytics in the pool child).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from rich.table import Table
+
+from mediafarm.config.ladders import variant
+from mediafarm.config.limits import TimeLimits
+from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request
+from mediafarm.tasks.media.intervals import Span
+
+ENGINES = "mediafarm.tasks.families.yolo.engines"
+# The class the `motion` rung reports its spans under (no model ran, so no real class).
+MOTION_CLASS = "motion"
+
+ClassName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
+
+
+class YoloRequest(Request):
+    """Attributes: media (a video FFmpeg reads, or an image, inside FARM_MEDIA_ROOTS), classes
+    (model class names to report; checked against the model's own names when the job runs),
+    stride (seconds between the frames looked at; default: the rung's ``stride_s``), ladder (a
+    declared ladder of the yolo family, ``[ladders.NAME] family = "yolo"``; default: the family's)."""
+
+    media: MediaPath
+    classes: Annotated[list[ClassName], CommaList] = Field(default_factory=lambda: ["person"], min_length=1)
+    stride: float | None = Field(None, gt=0, le=60)
+    ladder: str | None = None
+
+    @field_validator("classes")
+    @classmethod
+    def _unique(cls, classes: list[str]) -> list[str]:
+        return list(dict.fromkeys(classes))
+
+
+class Detection(BaseModel):
+    """One interval in which a class was seen.
+
+    Attributes:
+        start: Seconds from the start of the media (the first frame it was seen in).
+        end: Seconds; the last frame it was seen in plus one stride (what that frame stands for).
+        peak_confidence: The highest confidence in the interval (for ``motion``: the largest
+            fraction of pixels that changed).
+        box: ``[x1, y1, x2, y2]`` in source pixels, of the detection at the peak.
+        frames: Frames it was seen in.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    start: float
+    end: float
+    peak_confidence: float
+    box: tuple[float, float, float, float]
+    frames: int
+
+    def span(self) -> Span:
+        """The interval as the farm's :class:`Span`, for merging with other jobs' spans."""
+        return Span(self.start, self.end)
+
+
+class FrameCounters(BaseModel):
+    """What the motion gate saved (the counters Frigate publishes for its own).
+
+    Attributes:
+        decoded: Frames FFmpeg decoded (all of them: inter-coded video cannot skip any).
+        sampled: Frames at the stride, downscaled and given to the motion gate.
+        examined: Frames (or crops) sent to the model.
+        skipped: Sampled frames the gate kept from the model (no motion nearby).
+        model_ms_per_frame: Mean wall time of one model call, pre- and post-processing included;
+            None when the model never ran.
+    """
+
+    decoded: int = 0
+    sampled: int = 0
+    examined: int = 0
+    skipped: int = 0
+    model_ms_per_frame: float | None = None
+
+
+class YoloResult(BaseModel):
+    """Detections in one video or image.
+
+    Attributes:
+        detections: Class name → its intervals, sorted; every requested class has a key. The
+            ``motion`` rung reports the class ``motion`` alone.
+        frames: The motion gate's counters.
+        duration: Seconds of video decoded (0 for an image).
+        width, height: Source frame size in pixels (the boxes' coordinates).
+        stride: Seconds between the frames looked at.
+        model: The model, its runtime and versions (``motion prefilter`` on the last rung).
+        crop: True when the model saw crops around the motion, not whole frames.
+        motion_only: True on the ``motion`` rung: spans of motion, no model ran; a pipeline
+            must not read them as people.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    detections: dict[str, list[Detection]] = Field(default_factory=dict)
+    frames: FrameCounters = Field(default_factory=FrameCounters)
+    duration: float = 0.0
+    width: int = 0
+    height: int = 0
+    stride: float = 0.0
+    model: str = ""
+    crop: bool = False
+    motion_only: bool = False
+
+    def spans(self, name: str) -> list[Span]:
+        """The intervals of class ``name`` as spans (empty when it was not asked for or not seen)."""
+        return [d.span() for d in self.detections.get(name, [])]
+
+
+class MotionParams(Params):
+    """The motion gate (and the ``motion`` rung).
+
+    Attributes:
+        stride_s: Seconds between the frames looked at (a job's ``stride`` overrides it).
+        motion_width: Width of the grey frames compared (height keeps the aspect).
+        motion_alpha: How fast the background learns a frame (running average weight): small
+            values keep a slow walker visible, large ones forget a parked car sooner.
+        motion_threshold: Grey-level difference from the background that counts as a change.
+        motion_min_area: Fraction of the pixels that must change for a frame to count as motion.
+        margin_before_s, margin_after_s: Frames this close before or after motion go to the
+            model too (someone standing still just before or after moving).
+        join_s: Intervals of one class closer than this merge.
+    """
+
+    stride_s: float = Field(0.5, gt=0, le=60)
+    motion_width: int = Field(160, ge=32, le=640)
+    motion_alpha: float = Field(0.05, gt=0, le=1)
+    motion_threshold: int = Field(25, ge=1, le=255)
+    motion_min_area: float = Field(0.002, gt=0, le=1)
+    margin_before_s: float = Field(1.0, ge=0, le=30)
+    margin_after_s: float = Field(2.0, ge=0, le=60)
+    join_s: float = Field(1.0, ge=0, le=60)
+
+
+class DetectParams(MotionParams):
+    """A YOLO rung: the motion gate's parameters plus the model's.
+
+    Attributes:
+        weights: File under FARM_MODELS_DIR: ``.pt`` (torch; GPU rungs) or ``.onnx`` (exported,
+            run by ultralytics through onnxruntime; CPU rungs). Absent: the rung is unavailable.
+        imgsz: Model input size for ``.pt``; an export runs at the size it was exported with.
+        conf: Minimum confidence of a detection.
+        frame_width: Width frames are downscaled to as soon as they are decoded; the model sees
+            these, or crops of them.
+        crop: Run the model on a crop around the motion instead of the whole frame (Frigate's
+            design: a small far person fills more of the model's input). Margin frames, which
+            have no motion of their own, go whole.
+        crop_min: Smallest crop side in pixels (the model's input size is a good value: a
+            smaller crop would only be upscaled).
+        prefilter: False sends every frame at the stride to the model (the baseline the gate is
+            measured against).
+        threads: torch intra-op threads on CPU (a pool runs one child per core).
+    """
+
+    weights: str = Field(pattern=r"^[^/].*\.(pt|onnx)$")
+    imgsz: int | None = Field(None, ge=32, le=2048, multiple_of=32)
+    conf: float = Field(0.25, gt=0, lt=1)
+    frame_width: int = Field(640, ge=64, le=3840)
+    crop: bool = False
+    crop_min: int = Field(320, ge=32, le=3840)
+    prefilter: bool = True
+    threads: int = Field(1, ge=1, le=64)
+
+
+def summary(result: YoloResult) -> str:
+    f = result.frames
+    ms = f" model {f.model_ms_per_frame:.1f} ms/frame" if f.model_ms_per_frame is not None else ""
+    flag = "  [yellow](motion only: no model ran)[/]" if result.motion_only else ""
+    return (f"model {result.model}  duration {result.duration:.1f} s  frames decoded {f.decoded}, "
+            f"examined {f.examined}, skipped {f.skipped}{ms}{flag}")  # fmt: skip
+
+
+def render(result: YoloResult) -> Table | str:
+    rows = [(name, d) for name, found in result.detections.items() for d in found]
+    if not rows:
+        return f"nothing found ({', '.join(result.detections) or 'no classes'})"
+    table = Table("class", "start (s)", "end (s)", "peak conf", "box [x1, y1, x2, y2]", "frames")
+    for name, d in sorted(rows, key=lambda row: (row[1].start, row[0])):
+        box = ", ".join(f"{v:.0f}" for v in d.box)
+        table.add_row(name, f"{d.start:.2f}", f"{d.end:.2f}", f"{d.peak_confidence:.2f}", f"[{box}]", str(d.frames))
+    return table
+
+
+FAMILY = FamilySpec(
+    name="yolo",
+    task_name="farm.yolo.detect",
+    description="Object detection intervals (default: person) in a video or image; YOLO behind a motion gate",
+    request=YoloRequest,
+    result=YoloResult,
+    engines={
+        "detect": EngineSpec(f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "av", "numpy")),
+        "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy")),
+    },
+    ladder=(
+        # GPU rungs: torch weights, the pool's GPU memory fraction applied; a CUDA OOM moves down.
+        variant("yolo-large", "detect", device="cuda", weights="yolo11l.pt", imgsz=640, stride_s=0.5),
+        variant("yolo-small", "detect", device="cuda", weights="yolo11s.pt", imgsz=640, stride_s=0.5),
+        # ONNX Runtime beats torch on CPU (~80 vs ~115-240 ms a frame for 11n, FACTS.md).
+        variant("yolo-nano", "detect", weights="yolo11n.onnx", stride_s=1.0),
+        # No model: motion spans, flagged, so a YOLO that keeps getting killed still yields something.
+        variant("motion", "motion", stride_s=0.5),
+    ),
+    # One attempt; under FARM_VISIBILITY_TIMEOUT (7200). Decoding is the floor: 1080p H.264 at a
+    # few hundred frames a second on 2 cores is ~1 h of 30 fps video in ~5 min; nano on every
+    # sampled frame of 1 h at 1 s stride is another ~5 min.
+    limits=TimeLimits(soft=5400, hard=5600),
+    cli_argument="media",
+    ladder_field="ladder",
+    summary=summary,
+    render=render,
+)
