@@ -49,6 +49,12 @@ def tolerant_frames(container: av.container.InputContainer, stream: av.stream.St
         yield from decoded
 
 
+def has_audio_stream(path: Path) -> bool:
+    """Does ``path`` carry an audio stream? (From the header; UnreadableMedia if it does not open.)"""
+    with open_media(path) as container:
+        return bool(container.streams.audio)
+
+
 def probe_duration(path: Path) -> float | None:
     """Duration in seconds from the container header, without decoding; None if unknown."""
     with open_media(path) as container:

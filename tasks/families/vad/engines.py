@@ -9,7 +9,7 @@ SileroParams())``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import RungUnavailable
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
 from mediafarm.tasks.family import NoParams
-from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks, probe_duration
+from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
 from mediafarm.tasks.media.intervals import Span
 
 SILERO_WINDOW = 512  # samples at 16 kHz: the only window size silero-vad 5+ accepts
@@ -74,6 +74,21 @@ def silero_version() -> str:
     return f"silero-vad {version('silero-vad')} (onnx)"
 
 
+def answers_no_audio(engine: Callable[..., VadResult]) -> Callable[..., VadResult]:
+    """An engine that, for a request with ``if_no_audio="empty"``, answers a media file without an
+    audio track with no spans and ``no_audio`` set instead of failing on it."""
+
+    @functools.wraps(engine)
+    def run(ctx: EngineContext, request: VadRequest, params: Any) -> VadResult:
+        path = Path(request.media)
+        if request.if_no_audio == "empty" and not has_audio_stream(path):
+            return VadResult(spans=[], duration=probe_duration(path) or 0.0, model="none", no_audio=True)
+        return engine(ctx, request, params)
+
+    return run
+
+
+@answers_no_audio
 def silero(ctx: EngineContext, request: VadRequest, params: SileroParams) -> VadResult:
     """Speech spans by silero-vad's streaming iterator over 512-sample windows."""
     # torch only here, in the pool child: the worker's main process must never import it.
@@ -110,6 +125,7 @@ def silero(ctx: EngineContext, request: VadRequest, params: SileroParams) -> Vad
     return VadResult(spans=spans, duration=duration, model=silero_version())
 
 
+@answers_no_audio
 def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> VadResult:
     """Speech spans by webrtcvad on 30 ms frames, with a silence hangover and a minimum length."""
     try:
@@ -144,6 +160,7 @@ def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> Vad
     return VadResult(spans=spans, duration=duration, model=f"webrtcvad {version('webrtcvad-wheels')}")
 
 
+@answers_no_audio
 def skip(ctx: EngineContext, request: VadRequest, params: NoParams) -> VadResult:
     """No detection at all: the cheapest rung, so that a pipeline still gets its other stages."""
     return VadResult(spans=[], duration=probe_duration(Path(request.media)) or 0.0, model="none", vad_skipped=True)

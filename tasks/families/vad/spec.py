@@ -6,6 +6,8 @@ imports numpy, PyAV and silero in the pool child).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from rich.table import Table
 
@@ -18,9 +20,13 @@ ENGINES = "mediafarm.tasks.families.vad.engines"
 
 
 class VadRequest(Request):
-    """Attributes: media (an audio or video file inside FARM_MEDIA_ROOTS; any format FFmpeg reads)."""
+    """Attributes: media (an audio or video file inside FARM_MEDIA_ROOTS; any format FFmpeg reads),
+    if_no_audio (``reject``: a file without an audio track is bad input; ``empty``: it is
+    answered with no spans and ``no_audio`` set, as a pipeline's VAD stage on a silent camera
+    wants)."""
 
     media: MediaPath
+    if_no_audio: Literal["reject", "empty"] = "reject"
 
 
 class VadResult(BaseModel):
@@ -32,6 +38,7 @@ class VadResult(BaseModel):
         model: Which model produced the spans, with its version.
         vad_skipped: True when no detection ran (the ``skip`` rung): spans are empty by
             design, not because the media is silent.
+        no_audio: True when the media has no audio track (``if_no_audio="empty"``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -40,6 +47,7 @@ class VadResult(BaseModel):
     duration: float = 0.0
     model: str = ""
     vad_skipped: bool = False
+    no_audio: bool = False
 
     @field_serializer("spans")
     def _spans(self, spans: list[Span]) -> list[dict[str, float]]:
@@ -70,12 +78,13 @@ class WebrtcParams(Params):
 
 def summary(result: VadResult) -> str:
     skipped = "  [yellow](VAD skipped)[/]" if result.vad_skipped else ""
+    skipped += "  [yellow](no audio track)[/]" if result.no_audio else ""
     return f"model {result.model}  duration {result.duration:.2f} s  {len(result.spans)} speech spans{skipped}"
 
 
 def render(result: VadResult) -> Table | str:
     if not result.spans:
-        return "no speech spans" if result.vad_skipped else "no speech found"
+        return "no speech spans" if result.vad_skipped or result.no_audio else "no speech found"
     table = Table("#", "start (s)", "end (s)", "length (s)")
     for i, span in enumerate(result.spans, 1):
         table.add_row(str(i), f"{span.start:.2f}", f"{span.end:.2f}", f"{span.end - span.start:.2f}")

@@ -63,3 +63,30 @@ def test_model_state_does_not_leak_between_jobs(speech_track) -> None:
     # The model is cached per process; a second run must give the same spans as the first.
     first = silero_spans(speech_track.path).model_dump(mode="json")
     assert silero_spans(speech_track.path).model_dump(mode="json") == first
+
+
+def silent_video(path: Path, seconds: int = 3) -> Path:
+    """A video with no audio track at all (a camera without a microphone)."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(10 * seconds):
+            frame = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path
+
+
+@pytest.mark.parametrize("engine, params", [(silero, SileroParams()), (webrtc, WebrtcParams()), (skip, None)])
+def test_no_audio_track_is_answered_empty_when_asked_and_rejected_otherwise(tmp_path: Path, engine, params) -> None:
+    from mediafarm.tasks.errors import UnreadableMedia
+
+    video = silent_video(tmp_path / "mute.mp4")
+    result = engine(EngineContext.local(), VadRequest(media=str(video), if_no_audio="empty"), params)
+    assert result.no_audio and result.spans == [] and result.duration == pytest.approx(3.0, abs=0.2)
+    if engine is not skip:  # the skip rung never reads the audio, so it has nothing to reject
+        with pytest.raises(UnreadableMedia, match="no audio stream"):
+            engine(EngineContext.local(), VadRequest(media=str(video)), params)
