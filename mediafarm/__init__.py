@@ -22,6 +22,7 @@ _EXPORTS = {
     "submit": "mediafarm.tasks.client",
     "handle": "mediafarm.tasks.client",
     "JobHandle": "mediafarm.tasks.client",
+    "PipelineHandle": "mediafarm.tasks.pipeline",
     "known_families": "mediafarm.tasks.client",
     "FarmError": "mediafarm.tasks.errors",
     "JobFailed": "mediafarm.tasks.errors",
@@ -52,6 +53,7 @@ __all__ = [
     "LadderExhausted",
     "Outcome",
     "PermanentFailure",
+    "PipelineHandle",
     "Progress",
     "handle",
     "known_families",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         PermanentFailure,
     )
     from mediafarm.tasks.families.tts.speakers import list_speakers, register_speaker, remove_speaker
+    from mediafarm.tasks.pipeline import PipelineHandle
     from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, Outcome, Progress
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,10 +210,14 @@ def submit(family: str, *, queue: str | None = None, job_id: str | None = None, 
     (racing or not) returns that job's handle and sends nothing, so the job never runs twice for
     it. Reusing a key for another family or other fields raises ValueError. Keys are remembered
     as long as results (``result_expires``). Without ``job_id`` every job gets a fresh UUID.
+
+    A family whose request has ``as_pipeline`` (``dialogue``) is sent as its plan: several jobs
+    and a fan-in job (``tasks.pipeline``); the handle returned is a ``PipelineHandle``.
     """
     spec = registry.get(family)
     request = spec.parse_request(fields)
     kwargs = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    as_pipeline = getattr(request, "as_pipeline", None)
     if job_id is not None:
         try:
             ArtifactStore(get_settings().storage_dir, job_id)
@@ -224,8 +229,18 @@ def submit(family: str, *, queue: str | None = None, job_id: str | None = None, 
             first = app.backend.client.get(key)
             if first is not None and first.decode() != fingerprint:
                 raise ValueError(f"job id {job_id!r} was already submitted with another family or other fields")
+            if callable(as_pipeline):
+                from mediafarm.tasks.pipeline import PipelineHandle
+
+                return PipelineHandle(id=job_id, family=spec.name)
             return JobHandle(id=job_id, family=spec.name)
     try:
+        if callable(as_pipeline):
+            # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
+            # handle is the fan-in job's. Imported here: tasks.pipeline imports this module.
+            from mediafarm.tasks.pipeline import send_plan
+
+            return send_plan(as_pipeline(job_id or str(uuid.uuid4())), queue=queue)
         # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(

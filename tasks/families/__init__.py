@@ -26,6 +26,7 @@ BUILTIN: tuple[str, ...] = (
     "mediafarm.tasks.families.subtitle",
     "mediafarm.tasks.families.subtitle_render",
     "mediafarm.tasks.families.tts",
+    "mediafarm.tasks.families.dialogue",
     "mediafarm.tasks.families.yolo",
 )
 
