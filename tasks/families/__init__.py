@@ -28,6 +28,7 @@ BUILTIN: tuple[str, ...] = (
     "mediafarm.tasks.families.tts",
     "mediafarm.tasks.families.dialogue",
     "mediafarm.tasks.families.yolo",
+    "mediafarm.tasks.families.camfilter",
 )
 
 _families: dict[str, FamilySpec] = {}

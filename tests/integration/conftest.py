@@ -7,6 +7,7 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,12 @@ def amqp_url() -> Iterator[str]:
         yield f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{vhost}"
     finally:
         _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture(scope="session")
+def random_yolo(session_dir: Path) -> tuple[Path, Path]:
+    """A random-weight YOLO11n (``.pt`` and ONNX) in the session's models dir, built once."""
+    from mediafarm.config.settings import get_settings
+    from tests.support.yolo import build_random_yolo
+
+    return build_random_yolo(get_settings().models_dir, session_dir / "ultralytics-build")

@@ -18,19 +18,13 @@ from pathlib import Path
 import pytest
 
 from mediafarm import JobRejected, submit
-from mediafarm.config.settings import get_settings
 from mediafarm.tasks.app import app
 from mediafarm.tasks.families.yolo.spec import YoloResult
-from tests.support.yolo import DURATION, FPS, HEIGHT, WIDTH, build_random_yolo, make_audio_only, make_video
+from tests.support.yolo import DURATION, FPS, HEIGHT, WIDTH, make_audio_only, make_video
 
 pytestmark = pytest.mark.integration
 QUEUE = "yolo-test"
 GPU_RUNGS = ["yolo-large", "yolo-small"]
-
-
-@pytest.fixture(scope="session")
-def random_yolo(session_dir: Path) -> tuple[Path, Path]:
-    return build_random_yolo(get_settings().models_dir, session_dir / "ultralytics-build")
 
 
 @pytest.fixture(scope="module")

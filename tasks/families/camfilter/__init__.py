@@ -1,1 +1,5 @@
-"""The camera filter's own stages: which spans of a video to keep (``plan``) and cutting them (``cut``)."""
+"""The camera filter: VAD ∥ YOLO on a recording, then its clips (``spec``, ``plan``, ``cut``, ``engines``)."""
+
+from mediafarm.tasks.families.camfilter.spec import FAMILY
+
+__all__ = ["FAMILY"]

@@ -53,20 +53,36 @@ def keyframe_times(source: Path) -> list[float]:
     return sorted(times)
 
 
+def choose_cut(start: float, keyframes: list[float], max_lead: float) -> tuple[Method, float]:
+    """How a clip starting at ``start`` is cut, and from where: a copy from the last keyframe at
+    or before it when that is at most ``max_lead`` seconds earlier, else a re-encode from ``start``."""
+    index = bisect.bisect_right(keyframes, start + 1e-6) - 1
+    if index >= 0 and start - keyframes[index] <= max_lead:
+        return "copy", keyframes[index]
+    return "reencode", start
+
+
+def clip_suffix(method: Method, source: Path) -> str:
+    """The file suffix of a clip: the source's container for a copy (or .mkv), .mp4 for a re-encode."""
+    if method == "copy":
+        return source.suffix.lower() if source.suffix.lower() in COPY_CONTAINERS else ".mkv"
+    return ".mp4"
+
+
 def cut_clip(source: Path, start: float, end: float, target: Path, keyframes: list[float],
              max_lead: float = 1.5) -> CutClip:  # fmt: skip
-    """Write ``source``'s ``[start, end)`` to ``target`` (its suffix chooses the container for a
-    copy; a re-encode is always MP4, H.264 + AAC)."""
+    """Write ``source``'s ``[start, end)`` to ``target``, whose suffix should be
+    :func:`clip_suffix`'s for :func:`choose_cut`'s method (a copy writes the container the suffix
+    names, or Matroska; a re-encode writes MP4, H.264 + AAC, whatever the suffix)."""
     if end <= start:
         raise ValueError(f"empty clip {start}-{end}")
-    index = bisect.bisect_right(keyframes, start + 1e-6) - 1
-    keyframe = keyframes[index] if index >= 0 else None
-    if keyframe is not None and start - keyframe <= max_lead:
-        _copy(source, keyframe, end, target)
-        return CutClip(target, keyframe, end, "copy")
-    target = target.with_suffix(".mp4")
-    _reencode(source, start, end, target, seek_to=keyframe or 0.0)
-    return CutClip(target, start, end, "reencode")
+    method, begin = choose_cut(start, keyframes, max_lead)
+    if method == "copy":
+        _copy(source, begin, end, target)
+    else:
+        index = bisect.bisect_right(keyframes, start + 1e-6) - 1
+        _reencode(source, start, end, target, seek_to=keyframes[index] if index >= 0 else 0.0)
+    return CutClip(target, begin, end, method)
 
 
 def check_clip(path: Path) -> tuple[int, float]:

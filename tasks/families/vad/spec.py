@@ -23,10 +23,12 @@ class VadRequest(Request):
     """Attributes: media (an audio or video file inside FARM_MEDIA_ROOTS; any format FFmpeg reads),
     if_no_audio (``reject``: a file without an audio track is bad input; ``empty``: it is
     answered with no spans and ``no_audio`` set, as a pipeline's VAD stage on a silent camera
-    wants)."""
+    wants), ladder (a declared ladder of the vad family, ``[ladders.NAME] family = "vad"``;
+    default: the family's)."""
 
     media: MediaPath
     if_no_audio: Literal["reject", "empty"] = "reject"
+    ladder: str | None = None
 
 
 class VadResult(BaseModel):
@@ -113,6 +115,7 @@ FAMILY = FamilySpec(
     # One attempt, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
     limits=TimeLimits(soft=1800, hard=1900),
     cli_argument="media",
+    ladder_field="ladder",
     summary=summary,
     render=render,
 )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.families.camfilter.cut import check_clip, cut_clip, keyframe_times
+from mediafarm.tasks.families.camfilter.cut import check_clip, choose_cut, clip_suffix, cut_clip, keyframe_times
 
 FPS, SECONDS, RATE = 10, 20, 16000
 
@@ -70,8 +70,10 @@ def test_a_clip_near_a_keyframe_is_copied_from_it_and_decodes(short_gop: Path, t
 
 
 def test_a_clip_far_from_any_keyframe_is_reencoded_from_its_exact_start(long_gop: Path, tmp_path: Path) -> None:
-    clip = cut_clip(long_gop, 4.3, 8.0, tmp_path / "b.mkv", keyframe_times(long_gop), max_lead=1.5)
-    assert (clip.method, clip.start, clip.end, clip.path.suffix) == ("reencode", 4.3, 8.0, ".mp4")
+    keyframes = keyframe_times(long_gop)
+    assert choose_cut(4.3, keyframes, 1.5) == ("reencode", 4.3) and clip_suffix("reencode", long_gop) == ".mp4"
+    clip = cut_clip(long_gop, 4.3, 8.0, tmp_path / "b.mp4", keyframes, max_lead=1.5)
+    assert (clip.method, clip.start, clip.end) == ("reencode", 4.3, 8.0)
     frames, last = check_clip(clip.path)
     assert abs(frames - 37) <= 2 and 3.3 <= last <= 3.8
     assert streams(clip.path) == ["audio", "video"]
