@@ -75,7 +75,7 @@ def piper(ctx: EngineContext, request: TtsRequest, params: PiperParams) -> Gener
     model = ctx.model_path(speaker.piper_voice or params.voice)
     voice = PiperTTSVoice(
         model, speaker_id=speaker.piper_speaker, speed=request.speed, pitch=speaker.piper_pitch,
-        noise_scale=params.noise_scale, noise_w_scale=params.noise_w_scale,
+        noise_scale=params.noise_scale, noise_w_scale=params.noise_w_scale, threads=params.threads,
     )  # fmt: skip
     return (yield from speak(ctx, request, voice, params.max_chars))
 

@@ -16,6 +16,7 @@ at the same rate, so the pace is kept and the pitch (and formants) move by ``p``
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -31,16 +32,19 @@ if TYPE_CHECKING:
 EXTRA = "pip install 'mediafarm[tts]'"
 
 
-def load_piper(model: Path) -> Loaded:
-    """The voice in ``model`` (with ``model.json``); RungUnavailable if absent or unloadable."""
-    return _load(Path(model).resolve())
+def load_piper(model: Path, threads: int = 1) -> Loaded:
+    """The voice in ``model`` (with ``model.json``) on ``threads`` onnxruntime threads;
+    RungUnavailable if absent or unloadable."""
+    return _load(Path(model).resolve(), threads)
 
 
 # A child meets few voices; each is ~60 MB of ONNX session.
 @functools.lru_cache(maxsize=2)
-def _load(model: Path) -> Loaded:
+def _load(model: Path, threads: int) -> Loaded:
     try:
+        import onnxruntime
         from piper import PiperVoice
+        from piper.config import PiperConfig
     except ImportError as exc:
         raise RungUnavailable(f"piper-tts is not installed ({exc.name}); {EXTRA}") from exc
     config = Path(f"{model}.json")
@@ -48,7 +52,12 @@ def _load(model: Path) -> Loaded:
     if missing:
         raise RungUnavailable(f"Piper voice {model} is not in the models dir: {', '.join(missing)} missing")
     try:
-        return PiperVoice.load(model, config_path=config, use_cuda=False)
+        # PiperVoice.load gives onnxruntime no thread count (it then takes every core); the
+        # voice is built the same way here, with one.
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        session = onnxruntime.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+        return PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text(encoding="utf-8"))), session=session)
     except Exception as exc:  # noqa: BLE001 - onnxruntime and json raise many kinds for a bad file
         raise RungUnavailable(f"Piper cannot load the voice {model.name}: {str(exc)[:300]}") from exc
 
@@ -57,10 +66,10 @@ class PiperTTSVoice:
     """One Piper voice as one farm speaker: speaker id, pace and pitch fixed."""
 
     def __init__(self, model: Path, *, speaker_id: int | None, speed: float, pitch: float, noise_scale: float,
-                 noise_w_scale: float) -> None:  # fmt: skip
+                 noise_w_scale: float, threads: int = 1) -> None:  # fmt: skip
         from piper import SynthesisConfig
 
-        self.voice = load_piper(model)
+        self.voice = load_piper(model, threads)
         speakers = self.voice.config.num_speakers
         if speaker_id is not None and speaker_id >= speakers:
             raise RungUnavailable(f"Piper voice {model.name} has {speakers} speaker(s); speaker id {speaker_id} asked")

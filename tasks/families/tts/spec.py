@@ -86,12 +86,15 @@ class ChatTTSParams(Params):
 
 class PiperParams(Params):
     """Attributes: voice (``.onnx`` under FARM_MODELS_DIR, its ``.onnx.json`` beside it; a
-    speaker's own voice wins), max_chars, noise_scale and noise_w_scale (0: deterministic)."""
+    speaker's own voice wins), max_chars, noise_scale and noise_w_scale (0: deterministic),
+    threads (onnxruntime's threads per child: one, so a pool's concurrency is its cores; by
+    default onnxruntime takes every core in every child, and two children were slower than one)."""
 
     voice: str = Field("piper/en_US-joe-medium.onnx", pattern=r"\.onnx$")
     max_chars: int = Field(400, ge=20, le=5000)
     noise_scale: float = Field(0.0, ge=0, le=2)
     noise_w_scale: float = Field(0.0, ge=0, le=2)
+    threads: int = Field(1, ge=1, le=64)
 
 
 class EspeakParams(Params):
