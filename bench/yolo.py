@@ -4,7 +4,7 @@ Run from the repository root::
 
     /work/venv214/bin/python bench/yolo.py --seconds 180 --short 30
 
-Inputs (made once under ``--workdir``): a 1280x720, 15 fps, H.264 (GOP 250, like a camera) video of
+Inputs (made once under ``--workdir``): a 1280x720, 15 fps, H.264 (GOP ``--gop``, default 250) video of
 a still scene in which a dark rectangle moves during a few short spans (``--seconds`` long, and a
 ``--short`` one with the same pattern), and a random-weight YOLO11n from ultralytics' yaml with COCO
 names, saved as ``.pt`` and exported to ONNX at 640 (the production size). Random weights detect
@@ -131,7 +131,7 @@ def run_child(variant: str, video: Path, models: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- parent
-def ensure_inputs(workdir: Path, seconds: float, short: float) -> tuple[Path, Path, Path]:
+def ensure_inputs(workdir: Path, seconds: float, short: float, gop: int) -> tuple[Path, Path, Path]:
     from tests.support.yolo import build_random_yolo, make_video
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -146,11 +146,11 @@ def ensure_inputs(workdir: Path, seconds: float, short: float) -> tuple[Path, Pa
                        capture_output=True)  # fmt: skip
     videos = []
     for length in (seconds, short):
-        path = workdir / f"static-{int(length)}s-720p.mp4"
+        path = workdir / f"static-{int(length)}s-720p-gop{gop}.mp4"
         if not path.exists():
             started = time.perf_counter()
             make_video(path, duration=length, moving=moving_spans(length), width=WIDTH, height=HEIGHT, fps=FPS,
-                       gop=GOP, preset="veryfast")  # fmt: skip
+                       gop=gop, preset="veryfast")  # fmt: skip
             print(f"made {path.name} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         videos.append(path)
     return videos[0], videos[1], models
@@ -169,15 +169,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=180.0, help="length of the long video")
     parser.add_argument("--short", type=float, default=30.0, help="length of the short video (peak RSS baseline)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/mediafarm-bench-yolo"))
+    parser.add_argument("--gop", type=int, default=GOP,
+                        help="frames between keyframes; a camera's is 1-2 s (15-30 at 15 fps): with a GOP "
+                             "no longer than the stride only keyframes are decoded")  # fmt: skip
     args = parser.parse_args()
-    long, short, models = ensure_inputs(args.workdir, args.seconds, args.short)
+    long, short, models = ensure_inputs(args.workdir, args.seconds, args.short, args.gop)
     spans = moving_spans(args.seconds)
     runs = {v: run_child(v, long, models) for v in ("motion", "gated", "every", "crop", "runtimes")}
     short_gated = run_child("gated", short, models)
     gated, every, crop, floor = runs["gated"], runs["every"], runs["crop"], runs["motion"]
     report = {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs (shared), {platform.python_version()}",
-        "video": {"seconds": args.seconds, "size": f"{WIDTH}x{HEIGHT}", "fps": FPS, "gop": GOP, "moving": spans},
+        "video": {"seconds": args.seconds, "size": f"{WIDTH}x{HEIGHT}", "fps": FPS, "gop": args.gop, "moving": spans},
         "stride_s": STRIDE,
         "runs": {k: {kk: vv for kk, vv in v.items() if kk != "examined_times"} for k, v in runs.items()},
         "short": {kk: vv for kk, vv in short_gated.items() if kk != "examined_times"},

@@ -178,7 +178,15 @@ def test_a_running_job_can_be_cancelled(cpu_worker, ten_minutes: Path) -> None:
     job.cancel()
     with pytest.raises(JobCancelled) as info:
         job.wait(timeout=60)
-    assert outcomes(info.value.attempts) == ["cancelled"]
+    # The job can read as cancelled a moment before its attempt record does (seen once in a loaded
+    # full run, the record still open; the likely cause: a copy of the message delivered after the
+    # revoke, which Celery announces REVOKED at once while the running attempt stops at its next
+    # check). The record must end "cancelled" either way.
+    attempts, deadline = info.value.attempts, time.monotonic() + 30
+    while outcomes(attempts) != ["cancelled"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        attempts = job.attempts()
+    assert outcomes(attempts) == ["cancelled"]
     assert job.progress().fraction < 1
     assert cpu_worker.process.poll() is None
 

@@ -44,6 +44,7 @@ def detect(ctx: EngineContext, request: YoloRequest, params: DetectParams) -> Yo
         gate.finish()
         duration = video.duration or video.position
         counters = FrameCounters(decoded=video.decoded, sampled=video.sampled, examined=detector.calls,
+                                 keyframes_only=video.keyframes_only,
                                  skipped=gate.skipped, model_ms_per_frame=detector.ms_per_call())  # fmt: skip
         return YoloResult(detections=tracks.finish(duration), frames=counters, duration=round(duration, 3),
                           width=video.width, height=video.height, stride=stride, model=detector.label,
@@ -63,7 +64,8 @@ def motion(ctx: EngineContext, request: YoloRequest, params: MotionParams) -> Yo
                 since = max(0.0, sample.t - stride)
                 tracks.add(MOTION_CLASS, since, region.area, _region_box(region, video.width, video.height))
         duration = video.duration or video.position
-        counters = FrameCounters(decoded=video.decoded, sampled=video.sampled, skipped=video.sampled - moving)
+        counters = FrameCounters(decoded=video.decoded, sampled=video.sampled, skipped=video.sampled - moving,
+                                 keyframes_only=video.keyframes_only)
         return YoloResult(detections=tracks.finish(duration), frames=counters, duration=round(duration, 3),
                           width=video.width, height=video.height, stride=stride, model="motion prefilter",
                           motion_only=True)  # fmt: skip

@@ -4,6 +4,10 @@ BGR frames at the model's width, made only at the stride.
 Inter-coded video cannot skip decoding a frame (the next ones are built from it), so every frame
 is decoded, but only one per stride is converted and scaled, straight from the decoder's YUV to
 the small sizes, and nothing else is kept: memory is the same for a minute of 4K or a day of it.
+The exception is a video whose keyframes come at most a stride apart (cameras use a GOP of one or
+two seconds): a keyframe needs no other frame, so only the keyframes are decoded and they are the
+samples. The GOP is read from the first packets (no decode); a stream whose keyframes later come
+farther apart is then sampled at its keyframes, sparser than the stride.
 An image is a one-frame video to FFmpeg (its image2 demuxer), so the same path reads both.
 """
 
@@ -23,6 +27,8 @@ from mediafarm.tasks.media.decode import open_media, tolerant_frames
 
 # A frame is "at the stride" if it is this close before its slot (timestamps are rounded).
 SLOT_TOLERANCE = 1e-3
+# Seconds of packets read (not decoded) to learn the keyframe interval, and keyframes needed.
+GOP_PROBE_SECONDS, GOP_PROBE_KEYFRAMES = 20.0, 3
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class VideoSamples:
         self.grey_width, self.image_width = grey_width, image_width
         self.decoded = self.sampled = 0
         self.position = 0.0
+        self.keyframes_only = False
 
     def __enter__(self) -> VideoSamples:
         self._container = open_media(self.path)
@@ -91,6 +98,10 @@ class VideoSamples:
             self._container.close()
             raise UnreadableMedia(f"{self.path.name}: the video stream declares no frame size")
         self.duration = self._declared_duration()
+        gop = keyframe_interval(self.path)
+        if gop is not None and gop <= self.stride + SLOT_TOLERANCE:
+            stream.codec_context.skip_frame = "NONKEY"
+            self.keyframes_only = True
         return self
 
     def __exit__(
@@ -130,6 +141,27 @@ class VideoSamples:
     def _frames(self) -> Iterator[av.VideoFrame]:
         # Camera footage has the odd corrupt packet; a run of them is a file we cannot read.
         return tolerant_frames(self._container, self._stream, f"{self.path.name}: video stream")
+
+
+def keyframe_interval(path: Path) -> float | None:
+    """The longest gap between keyframes in the first ``GOP_PROBE_SECONDS`` of the first video
+    stream, from its packets alone; None if fewer than ``GOP_PROBE_KEYFRAMES`` keyframes are there
+    (an image, a long GOP) or the packets carry no times."""
+    times: list[float] = []
+    with open_media(path) as container:
+        stream = container.streams.video[0]
+        for packet in container.demux(stream):
+            if packet.pts is None or packet.time_base is None:
+                continue
+            t = float(packet.pts * packet.time_base)
+            if packet.is_keyframe:
+                times.append(t)
+            if times and t - times[0] > GOP_PROBE_SECONDS:
+                break
+    if len(times) < GOP_PROBE_KEYFRAMES:
+        return None
+    times.sort()
+    return max(b - a for a, b in zip(times, times[1:]))
 
 
 def _convert(frame: av.VideoFrame, size: tuple[int, int], pixel_format: str) -> np.ndarray:

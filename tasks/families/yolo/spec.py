@@ -69,12 +69,14 @@ class FrameCounters(BaseModel):
     """What the motion gate saved (the counters Frigate publishes for its own).
 
     Attributes:
-        decoded: Frames FFmpeg decoded (all of them: inter-coded video cannot skip any).
+        decoded: Frames FFmpeg decoded: all of them, or only the keyframes (``keyframes_only``).
         sampled: Frames at the stride, downscaled and given to the motion gate.
         examined: Frames (or crops) sent to the model.
         skipped: Sampled frames the gate kept from the model (no motion nearby).
         model_ms_per_frame: Mean wall time of one model call, pre- and post-processing included;
             None when the model never ran.
+        keyframes_only: The video's keyframes are at most a stride apart, so only they were
+            decoded (a camera's GOP of 1-2 s and a stride of 1-2 s: most of the decode saved).
     """
 
     decoded: int = 0
@@ -82,6 +84,7 @@ class FrameCounters(BaseModel):
     examined: int = 0
     skipped: int = 0
     model_ms_per_frame: float | None = None
+    keyframes_only: bool = False
 
 
 class YoloResult(BaseModel):

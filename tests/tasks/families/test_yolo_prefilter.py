@@ -149,3 +149,31 @@ def test_unreadable_inputs_are_rejected_with_the_reason(tmp_path: Path, video: P
     garbage.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8).tobytes())
     with pytest.raises(UnreadableMedia):
         motion_spans(garbage, 0.5)
+
+
+@pytest.fixture(scope="module")
+def camera_gop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The moving-rectangle video with a keyframe every second, as IP cameras encode."""
+    return make_video(tmp_path_factory.mktemp("yolo") / "camera.mp4", gop=FPS)
+
+
+def test_keyframes_a_stride_apart_are_all_that_is_decoded(camera_gop: Path) -> None:
+    with VideoSamples(camera_gop, stride=1.0, grey_width=160, image_width=None) as samples:
+        times = [s.t for s in samples]
+        assert samples.keyframes_only and samples.decoded == int(DURATION)  # one frame a second, not ten
+    assert times == pytest.approx([float(i) for i in range(int(DURATION))])
+    result = motion(EngineContext.local(), YoloRequest(media=str(camera_gop), stride=1.0), MotionParams())
+    assert result.frames.keyframes_only and result.frames.decoded == int(DURATION)
+    spans = [(d.start, d.end) for d in result.detections["motion"]]
+    assert len(spans) == len(MOVING)
+    for (start, end), (true_start, true_end) in zip(spans, MOVING, strict=True):
+        assert abs(start - true_start) <= 1.0 + 1e-6 and abs(end - true_end) <= 1.0 + 1e-6, spans
+
+
+def test_a_stride_shorter_than_the_gop_decodes_every_frame(camera_gop: Path, video: Path) -> None:
+    with VideoSamples(camera_gop, stride=0.5, grey_width=160, image_width=None) as samples:
+        assert sum(1 for _ in samples) == int(DURATION / 0.5)
+        assert not samples.keyframes_only and samples.decoded == int(DURATION * FPS)
+    with VideoSamples(video, stride=5.0, grey_width=160, image_width=None) as samples:  # GOP 250: 25 s
+        list(samples)
+        assert not samples.keyframes_only
