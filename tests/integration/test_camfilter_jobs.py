@@ -10,23 +10,18 @@ stages run in parallel).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mediafarm import JobRejected, submit
-from mediafarm.tasks.app import app
 from mediafarm.tasks.families.camfilter.cut import check_clip
 from mediafarm.tasks.families.camfilter.spec import CamfilterResult, stage_job_id
-from mediafarm.tasks.history import read_attempts
+from tests.support.kills import killing
 from tests.support.speech import espeak_available, make_track
 from tests.support.yolo import make_video
 
@@ -106,35 +101,6 @@ def test_a_recording_without_audio_gives_clips_from_the_video_alone(camfilter_wo
     result, _ = run(silent, yolo_ladder="yolo_motion")
     assert result.stages["vad"].flags == ["no_audio"] and result.speech_spans == 0
     assert [c.reasons for c in result.clips] == [["motion"], ["motion"]]
-
-
-@contextlib.contextmanager
-def killing(job_id: str, variants: set[str]) -> Iterator[list[str]]:
-    """SIGKILL every attempt of ``job_id`` on one of ``variants`` as soon as its record appears
-    (the 97-minute video's OOM kill); yields the attempts killed so far (``variant:pid``)."""
-    killed: list[str] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        client = app.backend.client
-        while not stop.is_set():
-            for attempt in read_attempts(client, job_id):
-                key = f"{attempt['variant']}:{attempt['pid']}"
-                if attempt["outcome"] is None and attempt["variant"] in variants and key not in killed:
-                    try:
-                        os.kill(attempt["pid"], signal.SIGKILL)
-                        killed.append(key)
-                    except ProcessLookupError:
-                        pass
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=watch, daemon=True)
-    killer.start()
-    try:
-        yield killed
-    finally:
-        stop.set()
-        killer.join(5)
 
 
 def test_a_vad_killed_on_every_rung_ends_on_skip_and_the_clips_come_from_yolo(camfilter_worker, recording) -> None:

@@ -31,6 +31,7 @@ from mediafarm.tasks.families.dialogue.script import line_job_id
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
 from mediafarm.tasks.pipeline import Part, PipelineHandle, Plan, manifest_key, send_plan
 from tests.conftest import REPO
+from tests.support.kills import kill_running
 from tests.support.voices import speech_spans, voice_distance
 
 pytestmark = pytest.mark.integration
@@ -244,15 +245,7 @@ def test_a_killed_line_comes_back_on_its_next_rung_in_its_own_place(dialogue_wor
              "Two sugars for me."]  # fmt: skip
     job = submit("dialogue", script=script_of(speakers, texts), queue=QUEUE)
     target = JobHandle(line_job_id(job.id, 2), "tts")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the gate holds line 2's espeak-ng for 8 s
-        running = [a for a in target.attempts() if a["outcome"] is None and a["variant"] == "espeak"]
-        if running:
-            os.kill(running[0]["pid"], signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("line 2's espeak attempt never started")
+    kill_running(target, "espeak")  # the gate holds line 2's espeak-ng for 8 s
     envelope = job.wait(timeout=120)
     lines = envelope["output"]["lines"]
     killed = lines[1]

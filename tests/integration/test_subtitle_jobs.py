@@ -11,16 +11,15 @@ import io
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
+from tests.support.kills import kill_running
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 0.3  # seconds between a sentence's true onset and its cue's start
@@ -192,12 +191,7 @@ def test_whisper_killed_mid_job_comes_back_on_pocketsphinx(cpu_worker, tiny_en, 
     path = media_root / "ninety-seconds.wav"
     write_long_track(path, 90, pattern=speech_track)
     job = submit("subtitle", media=str(path))
-    deadline = time.monotonic() + 60
-    while not (running := [a for a in job.attempts() if a["outcome"] is None and a["variant"] == "whisper-tiny"]):
-        assert time.monotonic() < deadline, job.attempts()
-        time.sleep(0.05)
-    time.sleep(1.0)  # into the recognition
-    os.kill(running[0]["pid"], signal.SIGKILL)
+    kill_running(job, "whisper-tiny", after=1.0)  # into the recognition
     envelope = job.wait(timeout=300)
     assert envelope["job_id"] == job.id and envelope["variant"] == "pocketsphinx"
     assert [a["outcome"] for a in envelope["attempts"]][-2:] == ["killed", "ok"]

@@ -9,10 +9,8 @@ and espeak-ng.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.app import app
 from tests.conftest import REPO
+from tests.support.kills import kill_running
 
 pytestmark = pytest.mark.integration
 QUEUE = "tts-test"
@@ -62,15 +61,7 @@ def outcomes(attempts) -> list[str]:
 def test_a_killed_chattts_cpu_attempt_comes_back_on_piper_under_the_same_id(tts_worker) -> None:
     # First in the module: the child has not imported ChatTTS yet (~9 s), time enough to kill it.
     job = submit("tts", queue=QUEUE, text=TEXT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        running = [a for a in job.attempts() if a["outcome"] is None and a["variant"] == "chattts-cpu"]
-        if running:
-            os.kill(running[0]["pid"], signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the chattts-cpu attempt never started")
+    kill_running(job, "chattts-cpu")
     envelope = job.wait(timeout=120)
     assert envelope["job_id"] == job.id and envelope["variant"] == "piper"
     assert outcomes(envelope["attempts"]) == ["unavailable", "killed", "ok"]

@@ -9,7 +9,6 @@ worker, so its Prometheus counters see every one of them.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from mediafarm import JobRejected, submit
 from mediafarm.tasks.app import app
 from mediafarm.tasks.families.yolo.spec import YoloResult
+from tests.support.kills import kill_running
 from tests.support.yolo import DURATION, FPS, HEIGHT, WIDTH, make_audio_only, make_video
 
 pytestmark = pytest.mark.integration
@@ -89,11 +89,7 @@ def test_detect_job_runs_on_the_cpu_rung_and_counts_its_frames(yolo_worker, vide
 def test_killed_on_the_yolo_rung_the_job_comes_back_on_motion(yolo_worker, media_root: Path) -> None:
     long = make_video(media_root / "yolo-long.mp4", duration=60, moving=((10.0, 14.0), (40.0, 44.0)))
     job = submit("yolo", queue=QUEUE, media=str(long), stride=0.2)
-    deadline = time.monotonic() + 60
-    while not (running := [a for a in job.attempts() if a["outcome"] is None and a["variant"] == "yolo-nano"]):
-        assert time.monotonic() < deadline, job.attempts()
-        time.sleep(0.05)
-    os.kill(running[0]["pid"], signal.SIGKILL)
+    kill_running(job, "yolo-nano")
     envelope = job.wait(timeout=120)
     assert envelope["job_id"] == job.id and envelope["variant"] == "motion"
     assert outcomes(envelope["attempts"])[-2:] == [("yolo-nano", "killed"), ("motion", "ok")]

@@ -14,7 +14,9 @@ namespace can be made and the broker is reachable through it). Then it counts:
   ``bad`` ladder), or every rung killed or out of memory (the suite's kills hit a short ladder's
   last rung too) (must be 0);
 - history/envelope disagreements: a successful job whose attempt log in Redis does not match the
-  attempts in its envelope (must be 0).
+  attempts in its envelope (must be 0); open records after the envelope's last attempt, begun by a
+  stale copy of the message while the successful attempt ran, are counted apart (a known gap:
+  nothing settles them once the job has succeeded).
 
 Every process, server and namespace the suite starts is its own; nothing else is touched.
 """
@@ -68,6 +70,7 @@ class Report:
     disagreements: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)  # faults the run ended too soon for
+    stale_records: int = 0  # see _stale_records
 
     def problems(self) -> list[str]:
         return [
@@ -88,7 +91,8 @@ class Report:
             f"  failed with history: {self.failed_with_history}",
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
-            f"history/envelope disagreements: {len(self.disagreements)}",
+            f"history/envelope disagreements: {len(self.disagreements)}  "
+            f"(stale copies' open records after a success: {self.stale_records})",
             *(f"  event: {e}" for e in self.events),
         ])  # fmt: skip
 
@@ -322,6 +326,7 @@ class ChaosSuite:
             if status == "SUCCESS":
                 envelope = meta["result"]
                 report.succeeded_by_rung[f"{ladder}/{envelope['variant']}"] += 1
+                report.stale_records += _stale_records(history, envelope["attempts"])
                 problem = _disagreement(history, envelope["attempts"])
                 if problem:
                     report.disagreements.append(f"{job} ({ladder}): {problem}")
@@ -345,6 +350,15 @@ def short_limits_config(target: Path) -> Path:
     return target
 
 
+def _stale_records(history: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> int:
+    """Open records the log holds after all of the envelope's: attempts that a stale copy of the
+    job's message began while the successful attempt ran (a paused or cut-off worker's copy,
+    redelivered meanwhile), whose work was discarded and which nobody settles afterwards. Known
+    and left open (the note of issue #10 says why); counted, printed, not a disagreement."""
+    extra = history[len(attempts):]
+    return len(extra) if extra and all(a.get("outcome") is None for a in extra) else 0
+
+
 def _failed_by_design(ladder: str, status: str, error: dict[str, Any], history: list[dict[str, Any]]) -> bool:
     if status != "FAILURE":
         return False
@@ -365,7 +379,9 @@ def _disagreement(history: list[dict[str, Any]], attempts: list[dict[str, Any]])
     """What differs between the attempt log and the envelope's attempts ('' when they agree).
 
     The log's copy of the successful (last) attempt may stay open: a quick success is completed
-    in the envelope only (``tasks.downgrade.run_ladder``)."""
+    in the envelope only (``tasks.downgrade.run_ladder``). Open records after the envelope's
+    attempts are a stale copy's (counted apart, see :func:`_stale_records`)."""
+    history = history[: len(attempts)] if _stale_records(history, attempts) else history
     if len(history) != len(attempts):
         return f"{len(history)} attempts in the log, {len(attempts)} in the envelope"
     for i, (logged, enveloped) in enumerate(zip(history, attempts)):
