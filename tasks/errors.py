@@ -181,7 +181,19 @@ def map_exceptions() -> Iterator[None]:
             raise ResourceFailure(f"CUDA out of memory: {str(exc)[:300]}", outcome=Outcome.CUDA_OOM) from None
         if _is_enomem(exc):
             raise ResourceFailure(f"FFmpeg/OS could not allocate memory: {exc}", outcome=Outcome.OOM) from exc
+        if _is_redis_outage(exc):
+            # The farm's own Redis calls inside an attempt (clearing the artifacts' partials, a
+            # speaker lookup) on a connection that dropped: nobody's fault, the same rung again
+            # (found by the chaos suite: a cut link failed two jobs as engine errors).
+            raise TransientFailure(f"Redis unreachable during the attempt: {exc}") from exc
         raise
+
+
+def _is_redis_outage(exc: BaseException) -> bool:
+    redis_exceptions = sys.modules.get("redis.exceptions")
+    return redis_exceptions is not None and isinstance(
+        exc, (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError)
+    )
 
 
 def _empty_cuda_cache() -> None:

@@ -120,3 +120,13 @@ def test_farm_errors_pass_through_unchanged() -> None:
     mapped = _mapped(original)
     assert mapped is original and mapped.outcome is Outcome.KILLED
 
+
+
+def test_a_dropped_redis_connection_during_an_attempt_is_transient_not_an_engine_bug() -> None:
+    import redis
+
+    for exc in (redis.exceptions.ConnectionError("Connection reset by peer"), redis.exceptions.TimeoutError("slow")):
+        mapped = _mapped(exc)
+        assert isinstance(mapped, errors.TransientFailure) and "Redis unreachable" in str(mapped)
+    other = redis.exceptions.ResponseError("WRONGTYPE")  # a bug, not an outage: passes through
+    assert _mapped(other) is other
