@@ -69,18 +69,15 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="mediafarm-bench-brokers-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from mediafarm.workers.embedded import EmbeddedRedis
+    from tests.support.rabbitmq import own_vhost
 
     redis = EmbeddedRedis(data_dir=workdir / "redis").start()
-    vhost = f"mediafarm-bench-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True)
-    subprocess.run(["rabbitmqctl", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
-                   check=True, capture_output=True)  # fmt: skip
     try:
-        prepare_environment(workdir, redis.url)
-        brokers = {"redis": redis.url, "rabbitmq": f"amqp://guest:guest@127.0.0.1:5672/{vhost}"}
-        results = {name: bench_broker(args, workdir, url, redis.url, name) for name, url in brokers.items()}
+        with own_vhost("mediafarm-bench") as amqp_url:
+            prepare_environment(workdir, redis.url)
+            brokers = {"redis": redis.url, "rabbitmq": amqp_url}
+            results = {name: bench_broker(args, workdir, url, redis.url, name) for name, url in brokers.items()}
     finally:
-        subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True)
         redis.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
@@ -89,7 +86,7 @@ def main() -> None:
 
 def prepare_environment(workdir: Path, redis_url: str) -> None:
     from mediafarm.config.settings import get_settings
-    from mediafarm.tasks import families
+    from tests.support.chaos_suite import short_limits_toml
 
     config = workdir / "farm.toml"
     config.write_text(CONFIG)
@@ -100,19 +97,7 @@ def prepare_environment(workdir: Path, redis_url: str) -> None:
     )  # fmt: skip
     get_settings.cache_clear()
     # Short hard limits for every family, so a 15 s visibility timeout passes the worker's check.
-    others = [name for name in families.load() if name != "chaos"]
-    config.write_text(CONFIG + "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in others))
-
-
-def producer(broker_url: str, backend_url: str) -> Any:
-    from celery import Celery
-
-    from mediafarm.config.celery import celery_config
-    from mediafarm.config.settings import FarmSettings
-
-    app = Celery(f"bench-{uuid.uuid4().hex[:6]}")
-    app.config_from_object(celery_config(FarmSettings(broker_url=broker_url, result_backend=backend_url)))
-    return app
+    config.write_text(CONFIG + short_limits_toml(but="chaos"))
 
 
 class Workers:
@@ -151,7 +136,9 @@ class Workers:
 
 
 def bench_broker(args: argparse.Namespace, workdir: Path, broker_url: str, backend_url: str, name: str) -> dict:
-    app = producer(broker_url, backend_url)
+    from tests.support.farm_app import farm_app
+
+    app = farm_app(broker_url, backend_url, name="bench")
     print(f"--- {name}", flush=True)
     try:
         return {"worker_death": worker_death(args, workdir, broker_url, app), "throughput": throughput(args, workdir,
@@ -192,6 +179,8 @@ def worker_death(args: argparse.Namespace, workdir: Path, broker_url: str, app: 
 
 
 def throughput(args: argparse.Namespace, workdir: Path, broker_url: str, app: Any) -> dict:
+    from bench.overhead import run_batch  # the same batch timing as the overhead bench
+
     results = {}
     workers = Workers(workdir, broker_url, app)
     try:
@@ -207,14 +196,6 @@ def throughput(args: argparse.Namespace, workdir: Path, broker_url: str, app: An
     finally:
         workers.stop_all()
     return results
-
-
-def run_batch(send: Any, n: int) -> float:
-    t0 = time.perf_counter()
-    handles = [send() for _ in range(n)]
-    for handle in handles:
-        handle.get(timeout=300)
-    return time.perf_counter() - t0
 
 
 def report(results: dict) -> None:

@@ -63,12 +63,13 @@ def startup_problems(
     (None: all), which is what RabbitMQ's consumer timeout is checked against.
     """
     settings = get_settings()
-    tasks = {f"task {name}": hard for name, hard in (task_limits or {}).items()}
+    task_limits = task_limits or {}
+    tasks = {f"task {name}": hard for name, hard in task_limits.items()}
     consumed = None
     if consumed_queues is not None:
         # A family's task counts where its queue is consumed; another task (a benchmark's) has
         # no known queue, so it counts wherever it may run.
-        others = {name: hard for name, hard in tasks.items() if families.by_task_name(name[5:]) is None}
+        others = {f"task {name}": hard for name, hard in task_limits.items() if families.by_task_name(name) is None}
         consumed = families.hard_limits(queues=consumed_queues) | others
     problems = config_problems(
         conf, families.hard_limits() | tasks, retry_delay=settings.retry_delay,

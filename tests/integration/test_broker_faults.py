@@ -14,14 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import Celery
 from celery.result import AsyncResult
 
-from mediafarm.config.celery import celery_config
 from mediafarm.config.pools import get_pool
-from mediafarm.config.settings import FarmSettings
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
+from tests.support.farm_app import farm_app
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +31,10 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     redis.stop()
 
 
-def producer_for(url: str) -> Celery:
-    """A producer bound to this test's Redis (the session's app is bound to the session Redis)."""
-    app = Celery(f"producer-{uuid.uuid4().hex[:6]}")
-    app.config_from_object(celery_config(FarmSettings(broker_url=url, result_backend=url)))
-    return app
-
-
 def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis, session_dir: Path) -> None:
     env = {**os.environ, "FARM_BROKER_URL": own_redis.url, "FARM_RESULT_BACKEND": own_redis.url}
     node = f"restart-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
-    producer = producer_for(own_redis.url)
+    producer = farm_app(own_redis.url)
     log = session_dir / f"{node.split('@')[0]}.log"
     with log.open("wb") as fh:
         worker = spawn_worker(get_pool("chaos"), env=env, logfile=fh, queues=["chaos"], concurrency=2, node=node)
@@ -96,7 +87,7 @@ def test_a_paused_worker_that_wakes_up_rewrites_nothing(own_redis: EmbeddedRedis
     config.write_text(SHORT + "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in families.load()))
     env = {**os.environ, "FARM_BROKER_URL": own_redis.url, "FARM_RESULT_BACKEND": own_redis.url,
            "FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}  # fmt: skip
-    producer = producer_for(own_redis.url)
+    producer = farm_app(own_redis.url)
     workers = {}
 
     def start(name: str):

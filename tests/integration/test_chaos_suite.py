@@ -7,17 +7,14 @@ printed (``pytest -s``) and is the failure message when a count that must be 0 i
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import Celery
 
-from mediafarm.config.celery import celery_config
-from mediafarm.config.settings import FarmSettings
 from mediafarm.workers.embedded import EmbeddedRedis
 from tests.support.chaos_suite import ChaosSuite, short_limits_config
+from tests.support.farm_app import farm_app
 from tests.support.netns import Link, NamespaceUnavailable, veth_link
 
 pytestmark = pytest.mark.integration
@@ -44,14 +41,8 @@ def suite_env(workdir: Path, broker_url: str, backend_url: str) -> dict[str, str
     }  # fmt: skip
 
 
-def producer(broker_url: str, backend_url: str) -> Celery:
-    app = Celery(f"chaos-suite-{uuid.uuid4().hex[:6]}")
-    app.config_from_object(celery_config(FarmSettings(broker_url=broker_url, result_backend=backend_url)))
-    return app
-
-
 def run_suite(broker_url: str, server: EmbeddedRedis, workdir: Path, link: Link | None, name: str) -> None:
-    app = producer(broker_url, server.url)
+    app = farm_app(broker_url, server.url, name="chaos-suite")
     try:
         suite = ChaosSuite(producer=app, broker_url=broker_url, redis_server=server, workdir=workdir,
                            env=suite_env(workdir, broker_url, server.url), jobs=JOBS, link=link,

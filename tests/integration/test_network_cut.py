@@ -19,14 +19,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
 
-from mediafarm.config.celery import celery_config
 from mediafarm.config.pools import get_pool
-from mediafarm.config.settings import FarmSettings
 from mediafarm.tasks import keys
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
+from tests.support.farm_app import farm_app
 from tests.support.netns import Link, NamespaceUnavailable, veth_link
 
 pytestmark = pytest.mark.integration
@@ -52,9 +50,7 @@ def test_a_worker_cut_off_mid_job_ends_it_once_and_reconnects(
     link: Link, linked_redis: EmbeddedRedis, session_dir: Path
 ) -> None:
     inside_url = f"redis://{link.host_address}:{linked_redis.port}/0"
-    producer = Celery(f"cut-{uuid.uuid4().hex[:6]}")
-    outside = FarmSettings(broker_url=linked_redis.url, result_backend=linked_redis.url)
-    producer.config_from_object(celery_config(outside))
+    producer = farm_app(linked_redis.url, name="cut")
     node = f"cut-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     inside = {"FARM_BROKER_URL": inside_url, "FARM_RESULT_BACKEND": inside_url}
     env = pool_environment(get_pool("chaos"), {**os.environ, **inside})

@@ -21,18 +21,16 @@ import redis
 from celery import Celery
 from celery.result import AsyncResult
 
-from mediafarm.config.celery import celery_config
 from mediafarm.config.pools import get_pool
-from mediafarm.config.settings import FarmSettings
 from mediafarm.tasks import keys
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
+from tests.support.farm_app import farm_app
 
 pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def producer(amqp_url: str, redis_url: str) -> Iterator[Celery]:
-    app = Celery(f"amqp-producer-{uuid.uuid4().hex[:6]}")
-    app.config_from_object(celery_config(FarmSettings(broker_url=amqp_url, result_backend=redis_url)))
+    app = farm_app(amqp_url, redis_url, name="amqp-producer")
     yield app
     app.close()
 

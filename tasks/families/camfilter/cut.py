@@ -56,10 +56,16 @@ def keyframe_times(source: Path) -> list[float]:
 def choose_cut(start: float, keyframes: list[float], max_lead: float) -> tuple[Method, float]:
     """How a clip starting at ``start`` is cut, and from where: a copy from the last keyframe at
     or before it when that is at most ``max_lead`` seconds earlier, else a re-encode from ``start``."""
-    index = bisect.bisect_right(keyframes, start + 1e-6) - 1
-    if index >= 0 and start - keyframes[index] <= max_lead:
-        return "copy", keyframes[index]
+    keyframe = _keyframe_before(start, keyframes)
+    if keyframe is not None and start - keyframe <= max_lead:
+        return "copy", keyframe
     return "reencode", start
+
+
+def _keyframe_before(start: float, keyframes: list[float]) -> float | None:
+    """The last keyframe at or before ``start`` (a hair of rounding allowed), or None."""
+    index = bisect.bisect_right(keyframes, start + 1e-6) - 1
+    return keyframes[index] if index >= 0 else None
 
 
 def clip_suffix(method: Method, source: Path) -> str:
@@ -80,8 +86,7 @@ def cut_clip(source: Path, start: float, end: float, target: Path, keyframes: li
     if method == "copy":
         _copy(source, begin, end, target)
     else:
-        index = bisect.bisect_right(keyframes, start + 1e-6) - 1
-        _reencode(source, start, end, target, seek_to=keyframes[index] if index >= 0 else 0.0)
+        _reencode(source, start, end, target, seek_to=_keyframe_before(start, keyframes) or 0.0)
     return CutClip(target, begin, end, method)
 
 
