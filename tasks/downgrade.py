@@ -158,8 +158,8 @@ def run_ladder(
 
     ``fresh``: the first delivery of a job never retried, so it has no history to read. This
     saves the common path a Redis round trip. A successful attempt is completed in the result
-    envelope only (another round trip saved); the log keeps it open, and readers of a
-    successful job's history take the envelope's (``tasks.history.read_attempts``).
+    envelope (another round trip saved): storing the SUCCESS makes the log the envelope's
+    attempts in the same step (``tasks.result_backend``).
 
     Every outcome but a quick success is written conditionally (``AttemptLog.finish``): a process
     whose attempt was settled elsewhere, that is no longer the newest, or whose job already has a
@@ -170,7 +170,10 @@ def run_ladder(
     attempts: list[Attempt] = []
     if not fresh:
         attempts, kill = log.read()
-        settled = [log.settle(i, attempts[i]) for i in settle_open_attempts(attempts, kill, retries, transient_budget)]
+        settled = [
+            log.settle(i, attempts[i], result_key)
+            for i in settle_open_attempts(attempts, kill, retries, transient_budget)
+        ]
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()
         if kill is not None:
@@ -181,7 +184,8 @@ def run_ladder(
         why_not = engines[variant.engine].unavailable(variant)
         if why_not:
             attempts.append(Attempt(rung, variant.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
-            log.append(attempts[-1])
+            if log.append(attempts[-1], result_key) < 0:
+                raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {variant.name}")
             rung += 1
             continue
         attempt = Attempt(rung, variant.name, retries=retries, worker=worker)

@@ -30,13 +30,11 @@ class AttemptLog:
         raw, kill = pipe.execute()
         record = KillRecord.from_json(json.loads(kill)) if kill else None
         return [Attempt.from_json(json.loads(r)) for r in raw], record
-    def append(self, attempt: Attempt) -> int:
-        """Record a new attempt; returns its index."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.rpush(self._key, json.dumps(attempt.to_json()))
-        pipe.expire(self._key, self.ttl)
-        length, _ = pipe.execute()
-        return int(length) - 1
+    def append(self, attempt: Attempt, result_key: str = "") -> int:
+        """Record a new attempt; returns its index, or -1 when the job has a stored SUCCESS
+        (``result_key``) and nothing was written."""
+        length, _, _ = self.client.eval(*self._append_command(attempt, result_key))
+        return int(length) - 1 if length >= 0 else -1
 
     def append_behind(self, attempt: Attempt, result_key: str = "") -> PendingAppend:
         """Send the new attempt's record without waiting for Redis to answer.
@@ -53,8 +51,7 @@ class AttemptLog:
         """
         # EVAL, not EVALSHA: the reply is read later, so a NOSCRIPT could not be retried. Redis
         # caches the compiled script; the cost is its text on the wire.
-        command = ("EVAL", _APPEND_UNLESS_SUCCEEDED, 3, self._key, keys.cancel(self.job_id), result_key or self._key,
-                   json.dumps(attempt.to_json()), self.ttl, int(bool(result_key)))  # fmt: skip
+        command = ("EVAL", *self._append_command(attempt, result_key))
         connection = self.client.connection_pool.get_connection()
         try:
             connection.send_packed_command(connection.pack_command(*command))
@@ -63,13 +60,18 @@ class AttemptLog:
             raise
         return PendingAppend(self.client.connection_pool, connection)
 
+    def _append_command(self, attempt: Attempt, result_key: str) -> tuple[Any, ...]:
+        return (_APPEND_UNLESS_SUCCEEDED, 3, self._key, keys.cancel(self.job_id), result_key or self._key,
+                json.dumps(attempt.to_json()), self.ttl, int(bool(result_key)))  # fmt: skip
+
     def clear_kill(self) -> None:
         self.client.delete(keys.kill(self.job_id))
 
-    def settle(self, index: int, attempt: Attempt) -> bool:
+    def settle(self, index: int, attempt: Attempt, result_key: str = "") -> bool:
         """Give an attempt another process left open its outcome, if it is still that open
-        attempt (its owner may have finished it meanwhile). False when it was not written."""
-        return bool(self._write(index, attempt, newest=False))
+        attempt (its owner may have finished it meanwhile) and the job has no stored SUCCESS
+        (``result_key``). False when it was not written."""
+        return bool(self._write(index, attempt, newest=False, result_key=result_key))
 
     def finish(self, index: int, attempt: Attempt, result_key: str) -> bool:
         """Write this process's own attempt's outcome, only if that attempt is still open, is
@@ -91,8 +93,9 @@ class AttemptLog:
 
 
 # An attempt's outcome is written only over the very attempt the writer means: same child, same
-# worker, same start, still open; for a process finishing its own attempt, also still the newest
-# attempt and no SUCCESS stored. Atomic in Redis, so a stale process can never rewrite history.
+# worker, same start, still open, and no SUCCESS stored (the SUCCESS made the log its envelope's,
+# ``tasks.result_backend``); for a process finishing its own attempt, also still the newest
+# attempt. Atomic in Redis, so a stale process can never rewrite history.
 _CONDITIONAL_LSET = """
 local i = tonumber(ARGV[1])
 if ARGV[6] == '1' and redis.call('LLEN', KEYS[1]) ~= i + 1 then return 0 end
@@ -102,9 +105,12 @@ local a = cjson.decode(raw)
 if a['outcome'] ~= nil and a['outcome'] ~= cjson.null then return 0 end
 if tostring(a['pid']) ~= ARGV[2] or a['worker'] ~= ARGV[3] then return 0 end
 if math.abs(tonumber(a['started']) - tonumber(ARGV[4])) > 0.000001 then return 0 end
-if ARGV[6] == '1' and KEYS[2] ~= '' then
+if KEYS[2] ~= '' then
   local meta = redis.call('GET', KEYS[2])
-  if meta and cjson.decode(meta)['status'] == 'SUCCESS' then return 0 end
+  if meta then
+    local ok, decoded = pcall(cjson.decode, meta)
+    if ok and type(decoded) == 'table' and decoded['status'] == 'SUCCESS' then return 0 end
+  end
 end
 redis.call('LSET', KEYS[1], i, ARGV[5])
 return 1
@@ -181,8 +187,9 @@ def record_kill(client: Any, job_id: str, record: KillRecord, ttl: int) -> None:
 def read_attempts(client: Any, job_id: str, envelope: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The history as plain dicts, for the client and the CLI.
 
-    For a job that succeeded, pass its result envelope: its ``attempts`` are the complete
-    history (the log's copy of the last attempt is never completed, see ``downgrade.run_ladder``).
+    For a job that succeeded, pass its result envelope: its ``attempts`` are the history, and the
+    log holds the same once the SUCCESS is stored (``tasks.result_backend``); the envelope is read
+    anyway, as the log expires with its own TTL and is gone after ``farm gc``.
     """
     if envelope is not None and isinstance(envelope.get("attempts"), list):
         return envelope["attempts"]

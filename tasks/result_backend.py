@@ -6,15 +6,29 @@ moves down its ladder publishes its retry before the tracer stores RETRY, so wit
 the next rung can run and store SUCCESS in between, and the late RETRY then replaces it: the job
 reads as RETRY for good (seen in CI, tests/integration/test_kill_safety.py). Here every write but
 a SUCCESS is one Lua script that checks and writes atomically; the SUCCESS write is Celery's own.
+
+A farm job's SUCCESS (its result is the job's envelope) is one Lua script too: it keeps the first
+stored SUCCESS (a second completion publishes nothing), and in the same step it makes the job's
+attempt log the envelope's attempts. A stale copy of the job's message (a paused or cut-off
+worker's, handed out again meanwhile) may have appended an attempt the successful worker never
+read; without this the log would keep that open record after the envelope's last attempt. Once
+the SUCCESS is stored, the log's conditional writes (``tasks.history``) refuse every change, so
+history and envelope agree for good.
+
 ``config.celery`` selects this class for every Redis result URL (Celery's ``class+url`` form).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from celery import states
 from celery.backends.redis import RedisBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
+
+from mediafarm.tasks import keys
 
 # Writes the state (with its expiry) and publishes it to waiting clients, as Celery's ``_set``
 # does, unless the stored meta is a SUCCESS. A meta that is not JSON is overwritten as before.
@@ -34,10 +48,63 @@ redis.call('PUBLISH', KEYS[1], ARGV[1])
 return 1
 """
 
+# Stores a farm job's SUCCESS (with its expiry) and publishes it, unless a SUCCESS is stored already;
+# then replaces the job's attempt log (KEYS[2]) with the envelope's attempts (ARGV[3...]).
+_STORE_SUCCESS_WITH_HISTORY = """
+local stored = redis.call('GET', KEYS[1])
+if stored then
+  local ok, meta = pcall(cjson.decode, stored)
+  if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
+end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+for i = 3, #ARGV do
+  redis.call('RPUSH', KEYS[2], ARGV[i])
+end
+if #ARGV > 2 and ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+return 1
+"""
+
+
+def _envelope_attempts(task_id: str, result: Any) -> list[Any] | None:
+    """The attempts of a farm job's envelope (``records.Envelope``), or None for any other result."""
+    if isinstance(result, dict) and result.get("job_id") == task_id and isinstance(result.get("attempts"), list):
+        return result["attempts"]
+    return None
+
+
 class FarmRedisBackend(RedisBackend):
     """RedisBackend whose non-SUCCESS writes never replace a stored SUCCESS."""
 
     _set_unless_success_script: Any = None
+    _store_success_script: Any = None
+
+    def _store_result(
+        self, task_id: Any, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any
+    ) -> Any:
+        attempts = _envelope_attempts(bytes_to_str(task_id), result) if state == states.SUCCESS else None
+        if attempts is None:
+            return super()._store_result(task_id, result, state, traceback, request, **kwargs)
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
+            raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
+        history = [json.dumps(a) for a in attempts]
+        self.ensure(self._store_success, (self.get_key_for_task(task_id), value, keys.history(meta["task_id"]), history))
+        return result
+
+    def _store_success(self, key: Any, value: Any, history_key: str, history: list[str]) -> bool:
+        if self._store_success_script is None:
+            self._store_success_script = self.client.register_script(_STORE_SUCCESS_WITH_HISTORY)
+        args = [value, int(self.expires or 0), *history]
+        return bool(self._store_success_script(keys=[key, history_key], args=args))
 
     def _set_with_state(self, key: Any, value: Any, state: str) -> Any:
         if state == states.SUCCESS:

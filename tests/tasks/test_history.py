@@ -70,3 +70,17 @@ def test_only_the_process_that_started_an_attempt_finishes_it(log: AttemptLog) -
     other_worker = Attempt(**{**mine().__dict__, "worker": "cpu@b", "outcome": Outcome.OOM})
     assert not log.finish(index, other_worker, result_key="")
     assert stored(log)[0].outcome is None
+
+
+def test_after_a_stored_success_nothing_is_appended_or_settled(log: AttemptLog) -> None:
+    result_key = f"result-{log.job_id}"
+    index = log.append(mine(), result_key)
+    assert index == 0
+    log.client.set(result_key, json.dumps({"status": "SUCCESS", "result": {}}))
+    # A stale copy of the message reaching an unavailable rung, or settling an attempt it found open.
+    assert log.append(mine(rung=1, pid=5151), result_key) == -1
+    assert not log.settle(index, finished(mine(), Outcome.WORKER_LOST), result_key)
+    assert [a.outcome for a in stored(log)] == [None]
+    # Without a result key (a caller that knows no SUCCESS can exist) the same calls write.
+    assert log.append(mine(rung=1, pid=5151)) == 1
+    assert log.settle(index, finished(mine(), Outcome.WORKER_LOST))

@@ -4,6 +4,7 @@ stored SUCCESS, and everything else is stored and published as Celery stores it.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from celery import Celery, states
 
 from mediafarm.config.celery import backend_address, celery_config, result_backend_setting
 from mediafarm.config.settings import FarmSettings
+from mediafarm.tasks import keys
 from mediafarm.tasks.result_backend import FarmRedisBackend
 
 
@@ -93,3 +95,55 @@ def test_only_redis_urls_get_the_farm_backend_class() -> None:
     assert setting.endswith("+redis://h:1/0") and backend_address(setting) == "redis://h:1/0"
     assert result_backend_setting("rpc://") == "rpc://" and backend_address("rpc://") == "rpc://"
     assert backend_address("redis://h:1/0") == "redis://h:1/0"
+
+
+def envelope(task_id: str, *variants: str) -> dict:
+    attempts = [{"rung": i, "variant": v, "outcome": "killed" if i < len(variants) - 1 else "ok", "pid": 100 + i}
+                for i, v in enumerate(variants)]  # fmt: skip
+    return {"job_id": task_id, "family": "vad", "variant": variants[-1], "rung": len(variants) - 1,
+            "output": {}, "attempts": attempts, "artifacts": []}  # fmt: skip
+
+
+def test_a_jobs_success_makes_its_attempt_log_the_envelopes(backend: FarmRedisBackend) -> None:
+    """A stale copy of the message appended an open attempt the successful worker never read:
+    storing the SUCCESS leaves the log exactly the envelope's attempts (issue #10: history and
+    envelope always agree)."""
+    task_id, client = job_id(), backend.client
+    history = keys.history(task_id)
+    client.rpush(history, json.dumps({"rung": 0, "variant": "a", "outcome": None, "pid": 100}))
+    client.rpush(history, json.dumps({"rung": 1, "variant": "b", "outcome": None, "pid": 999}))  # the stale copy
+    client.rpush(history, json.dumps({"rung": 1, "variant": "b", "outcome": None, "pid": 101}))
+    stored = envelope(task_id, "a", "b")
+    backend.store_result(task_id, stored, states.SUCCESS)
+    assert [json.loads(r) for r in client.lrange(history, 0, -1)] == stored["attempts"]
+    assert 0 < client.ttl(history) <= backend.expires
+    assert backend.get_task_meta(task_id, cache=False)["result"] == stored
+    client.delete(history)
+    backend.forget(task_id)
+
+
+def test_a_second_success_keeps_the_first_and_publishes_nothing(backend: FarmRedisBackend) -> None:
+    task_id, client = job_id(), backend.client
+    first, second = envelope(task_id, "a"), envelope(task_id, "a", "b")
+    backend.store_result(task_id, first, states.SUCCESS)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(backend.get_key_for_task(task_id))
+    try:
+        backend.store_result(task_id, second, states.SUCCESS)
+        assert backend.get_task_meta(task_id, cache=False)["result"] == first
+        assert [json.loads(r) for r in client.lrange(keys.history(task_id), 0, -1)] == first["attempts"]
+        pubsub.get_message(timeout=0.5)  # the subscription's confirmation
+        assert pubsub.get_message(timeout=0.5) is None
+    finally:
+        pubsub.close()
+        client.delete(keys.history(task_id))
+        backend.forget(task_id)
+
+
+def test_a_result_that_is_not_a_farm_envelope_leaves_the_attempt_log_alone(backend: FarmRedisBackend) -> None:
+    task_id, client = job_id(), backend.client
+    client.rpush(keys.history(task_id), "{}")
+    backend.store_result(task_id, {"job_id": "another job", "attempts": []}, states.SUCCESS)
+    assert client.lrange(keys.history(task_id), 0, -1) == [b"{}"]
+    client.delete(keys.history(task_id))
+    backend.forget(task_id)
