@@ -1,11 +1,24 @@
-"""Streaming audio decode with PyAV: any file FFmpeg reads → fixed-size 16 kHz mono blocks.
+"""Streaming decode with PyAV: any file FFmpeg reads → fixed-size 16 kHz mono blocks, and the
+frame loop the video families share.
 
 Memory stays flat whatever the media length: at most one block plus one decoded frame is held.
 The camera-filter story's 97-minute OOM came from reading the whole track before "streaming" it.
+
+A truncated file (a download or copy cut short) that still opens decodes quietly up to where its
+data stops, and FFmpeg raises nothing at the end (measured with PyAV 18 / FFmpeg 8: a faststart MP4
+cut at half gives one InvalidDataError on its torn last packet, a Matroska/WebM cut anywhere not
+even that). So :func:`tolerant_frames` compares how far the stream's packets reached with the
+length the container declares for it (:func:`declared_length`) and rejects a stream that stops
+short. Only lengths a muxer computed from the stream's own timestamps when it finalised the file
+count (a finalised MP4's track, a Matroska track's DURATION tag): FFmpeg fills in a length for
+files that declare none (MPEG-TS and fragmented MP4: the last timestamps found in the file, so a
+cut file looks whole; a Matroska file written live: the bitrate, wrong for VBR), and a check
+against an estimate would reject healthy files. Such files are not checked.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +34,18 @@ BLOCK_SECONDS = 10.0
 # Corrupt packets are skipped (camera footage has them); this many in a row means the stream is
 # not one we can read.
 MAX_CONSECUTIVE_DECODE_ERRORS = 50
+# How far short of its declared length a stream may end and still count as whole. A healthy MP4 or
+# Matroska file ends within a frame of what it declares (the muxer wrote the length from the same
+# timestamps; measured: within 0.07 s, audio and VBR video included); a truncated one is short by
+# whatever was cut. A second, plus one frame interval (a timelapse's last packet may carry no
+# duration), is far more than a healthy file is ever short by and less than any cut worth reporting.
+TRUNCATION_TOLERANCE_S = 1.0
+# Demuxers whose lengths can be trusted, by FFmpeg's format name (see declared_length).
+_MP4_FORMATS = {"mov", "mp4"}
+_MATROSKA_FORMATS = {"matroska", "webm"}
+# Matroska track statistics tags: FFmpeg writes DURATION, mkvmerge DURATION-eng (or another language).
+_DURATION_TAG = re.compile(r"^DURATION(-\w+)?$", re.IGNORECASE)
+_CLOCK = re.compile(r"^(\d+):(\d{2}):(\d{2}(?:\.\d*)?)$")
 
 
 def open_media(path: Path) -> av.container.InputContainer:
@@ -33,11 +58,94 @@ def open_media(path: Path) -> av.container.InputContainer:
         raise UnreadableMedia(f"not a media file FFmpeg can read: {path.name} ({exc})") from exc
 
 
-def tolerant_frames(container: av.container.InputContainer, stream: av.stream.Stream, label: str) -> Iterator[Any]:
+def declared_length(container: av.container.InputContainer, stream: av.stream.Stream) -> float | None:
+    """Seconds of ``stream`` its container really declares, or None when it declares none that a
+    muxer computed from the stream's own timestamps (then a cut file cannot be told from a short one)."""
+    formats = set(container.format.name.split(","))
+    if formats & _MP4_FORMATS:
+        return _mp4_length(stream)
+    if formats & _MATROSKA_FORMATS:
+        return _matroska_duration_tag(stream)
+    # MPEG-TS has no length in the format: FFmpeg's is the last timestamp it finds near the end, so
+    # a cut file declares its own cut length (measured: a TS cut at half reports 5.7 s, and a healthy
+    # VBR one its true 12.0 s). AVI: FFmpeg estimates from the bitrate once the index at the end is
+    # cut off (measured: 6.0 s declared, 3.8 s of packets). FLV, Ogg, MP3, WAV, images: not trusted.
+    return None
+
+
+def _mp4_length(stream: av.stream.Stream) -> float | None:
+    # A finalised MP4 indexes every sample in its moov (``frames``) and the track's length (mdhd, the
+    # sum of its samples' durations; FFmpeg shortens it to an edit list that ends sooner). A
+    # fragmented MP4 (an empty moov, frames == 0) declares nothing: FFmpeg adds up the fragments it
+    # finds, which a cut file has fewer of.
+    if not stream.frames or stream.duration is None or stream.time_base is None:
+        return None
+    return float(stream.duration * stream.time_base)
+
+
+def _matroska_duration_tag(stream: av.stream.Stream) -> float | None:
+    """The track statistics tag FFmpeg and mkvmerge write when they finalise a Matroska/WebM file
+    (``HH:MM:SS.nnnnnnnnn``, from the track's own last timestamp), in seconds; None without one.
+
+    Only the tag: the segment's Duration covers every track (an audio track longer than the video,
+    a subtitle cue after the last frame), may be a recording app's clock (MediaRecorder WebM patched
+    afterwards), and when it is absent (a file written live) FFmpeg estimates one from the bitrate
+    (measured: MP3 in Matroska, 4 % long).
+    """
+    for key, value in stream.metadata.items():
+        match = _CLOCK.match(value.strip()) if _DURATION_TAG.match(key) else None
+        if match:
+            hours, minutes, seconds = match.groups()
+            return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    return None
+
+
+class _Reach:
+    """How far in time a stream's packets got: the end (pts + duration) of the latest one and the
+    earliest start. Fed every packet demuxed, decoded or not, so a keyframes-only decode (the
+    non-key packets are read and dropped by the decoder) reaches exactly as far as a full one,
+    where its last decoded frame could be a GOP before the end of a healthy file. Kept in the
+    stream's own time base, as integers: Fractions would cost ~10 µs a packet."""
+
+    def __init__(self, stream: av.stream.Stream) -> None:
+        self.time_base = stream.time_base
+        self.start: int | None = None
+        self.end: int | None = None
+
+    def add(self, packet: av.packet.Packet) -> None:
+        pts = packet.pts if packet.pts is not None else packet.dts
+        if pts is None:
+            return  # a demuxer's flush packet
+        end = pts + (packet.duration or 0)
+        if self.start is None or self.end is None:
+            self.start, self.end = pts, end
+            return
+        self.start = min(self.start, pts)
+        self.end = max(self.end, end)
+
+    def seconds(self) -> float:
+        """The time reached, counted from zero: a stream that starts late (an edit list's delay, an
+        offset kept from a copy) is credited with its start, and one with negative timestamps (AAC
+        priming) is not charged for them. Both err towards "whole": never reject a healthy file."""
+        if self.start is None or self.end is None or self.time_base is None:
+            return 0.0
+        return float((self.end - min(self.start, 0)) * self.time_base)
+
+
+def tolerant_frames(
+    container: av.container.InputContainer, stream: av.stream.Stream, label: str, *, check_length: bool = False
+) -> Iterator[Any]:
     """Every decoded frame of ``stream``, skipping corrupt packets; UnreadableMedia after
-    MAX_CONSECUTIVE_DECODE_ERRORS of them in a row. ``label`` names the stream in the error."""
+    MAX_CONSECUTIVE_DECODE_ERRORS of them in a row. ``label`` names the stream in the error.
+
+    With ``check_length``, also UnreadableMedia (``truncated: ...``) after the last frame when the
+    packets stopped short of the length the container declares for the stream: found in this same
+    pass, from the packets' times, with nothing kept but two numbers."""
+    declared = declared_length(container, stream) if check_length else None
+    reach = _Reach(stream)
     errors_in_row = 0
     for packet in container.demux(stream):
+        reach.add(packet)
         try:
             decoded = packet.decode()
         except av.error.InvalidDataError as exc:
@@ -47,6 +155,21 @@ def tolerant_frames(container: av.container.InputContainer, stream: av.stream.St
             continue
         errors_in_row = 0
         yield from decoded
+    if declared is not None:
+        _reject_if_short(stream, declared, reach.seconds(), Path(container.name).name)
+
+
+def _reject_if_short(stream: av.stream.Stream, declared: float, reached: float, name: str) -> None:
+    if reached + _tolerance(stream) < declared:
+        raise UnreadableMedia(
+            f"{name}: truncated: the {stream.type} stream ends at {reached:.1f} s of the {declared:.1f} s "
+            "its container declares"
+        )
+
+
+def _tolerance(stream: av.stream.Stream) -> float:
+    rate = stream.average_rate if stream.type == "video" else None
+    return TRUNCATION_TOLERANCE_S + (1 / float(rate) if rate else 0.0)
 
 
 def has_audio_stream(path: Path) -> bool:
@@ -87,7 +210,7 @@ def audio_blocks(
         pending_len = 0
 
         def frames() -> Iterator[av.AudioFrame | None]:
-            yield from tolerant_frames(container, stream, f"{path.name}: audio stream")
+            yield from tolerant_frames(container, stream, f"{path.name}: audio stream", check_length=True)
             yield None  # flush the resampler
 
         for frame in frames():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from mediafarm.tasks.families.camfilter.cut import check_clip
 from mediafarm.tasks.families.camfilter.spec import CamfilterResult, stage_job_id
 from tests.support.kills import killing
 from tests.support.speech import espeak_available, make_track
-from tests.support.yolo import make_video
+from tests.support.yolo import make_video, truncated
 
 pytestmark = pytest.mark.integration
 QUEUE = "camfilter-test"
@@ -137,6 +138,20 @@ def test_a_corrupt_recording_fails_the_pipeline_naming_the_stage(camfilter_worke
     with pytest.raises(JobRejected) as failure:
         job.wait(timeout=120)
     assert "failed, so cut never ran" in str(failure.value) and "FFmpeg" in str(failure.value)
+
+
+def test_a_recording_cut_short_fails_the_pipeline_at_its_yolo_stage(camfilter_worker, media_root: Path) -> None:
+    # Issue #7: the file still opens (its MP4 index is first) and decodes up to the cut. No audio
+    # track, so the VAD stage answers no_audio as ever, and the YOLO stage names the cut.
+    whole = make_video(media_root / "camfilter-whole.mp4", duration=20.0, moving=MOVING, gop=10,
+                       options={"movflags": "+faststart"})  # fmt: skip
+    cut = truncated(whole, media_root / "camfilter-cut.mp4")
+    job = submit("camfilter", queue=QUEUE, media=str(cut), yolo_ladder="yolo_motion")
+    with pytest.raises(JobRejected) as failure:
+        job.wait(timeout=120)
+    reason = str(failure.value)
+    assert f"YOLO ({stage_job_id(job.id, 'yolo')}) failed, so cut never ran" in reason, reason
+    assert re.search(r"camfilter-cut\.mp4: truncated: the video stream ends at \d+\.\d s of the 20\.0 s", reason)
 
 
 def test_clips_json_lists_the_clips_and_the_stage_histories(camfilter_worker, recording) -> None:

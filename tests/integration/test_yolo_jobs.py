@@ -9,6 +9,7 @@ worker, so its Prometheus counters see every one of them.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from mediafarm import JobRejected, submit
 from mediafarm.tasks.app import app
 from mediafarm.tasks.families.yolo.spec import YoloResult
 from tests.support.kills import kill_running
-from tests.support.yolo import DURATION, FPS, HEIGHT, WIDTH, make_audio_only, make_video
+from tests.support.yolo import DURATION, FPS, HEIGHT, WIDTH, make_audio_only, make_video, truncated
 
 pytestmark = pytest.mark.integration
 QUEUE = "yolo-test"
@@ -107,19 +108,31 @@ def test_absent_weights_make_their_rung_unavailable_and_the_next_one_runs(yolo_w
     assert (ran["variant"], ran["outcome"], envelope["variant"]) == ("yolo-nano", "ok", "yolo-nano")
 
 
+def cut_short(name: str) -> str:
+    """The reason a file cut short that still opens is rejected with (issue #7), as a pattern."""
+    return (re.escape(f"UnreadableMedia: {name}: truncated: the video stream ends at ") + r"\d+\.\d"
+            + re.escape(f" s of the {DURATION:.1f} s its container declares"))  # fmt: skip
+
+
 def test_bad_inputs_are_rejected_once_with_the_reason(yolo_worker, video: Path, media_root: Path) -> None:
-    truncated = media_root / "yolo-truncated.mp4"
-    truncated.write_bytes(video.read_bytes()[: video.stat().st_size // 2])
+    moov_at_end = truncated(video, media_root / "yolo-truncated.mp4")
+    # Cut short but still opening: the index (faststart) or the header (Matroska) is whole.
+    faststart = make_video(media_root / "yolo-faststart.mp4", options={"movflags": "+faststart"})
+    faststart_cut = truncated(faststart, media_root / "yolo-cut-faststart.mp4")
+    mkv_cut = truncated(make_video(media_root / "yolo.mkv"), media_root / "yolo-cut.mkv")
+    tone = make_audio_only(media_root / "yolo-tone.wav")
     cases = {
-        "truncated": ({"media": str(truncated)}, "UnreadableMedia: not a media file FFmpeg can read"),
-        "no video": ({"media": str(make_audio_only(media_root / "yolo-tone.wav"))}, "UnreadableMedia: "),
+        "truncated": ({"media": str(moov_at_end)}, re.escape("UnreadableMedia: not a media file FFmpeg can read")),
+        "truncated faststart mp4": ({"media": str(faststart_cut)}, cut_short(faststart_cut.name)),
+        "truncated mkv": ({"media": str(mkv_cut)}, cut_short(mkv_cut.name)),
+        "no video": ({"media": str(tone)}, "UnreadableMedia: "),
         "unknown class": ({"media": str(video), "classes": "person,unicorn"}, "InvalidRequest: yolo request:"),
     }
     jobs = {name: submit("yolo", queue=QUEUE, **fields) for name, (fields, _) in cases.items()}
     for name, job in jobs.items():
         with pytest.raises(JobRejected) as info:
             job.wait(timeout=60)
-        assert cases[name][1] in info.value.reason, (name, info.value.reason)
+        assert re.search(cases[name][1], info.value.reason), (name, info.value.reason)
         tried = [a for a in info.value.attempts if a["outcome"] != "unavailable"]
         assert outcomes(tried) == [("yolo-nano", "rejected")], (name, info.value.attempts)
     with pytest.raises(JobRejected, match="has no video stream"):

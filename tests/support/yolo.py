@@ -1,7 +1,8 @@
 """Test media and models for the YOLO family, all made here, offline.
 
 - :func:`make_video`: a static, textured scene in which a filled rectangle moves during known
-  spans (PyAV, H.264); :data:`MOVING` is its truth.
+  spans (PyAV, H.264; optionally a tone track, noisy spans, muxer options); :data:`MOVING` is its
+  truth. :func:`truncated`: a copy of a file cut short.
 - :func:`build_random_yolo`: a random-weight YOLO11n from ultralytics' own yaml, with COCO's class
   names, saved as ``.pt`` and exported to ONNX (320 px, so it runs fast). Built in a subprocess
   with ultralytics switched offline, so this test process never imports ultralytics online.
@@ -68,27 +69,82 @@ def make_video(
     codec: str = "libx264",
     gop: int | None = None,
     preset: str | None = None,
+    options: dict[str, str] | None = None,
+    audio_seconds: float | None = None,
+    audio_codec: str = "aac",
+    noisy: Sequence[tuple[float, float]] = (),
 ) -> Path:
-    """Write the test video: the scene, and a rectangle that moves only during ``moving``."""
+    """Write the test video: the scene, and a rectangle that moves only during ``moving``.
+
+    The container is the suffix's. ``options``: the muxer's (``{"movflags": "+faststart"}`` puts an
+    MP4's index first). ``audio_seconds``: add a tone track that long (it may outlast the video),
+    interleaved with the video as a camera writes it. ``noisy``: spans of random-noise frames, so
+    the bitrate swings (VBR) far from its mean.
+    """
     background = scene(width, height)
     box_w, box_h = max(4, width // 10), max(4, height // 4)
     top = height // 2 - box_h // 2
-    with av.open(str(path), "w") as container:
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w", options=options or {}) as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         if gop:
             stream.codec_context.gop_size = gop
         if preset:
             stream.options = {"preset": preset}
+        tone = _Tone(container, audio_codec, audio_seconds) if audio_seconds else None
         for i in range(int(duration * fps)):
-            frame = background.copy()
-            left = rectangle_at(i / fps, moving, width, height)
-            frame[top : top + box_h, left : left + box_w] = (20, 20, 20)
+            t = i / fps
+            if any(start <= t < end for start, end in noisy):
+                frame = rng.integers(0, 256, background.shape, dtype=np.uint8)
+            else:
+                frame = background.copy()
+                left = rectangle_at(t, moving, width, height)
+                frame[top : top + box_h, left : left + box_w] = (20, 20, 20)
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
+            if tone is not None:
+                tone.encode_until((i + 1) / fps)
         for packet in stream.encode():
             container.mux(packet)
+        if tone is not None:
+            tone.finish()
     return path
+
+
+class _Tone:
+    """A 440 Hz tone track, encoded as far as asked each time, so it interleaves with the video."""
+
+    RATE = 48000  # every codec used here takes it (Opus only takes 48 kHz)
+    CHUNK = 960  # 20 ms, an Opus frame; the encoder re-frames for AAC
+
+    def __init__(self, container: av.container.OutputContainer, codec: str, seconds: float) -> None:
+        self.container = container
+        self.stream = container.add_stream(codec, rate=self.RATE)
+        self.stream.layout = "mono"
+        self.total, self.done = int(seconds * self.RATE), 0
+
+    def encode_until(self, seconds: float) -> None:
+        target = min(self.total, int(seconds * self.RATE))
+        while self.done < target:
+            count = min(self.CHUNK, target - self.done)
+            t = np.arange(self.done, self.done + count) / self.RATE
+            samples = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)[None, :]
+            frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+            frame.rate, frame.pts = self.RATE, self.done
+            self.container.mux(self.stream.encode(frame))
+            self.done += count
+
+    def finish(self) -> None:
+        self.encode_until(self.total / self.RATE)
+        self.container.mux(self.stream.encode(None))
+
+
+def truncated(source: Path, target: Path, fraction: float = 0.5) -> Path:
+    """The first ``fraction`` of ``source``'s bytes at ``target``: a download or copy cut short."""
+    data = source.read_bytes()
+    target.write_bytes(data[: int(len(data) * fraction)])
+    return target
 
 
 def make_image(path: Path) -> Path:

@@ -9,6 +9,8 @@ two seconds): a keyframe needs no other frame, so only the keyframes are decoded
 samples. The GOP is read from the first packets (no decode); a stream whose keyframes later come
 farther apart is then sampled at its keyframes, sparser than the stride.
 An image is a one-frame video to FFmpeg (its image2 demuxer), so the same path reads both.
+A file cut short that still opens is rejected at the end of the same pass (``tolerant_frames``'
+length check): its detections would otherwise read as the whole recording's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.families.yolo.motion import Region
-from mediafarm.tasks.media.decode import open_media, tolerant_frames
+from mediafarm.tasks.media.decode import declared_length, open_media, tolerant_frames
 
 # A frame is "at the stride" if it is this close before its slot (timestamps are rounded).
 SLOT_TOLERANCE = 1e-3
@@ -65,13 +67,15 @@ class VideoSamples:
 
     Attributes (after opening):
         width, height: Source frame size.
-        duration: Seconds the container declares, or None (an image, some streams).
+        duration: Seconds the container declares for the video stream (or for the whole file),
+            or None (an image, some streams).
         decoded: Frames decoded so far; sampled: frames yielded so far.
         position: Seconds of the last decoded frame.
 
     Raises:
         UnreadableMedia: not a file FFmpeg reads, no video stream, too many undecodable packets
-            in a row, or no frame decodes at all.
+            in a row, no frame decodes at all, or (after the last frame) the stream ends well short
+            of the length its container declares: a file cut short (``truncated: ...``).
     """
 
     def __init__(self, path: Path, *, stride: float, grey_width: int, image_width: int | None) -> None:
@@ -111,6 +115,11 @@ class VideoSamples:
 
     def _declared_duration(self) -> float | None:
         stream = self._stream
+        # The video stream's own length first: a Matroska file's container length is its longest
+        # track's, an audio track that runs on after the picture included.
+        declared = declared_length(self._container, stream)
+        if declared is not None:
+            return declared
         if stream.duration is not None and stream.time_base is not None:
             return float(stream.duration * stream.time_base)
         if self._container.duration is not None:
@@ -139,8 +148,12 @@ class VideoSamples:
             raise UnreadableMedia(f"{self.path.name}: no video frame could be decoded")
 
     def _frames(self) -> Iterator[av.VideoFrame]:
-        # Camera footage has the odd corrupt packet; a run of them is a file we cannot read.
-        return tolerant_frames(self._container, self._stream, f"{self.path.name}: video stream")
+        # Camera footage has the odd corrupt packet; a run of them is a file we cannot read. A file
+        # cut short must not pass for a shorter video (its detections would read as the whole
+        # recording's): its packets are checked against the length its container declares, in this
+        # same pass. From the packets, not the frames: with keyframes only decoded the last frame
+        # seen may be a GOP before the end of a healthy file, but every packet is still demuxed.
+        return tolerant_frames(self._container, self._stream, f"{self.path.name}: video stream", check_length=True)
 
 
 def keyframe_interval(path: Path) -> float | None:
