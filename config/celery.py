@@ -40,7 +40,7 @@ class UnsafeConfiguration(ImproperlyConfigured):
 
 def celery_config(settings: FarmSettings) -> dict[str, Any]:
     """Celery settings (new-style lowercase names) derived from the farm settings."""
-    return _common(settings) | (_rabbitmq() if settings.broker_is_rabbitmq else {})
+    return _common(settings) | (_rabbitmq(settings) if settings.broker_is_rabbitmq else {})
 
 
 def _broker_options(settings: FarmSettings) -> dict[str, Any]:
@@ -59,12 +59,17 @@ def _broker_options(settings: FarmSettings) -> dict[str, Any]:
     }
 
 
-def _rabbitmq() -> dict[str, Any]:
+def _rabbitmq(settings: FarmSettings) -> dict[str, Any]:
     # Quorum queues: replicated and durable, and the queue type RabbitMQ keeps developing. Every
     # process of the farm must declare them alike (a classic declaration of the same queue is
     # refused by the broker), which one shared configuration guarantees. Celery turns global QoS
     # off for them by itself (worker_detect_quorum_queues).
-    return {"task_default_queue_type": "quorum", "task_create_missing_queue_type": "quorum"}
+    return {
+        "task_default_queue_type": "quorum",
+        "task_create_missing_queue_type": "quorum",
+        # How soon RabbitMQ drops a worker that stopped answering, handing its jobs to another.
+        "broker_heartbeat": settings.broker_heartbeat,
+    }
 
 
 def _common(settings: FarmSettings) -> dict[str, Any]:

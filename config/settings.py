@@ -61,6 +61,7 @@ class FarmSettings(BaseSettings):
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
     consumer_timeout: int = 1800
+    broker_heartbeat: float = 120.0
     restore_interval: int = 10
     soft_shutdown_timeout: float = 60.0
     retry_delay: float = 0.0

@@ -81,7 +81,10 @@ def _print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> Non
         return
     table = Table("rung", "variant", "outcome", "reason", "peak RSS MiB", title="attempts")
     for a in attempts:
-        table.add_row(str(a["rung"]), a["variant"], str(a["outcome"]), a.get("reason", ""), str(a.get("peak_rss_mb")))
+        # An open attempt is running (or its process died and the next run will settle it).
+        outcome = "running" if a.get("outcome") is None else str(a["outcome"])
+        peak = a.get("peak_rss_mb")
+        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", "" if peak is None else str(peak))
     console.print(table)
 
 

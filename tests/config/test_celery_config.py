@@ -85,6 +85,7 @@ def test_rabbitmq_gets_quorum_queues_and_publisher_confirms_and_no_redis_options
     conf = rabbitmq()
     assert conf["task_default_queue_type"] == conf["task_create_missing_queue_type"] == "quorum"
     assert conf["broker_transport_options"] == {"confirm_publish": True}
+    assert conf["broker_heartbeat"] == 120.0  # Celery's default, stated: FARM_BROKER_HEARTBEAT
     assert conf["result_backend"].endswith("+redis://h/0")
     # The visibility timeout is Redis's: no RabbitMQ farm is refused for it.
     assert config_problems(conf, {"family long": 10_000}, consumer_timeout=20_000) == []

@@ -38,6 +38,8 @@ def suite_env(workdir: Path, broker_url: str, backend_url: str) -> dict[str, str
         "FARM_BROKER_URL": broker_url, "FARM_RESULT_BACKEND": backend_url,
         "FARM_CONFIG_FILE": str(short_limits_config(workdir / "short-limits.toml")),
         "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1",
+        # RabbitMQ only: a paused worker is dropped after a few missed 4 s heartbeats (120 s by default).
+        "FARM_BROKER_HEARTBEAT": "4",
     }  # fmt: skip
 
 

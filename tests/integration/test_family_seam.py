@@ -226,3 +226,36 @@ def test_unknown_engine_in_a_config_file_ladder_stops_the_worker(redis_url: str,
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert celery.returncode != 0
     assert "rung 'fancy' names an unknown engine 'silero-gpu'" in celery.stdout + celery.stderr
+
+
+def test_the_cli_shows_a_running_jobs_progress(cpu_worker, ten_minutes: Path) -> None:
+    """`farm status ID` while the job runs, and `farm submit --wait` on a terminal, draw the progress
+    bar with the rung and stage (TTY_COMPATIBLE=1: rich treats the captured pipe as a terminal)."""
+    env = {**os.environ, "COLUMNS": "160", "TTY_COMPATIBLE": "1"}
+    farm = [sys.executable, "-m", "mediafarm.workers.cli"]
+    job = submit("vad", media=str(ten_minutes))
+    deadline = time.monotonic() + 60
+    while job.progress() is None:
+        assert time.monotonic() < deadline, "no progress reported"
+        time.sleep(0.02)
+    status = subprocess.run([*farm, "status", job.id], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    shown = plain(status.stdout)
+    if job.state() != "SUCCESS":  # the job may finish while the command starts; then no bar is due
+        assert f"{job.id}: STARTED" in shown and "silero-onnx silero-vad" in shown, shown
+        assert "%" in shown and "s of media" in shown and "running" in shown, shown
+    job.wait(timeout=120)
+
+    waited = subprocess.run([*farm, "submit", "vad", str(ten_minutes), "--wait"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert waited.returncode == 0, waited.stderr
+    shown = plain(waited.stdout)
+    assert "silero-onnx silero-vad" in shown and "s of media" in shown, shown  # the bar's detail
+    assert "variant silero-onnx" in shown, shown  # then the result
+
+
+def plain(terminal_output: str) -> str:
+    """Terminal output without its colour and cursor escape sequences."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal_output)

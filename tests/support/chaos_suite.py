@@ -2,8 +2,8 @@
 
 While the jobs run, the suite SIGKILLs pool children (about one attempt in ten), SIGKILLs one whole
 worker (and starts a replacement), restarts its own Redis (AOF on), pauses a worker past the
-visibility timeout (Redis broker only: RabbitMQ notices a paused consumer by missed heartbeats,
-minutes later) and cuts a worker's network link while Redis drops its connections (when a veth
+visibility timeout (on RabbitMQ: past three missed heartbeats, FARM_BROKER_HEARTBEAT) and cuts a
+worker's network link while Redis drops its connections (when a veth
 namespace can be made and the broker is reachable through it). Then it counts:
 
 - submitted, terminal, succeeded per rung, failed with history;
@@ -62,6 +62,9 @@ class Report:
     terminal: int = 0
     succeeded_by_rung: Counter[str] = field(default_factory=Counter)
     failed_with_history: int = 0
+    # Attempts settled as worker_lost (their worker died, paused or was cut off), by worker node:
+    # shows which of the faults made jobs run again.
+    lost_by_worker: Counter[str] = field(default_factory=Counter)
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     infrastructure_failures: list[str] = field(default_factory=list)
@@ -86,6 +89,7 @@ class Report:
             f"  submitted {self.submitted}, terminal {self.terminal}",
             f"  succeeded per rung: {rungs}",
             f"  failed with history: {self.failed_with_history}",
+            f"  attempts settled as worker_lost, by worker: {dict(self.lost_by_worker) or 'none'}",
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
             f"history/envelope disagreements: {len(self.disagreements)}",
@@ -150,6 +154,7 @@ class ChaosSuite:
         self.report = Report(broker_name)
         self.is_redis_broker = broker_name == "redis"
         self.visibility = float(env.get("FARM_VISIBILITY_TIMEOUT", "10"))
+        self.heartbeat = float(env.get("FARM_BROKER_HEARTBEAT", "120"))
         self.workers: list[Worker] = []
         self.client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
         self.random = random.Random(jobs)
@@ -274,10 +279,9 @@ class ChaosSuite:
         self.report.events.append("Redis restarted (down 2 s, AOF on)")
 
     def pause_a_worker(self) -> None:
-        if not self.is_redis_broker:
-            self.report.events.append("pause: skipped on RabbitMQ (a paused consumer is noticed after missed "
-                                      "heartbeats, minutes; nothing to see in a short pause)")  # fmt: skip
-            return
+        """SIGSTOP a worker (main process and children) long enough for its jobs to go elsewhere:
+        past the visibility timeout on Redis; on RabbitMQ past a few missed heartbeats, after
+        which the broker drops its connection and hands its unacked jobs to another worker."""
         victim = next(w for w in self._live() if not w.inside_namespace)
         victim.paused = True
         os.killpg(victim.process.pid, signal.SIGSTOP)
@@ -286,8 +290,12 @@ class ChaosSuite:
             os.killpg(victim.process.pid, signal.SIGCONT)
             victim.paused = False
 
-        self.after(self.visibility + 4, resume)
-        self.report.events.append(f"worker {victim.node} paused {self.visibility + 4:g} s, past the visibility timeout")
+        if self.is_redis_broker:
+            seconds, past = self.visibility + 4, "the visibility timeout"
+        else:
+            seconds, past = 3 * self.heartbeat + 4, f"three {self.heartbeat:g} s heartbeats"
+        self.after(seconds, resume)
+        self.report.events.append(f"worker {victim.node} paused {seconds:g} s, past {past}")
 
     def cut_a_link(self) -> None:
         if self.link is None:
@@ -317,6 +325,8 @@ class ChaosSuite:
                 report.lost.append(f"{job} ({ladder}, {status or 'no state'})")
                 continue
             report.terminal += 1
+            attempts = meta["result"]["attempts"] if status == "SUCCESS" else history
+            report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
             if len(watch.successes.get(job, ())) > 1:
                 report.duplicated.append(f"{job} ({ladder})")
             if status == "SUCCESS":

@@ -131,3 +131,30 @@ def test_a_backend_with_no_farm_keys_is_refused(storage: Path, backend: Any, red
     _age(new_job(), 2 * GRACE)
     with pytest.raises(WrongBackend, match="FARM_RESULT_BACKEND"):
         list(expired(storage, EmptyBackend(), grace=GRACE))
+
+
+def test_farm_gc_lists_then_removes_only_expired_folders(storage: Path, backend: Any, new_job: Any) -> None:
+    """The command as an operator runs it: --dry-run lists and keeps, a plain run removes."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    gone, kept = new_job(), new_job()
+    backend.store_result(kept.name, {"ok": True}, "SUCCESS")
+    for folder in (gone, kept):
+        _age(folder, 2 * GRACE)
+    env = {**os.environ, "FARM_STORAGE_DIR": str(storage), "COLUMNS": "400"}
+
+    def farm_gc(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "gc", *args], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    listed = farm_gc("--dry-run")
+    assert f"would remove {gone}" in listed and str(kept) not in listed and "1 to remove" in listed
+    assert gone.exists()
+    removed = farm_gc()
+    assert f"removed {gone}" in removed and "1 removed" in removed
+    assert not gone.exists() and kept.exists()
