@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from mediafarm.workers.embedded import EmbeddedRedis
 from tests.support.chaos_suite import ChaosSuite, short_limits_config
 from tests.support.farm_app import farm_app
-from tests.support.netns import Link, NamespaceUnavailable, veth_link
+from tests.support.netns import Link, NamespaceUnavailable, TcpForward, veth_link
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +44,14 @@ def suite_env(workdir: Path, broker_url: str, backend_url: str) -> dict[str, str
     }  # fmt: skip
 
 
-def run_suite(broker_url: str, server: EmbeddedRedis, workdir: Path, link: Link | None, name: str) -> None:
+def run_suite(
+    broker_url: str, server: EmbeddedRedis, workdir: Path, link: Link | None, name: str, inside_broker_url: str = ""
+) -> None:
     app = farm_app(broker_url, server.url, name="chaos-suite")
     try:
         suite = ChaosSuite(producer=app, broker_url=broker_url, redis_server=server, workdir=workdir,
                            env=suite_env(workdir, broker_url, server.url), jobs=JOBS, link=link,
-                           broker_name=name)  # fmt: skip
+                           broker_name=name, inside_broker_url=inside_broker_url)  # fmt: skip
         report = suite.run()
     finally:
         app.close()
@@ -68,11 +71,30 @@ def test_chaos_suite_on_redis(tmp_path: Path, link: Link | None) -> None:
         server.stop()
 
 
-def test_chaos_suite_on_rabbitmq(tmp_path: Path, amqp_url: str) -> None:
-    # The broker is the machine's RabbitMQ (our vhost), bound to loopback only, so no worker can
-    # reach it from a namespace: no network cut here. The suite's Redis is the result backend.
-    server = EmbeddedRedis(data_dir=tmp_path / "redis").start()
+def test_chaos_suite_on_rabbitmq(tmp_path: Path, amqp_url: str, link: Link | None) -> None:
+    # The broker is the machine's RabbitMQ (our vhost), bound to loopback only: the namespaced
+    # worker reaches it through a forwarder on the link's host address. The suite's Redis is the
+    # result backend.
+    bind = (link.host_address,) if link is not None else ()
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", bind=bind).start()
+    forward = TcpForward(link.host_address, amqp_target(amqp_url)) if link is not None else None
     try:
-        run_suite(amqp_url, server, tmp_path, None, "rabbitmq")
+        inside = amqp_via(amqp_url, forward.address) if forward is not None else ""
+        run_suite(amqp_url, server, tmp_path, link, "rabbitmq", inside_broker_url=inside)
     finally:
+        if forward is not None:
+            forward.close()
         server.stop()
+
+
+def amqp_via(url: str, address: tuple[str, int]) -> str:
+    """The same AMQP URL (user, password, vhost) with another host and port."""
+    parsed = urlsplit(url)
+    credentials = parsed.netloc.rsplit("@", 1)[0] + "@" if "@" in parsed.netloc else ""
+    return parsed._replace(netloc=f"{credentials}{address[0]}:{address[1]}").geturl()
+
+
+def amqp_target(url: str) -> tuple[str, int]:
+    """(host, port) of an ``amqp://user:password@host:port/vhost`` URL."""
+    parsed = urlsplit(url)
+    return parsed.hostname or "127.0.0.1", parsed.port or 5672

@@ -147,9 +147,12 @@ class ChaosSuite:
 
     def __init__(
         self, *, producer: Any, broker_url: str, redis_server: EmbeddedRedis, workdir: Path, env: dict[str, str],
-        jobs: int, link: Any = None, broker_name: str = "redis",
+        jobs: int, link: Any = None, broker_name: str = "redis", inside_broker_url: str = "",
     ) -> None:  # fmt: skip
         self.producer, self.broker_url, self.redis_server = producer, broker_url, redis_server
+        # How the namespaced worker reaches the broker: the broker's URL on the link's host address
+        # unless told (a RabbitMQ on loopback is reached through a forwarder, tests.support.netns).
+        self.inside_broker_url = inside_broker_url
         self.workdir, self.env, self.jobs, self.link = workdir, env, jobs, link
         self.report = Report(broker_name)
         self.is_redis_broker = broker_name == "redis"
@@ -179,8 +182,9 @@ class ChaosSuite:
         env = dict(self.env)
         argv = worker_argv(get_pool("chaos"), queues=[QUEUE], concurrency=2, node=node, loglevel="INFO")
         if inside_namespace:
-            inside = self.broker_url.replace("127.0.0.1", self.link.host_address)
-            env.update(FARM_BROKER_URL=inside, FARM_RESULT_BACKEND=inside)
+            backend = self.redis_server.url.replace("127.0.0.1", self.link.host_address)
+            broker = self.inside_broker_url or self.broker_url.replace("127.0.0.1", self.link.host_address)
+            env.update(FARM_BROKER_URL=broker, FARM_RESULT_BACKEND=backend)
             argv = self.link.command(argv)
         log = self.workdir / f"{node.split('@')[0]}.log"
         with log.open("wb") as fh:
@@ -309,9 +313,12 @@ class ChaosSuite:
                 if client["addr"].startswith(f"{self.link.worker_address}:"):
                     self.client.client_kill(client["addr"])
 
+        # Redis drops the worker's connections at once (as after a TCP keepalive timeout); RabbitMQ
+        # drops its own after missed heartbeats, so the cut lasts past three of them there.
+        seconds = 5.0 if self.is_redis_broker else 3 * self.heartbeat + 2
         self.after(1, drop_connections)
-        self.after(5, self.link.up)
-        self.report.events.append("network of the namespaced worker cut 5 s; Redis dropped its connections")
+        self.after(seconds, self.link.up)
+        self.report.events.append(f"network of the namespaced worker cut {seconds:g} s; Redis dropped its connections")
 
     # --- the counts ----------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -66,3 +68,60 @@ def veth_link() -> Iterator[Link]:
     finally:
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)  # takes the pair with it
         subprocess.run(["ip", "link", "del", host_end], capture_output=True)
+
+
+class TcpForward:
+    """Forwards TCP connections from ``listen`` (a host end's address, free port) to ``target``:
+    how a namespaced worker reaches a server that listens on loopback only (the machine's RabbitMQ).
+
+    Each connection is a pair of sockets pumped by two threads; when either side closes or fails,
+    both are closed, so a server that drops the connection (RabbitMQ after missed heartbeats while
+    the link is down) drops it for the worker too.
+    """
+
+    def __init__(self, listen_host: str, target: tuple[str, int]) -> None:
+        self.target = target
+        self._server = socket.create_server((listen_host, 0))
+        self.address: tuple[str, int] = self._server.getsockname()[:2]
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="tcp-forward", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inside, _ = self._server.accept()
+                outside = socket.create_connection(self.target, timeout=10)
+                outside.settimeout(None)
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._open.update((inside, outside))
+            for source, sink in ((inside, outside), (outside, inside)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with self._lock:
+                self._open.discard(sock)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self._server.close()
+        with self._lock:
+            sockets, self._open = list(self._open), set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
