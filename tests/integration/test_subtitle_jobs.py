@@ -115,7 +115,7 @@ def test_outputs_parse_and_the_timestamp_checks_pass(subtitled) -> None:
         assert [s.type for s in container.streams] == ["subtitle"]
     timing = envelope["output"]["timing"]
     assert timing["monotonic"] and timing["overlaps"] == 0 and timing["outside_media"] == 0
-    assert timing["in_silence"] == 0 and timing["rule_violations"] == []
+    assert timing["in_silence"] == 0 and timing["words_in_silence"] == 0 and timing["rule_violations"] == []
     assert timing["offset_ms_median"] is not None and timing["threshold_ms"] == 112.0
     assert all(late["offset_ms"] > 112 for late in timing["late"])
     # The canonical JSON: segments with words on the media clock, the rung, the rules.
@@ -153,6 +153,7 @@ def test_rerender_with_other_rules_needs_no_recognition(subtitled) -> None:
     render = submit("subtitle-render", source=job.id, rules=rules).wait(timeout=60)
     output = render["output"]
     assert output["cues"] > envelope["output"]["cues"] and output["timing"]["rule_violations"] == []
+    assert output["timing"]["words_in_silence"] == 0  # the source job's words, counted again
     vtt = (get_settings().storage_dir / render["job_id"] / "subtitles.vtt").read_text()
     lines = [line for line in vtt.splitlines()[1:] if line and "-->" not in line]
     assert lines and all(len(line) <= 16 or " " not in line for line in lines)
@@ -199,7 +200,47 @@ def test_whisper_killed_mid_job_comes_back_on_pocketsphinx(cpu_worker, tiny_en, 
 
     canonical = json.loads((get_settings().storage_dir / job.id / "subtitles.json").read_text())
     assert canonical["variant"] == "pocketsphinx" and canonical["model"].startswith("pocketsphinx")
+    assert canonical["timing"]["words_in_silence"] == 0
     assert cpu_worker.process.poll() is None
+
+
+def test_a_long_job_reports_progress_and_grows_its_playlist(
+    cpu_worker, tiny_en, speech_track, media_root: Path
+) -> None:
+    from tests.support.speech import write_long_track
+
+    path = media_root / "two-and-a-half-minutes.wav"
+    write_long_track(path, 150, pattern=speech_track)  # 4 windows of speech (28 s each at most)
+    job = submit("subtitle", media=str(path))
+    chunks = get_settings().storage_dir / job.id / "chunks"
+    seen = []
+    playlists: list[tuple[str, list[str]]] = []  # (text, segments it lists that were not there)
+
+    def on_progress(progress) -> None:
+        seen.append(progress)
+        try:
+            text = (chunks / "playlist.m3u8").read_text()
+        except FileNotFoundError:
+            return  # nothing published yet
+        listed = re.findall(r"^(segment_\d+\.vtt)$", text, flags=re.M)
+        playlists.append((text, [name for name in listed if not (chunks / name).is_file()]))
+
+    envelope = job.wait(timeout=300, poll=0.02, on_progress=on_progress)
+    assert envelope["variant"] == "whisper-tiny" and all(p.variant == "whisper-tiny" for p in seen)
+    fractions = [p.fraction for p in seen]
+    assert len(set(fractions)) >= 3, fractions
+    assert fractions == sorted(fractions) and 0 < fractions[0] < fractions[-1] <= 1
+    # The VAD pass first, then recognition window by window, on the media's clock.
+    stages = [p.stage for p in seen]
+    assert "recognise" in stages, stages
+    first = stages.index("recognise")
+    assert set(stages[:first]) <= {"silero-vad", "webrtcvad"} and set(stages[first:]) == {"recognise"}, stages
+    heard_until = [p.media_seconds for p in seen[first:]]
+    assert heard_until == sorted(heard_until) and heard_until[-1] <= 150
+    # A player polling the playlist while the job ran saw an EVENT playlist, only segments that were there.
+    assert all(not missing for _, missing in playlists), playlists
+    running = [text for text, _ in playlists if "#EXT-X-ENDLIST" not in text]
+    assert running and "#EXT-X-PLAYLIST-TYPE:EVENT" in running[0] and "segment_00000.vtt" in running[0]
 
 
 def test_cli_writes_the_chosen_formats(cpu_worker, tiny_en, speech_track, tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ recogniser:
    joined by a short silence; the silence between spans is never recognised (it is where Whisper
    hallucinates). Every recognised time is mapped back, piece by piece, to the media's clock.
 3. Words become cues as windows finish; cues that later words can no longer change are final and
-   go out at once as time-windowed WebVTT segments with an HLS playlist (artifacts under
-   ``chunks/``, each announced as a partial output), so a player can follow a long job.
+   go out at once as time-windowed WebVTT segments (artifacts under ``chunks/``, each announced as
+   a partial output). The HLS playlist ``chunks/playlist.m3u8`` is rewritten (atomically) after
+   each batch of new segments, an EVENT playlist that only grows, and gets ``#EXT-X-ENDLIST`` at
+   the end, so a player can follow a long job.
 4. At the end: ``subtitles.json`` (canonical: segments with words, language, rung, cue rules,
    cues, timestamp checks), and WebVTT/SRT of the whole media.
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import RungUnavailable
-from mediafarm.tasks.families.subtitle.checks import timing_report
+from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
 from mediafarm.tasks.families.subtitle.recognizers import (
     Recognition,
@@ -106,6 +108,7 @@ def transcribe(
     recognising = ctx.part(VAD_SHARE, 1.0)
     cues = CueStream(request)
     chunks = ChunkedWebVTT(window_seconds=request.chunk_seconds)
+    silent_words = SilentWords(vad.spans, PAD_SECONDS)
     heard_language: tuple[str, float | None] | None = None
     model_name = ""
     words = 0
@@ -123,15 +126,16 @@ def transcribe(
                 if mapped.words:
                     segments_out.write(mapped)
                     cues.add(mapped.words)
+                    silent_words.add(mapped.words)
                     words += len(mapped.words)
             done += window.speech_seconds
             recognising.progress(done / speech_total, stage="recognise", media_seconds=window.end)
-            yield from _publish(ctx, chunks.add(cues.take_final(), final_until=cues.final_until(window.end)))
-        yield from _publish(ctx, chunks.add(cues.take_rest(), final_until=vad.duration))
-        yield from _publish(ctx, chunks.close(vad.duration))
-        ctx.artifacts.write_text(PLAYLIST, chunks.playlist(ended=True))
+            final_until = cues.final_until(window.end)
+            yield from _publish(ctx, chunks, chunks.add(cues.take_final(), final_until=final_until))
+        yield from _publish(ctx, chunks, chunks.add(cues.take_rest(), final_until=vad.duration))
+        yield from _publish(ctx, chunks, chunks.close(vad.duration), ended=True)
         language, probability = _language(request, heard_language)
-        report = timing_report(cues.all, vad.spans, vad.duration, request.rules)
+        report = timing_report(cues.all, vad.spans, vad.duration, request.rules, words_in_silence=silent_words.count)
         segments_out.close(
             language=language, language_probability=probability, model=model_name or "none", variant=ctx.variant,
             duration=round(vad.duration, 3), speech=[s.to_json() for s in vad.spans],
@@ -159,9 +163,21 @@ def _language(request: SubtitleRequest, heard: tuple[str, float | None] | None) 
     return heard if heard is not None else ("und", None)
 
 
-def _publish(ctx: EngineContext, segments: Sequence[tuple[str, str]]) -> Iterator[dict[str, str]]:
+def _publish(
+    ctx: EngineContext, chunks: ChunkedWebVTT, segments: Sequence[tuple[str, str]], *, ended: bool = False
+) -> Iterator[dict[str, str]]:
+    """Write the new ``segments``, then the playlist that lists them (``ended``: the last one, with
+    ``#EXT-X-ENDLIST``), then announce each segment as a partial output.
+
+    Segments go first: a player polling the playlist must never be sent to a segment that is not
+    there yet. Every artifact write is a rename of a complete file, so the playlist it reads is
+    always whole, and each one only appends to the one before (RFC 8216, an EVENT playlist).
+    """
     for name, text in segments:
         ctx.artifacts.write_text(f"{CHUNKS}/{name}", text)
+    if segments or ended:
+        ctx.artifacts.write_text(PLAYLIST, chunks.playlist(ended=ended))
+    for name, _ in segments:
         yield {"segment": f"{CHUNKS}/{name}"}
 
 

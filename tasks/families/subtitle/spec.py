@@ -55,6 +55,9 @@ class TimingReport(BaseModel):
         overlaps: Cues that overlap the next one (0 when sound).
         outside_media: Cues that end after the media does or start before 0.
         in_silence: Cues lying wholly inside what the VAD found silent (0 when sound).
+        words_in_silence: Words touching no speech span the VAD found, widened by the padding the
+            speech is cut out with (0 when sound: only that audio is recognised, so a word there is a
+            time mapped wrongly). None where words were not counted (a report made before this check).
         rule_violations: Cue-rule violations (line width, lines, duration, gap).
         offset_ms_median, offset_ms_p95, offset_ms_max: Distribution of |cue start - nearest
             speech onset|, in milliseconds (None without cues).
@@ -67,6 +70,7 @@ class TimingReport(BaseModel):
     overlaps: int = 0
     outside_media: int = 0
     in_silence: int = 0
+    words_in_silence: int | None = None
     rule_violations: list[str] = Field(default_factory=list)
     offset_ms_median: float | None = None
     offset_ms_p95: float | None = None
@@ -134,6 +138,7 @@ def render(result: SubtitleResult) -> Table:
     table.add_row("monotonic, no overlap", "yes" if t.monotonic and not t.overlaps else f"NO ({t.overlaps} overlaps)")
     table.add_row("inside the media", "yes" if not t.outside_media else f"NO ({t.outside_media})")
     table.add_row("cues in silence", str(t.in_silence))
+    table.add_row("words in silence", "not counted" if t.words_in_silence is None else str(t.words_in_silence))
     table.add_row(f"cues > {t.threshold_ms:.0f} ms from a speech onset", str(len(t.late)))
     table.add_row("cue rule violations", str(len(t.rule_violations)))
     table.add_row("files", ", ".join(sorted(result.files.values())))

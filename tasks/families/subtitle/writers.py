@@ -140,8 +140,9 @@ class ChunkedWebVTT:
     def playlist(self, ended: bool) -> str:
         """The HLS subtitle media playlist of the segments written so far.
 
-        ``EVENT`` while the job runs (players poll it and only see segments appended), ``VOD`` with
-        ``#EXT-X-ENDLIST`` once ended: RFC 8216 lets an EVENT playlist become VOD this way.
+        An ``EVENT`` playlist: players poll it while the job runs and only see segments appended.
+        ``ended`` adds ``#EXT-X-ENDLIST``. The type stays ``EVENT`` then: RFC 8216 (6.2.1) lets a
+        server change a playlist it has published only by appending lines or adding that tag.
         """
         w = self.window_seconds
         lines = [
@@ -149,7 +150,7 @@ class ChunkedWebVTT:
             f"#EXT-X-TARGETDURATION:{math.ceil(w)}",  # an integer >= every #EXTINF
             "#EXT-X-VERSION:3",  # 3: #EXTINF may have a fraction
             "#EXT-X-MEDIA-SEQUENCE:0",
-            f"#EXT-X-PLAYLIST-TYPE:{'VOD' if ended else 'EVENT'}",
+            "#EXT-X-PLAYLIST-TYPE:EVENT",
         ]
         for k in range(self._written):
             last = k == self._written - 1 and self._last_extinf is not None

@@ -6,9 +6,9 @@ import json
 
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import PermanentFailure
-from mediafarm.tasks.families.subtitle.checks import timing_report
+from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues
-from mediafarm.tasks.families.subtitle.engines import JSON_NAME, SRT_NAME, VTT_NAME
+from mediafarm.tasks.families.subtitle.engines import JSON_NAME, PAD_SECONDS, SRT_NAME, VTT_NAME
 from mediafarm.tasks.families.subtitle.records import Segment
 from mediafarm.tasks.families.subtitle.writers import to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_render.spec import RenderRequest, RenderResult
@@ -33,7 +33,11 @@ def render(ctx: EngineContext, request: RenderRequest, params: NoParams) -> Rend
     words = [w for raw in canonical.get("segments", []) for w in Segment.model_validate(raw).words]
     cues = build_cues(words, request.rules)
     speech = [Span(s["start"], s["end"]) for s in canonical.get("speech", [])]
-    report = timing_report(cues, speech, float(canonical.get("duration", 0.0)), request.rules)
+    silent_words = SilentWords(speech, PAD_SECONDS)
+    silent_words.add(words)
+    report = timing_report(
+        cues, speech, float(canonical.get("duration", 0.0)), request.rules, words_in_silence=silent_words.count
+    )
     files = {}
     if "vtt" in request.formats:
         files["vtt"] = VTT_NAME

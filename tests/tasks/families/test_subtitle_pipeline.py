@@ -1,24 +1,34 @@
 """The subtitle pipeline's own pieces, as plain functions: windows of speech, the clock mapping,
-the streaming cut, incremental cues and the timestamp checks. No recogniser, no broker."""
+the streaming cut, incremental cues, the timestamp checks, and the whole pipeline driven by a
+stand-in recogniser (the chunked playlist as a player sees it mid-job). No real recogniser, no broker."""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.families.subtitle.checks import timing_report
+from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues
 from mediafarm.tasks.families.subtitle.engines import (
+    CHUNKS,
     JOIN_SECONDS,
     PAD_SECONDS,
+    PLAYLIST,
     WINDOW_SECONDS,
     CueStream,
     cut_windows,
     plan_windows,
+    transcribe,
 )
+from mediafarm.tasks.families.subtitle.recognizers import Recognition
 from mediafarm.tasks.families.subtitle.records import Cue, CueRules, Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.media.intervals import Span
@@ -132,3 +142,120 @@ def test_timing_report_names_what_is_wrong() -> None:
     assert not report.monotonic and report.in_silence == 1 and report.outside_media == 1
     assert report.rule_violations  # 12 s is past max_cue_seconds
     assert timing_report([], speech, duration=15.0, rules=rules).cues == 0
+
+
+def test_words_in_silence_are_counted_even_inside_a_cue_that_touches_speech() -> None:
+    speech = [Span(1.0, 3.0), Span(10.0, 12.0)]
+    counter = SilentWords(speech, pad=PAD_SECONDS)
+    inside = Word(text="hello", start=1.05, end=1.4)
+    on_the_pad = Word(text="there", start=3.1, end=3.3)  # touches 3.0 + PAD_SECONDS
+    stray = Word(text="uh", start=3.5, end=3.8)  # past the pad, 6 s before the next span
+    before_the_pad = Word(text="so", start=9.7, end=9.85)  # ends on 10.0 - PAD_SECONDS
+    counter.add([inside, on_the_pad, stray, before_the_pad])
+    assert counter.count == 1
+    counter.add([Word(text="um", start=5.0, end=5.5), Word(text="end", start=12.2, end=12.4)])
+    assert counter.count == 3
+    # One cue holding speech and the stray word: the per-cue check passes, the per-word one does not.
+    cue = Cue(start=1.05, end=3.8, lines=["hello there uh"])
+    report = timing_report([cue], speech, duration=15.0, rules=CueRules(), words_in_silence=counter.count)
+    assert report.in_silence == 0 and report.words_in_silence == 3
+    assert report.model_dump(mode="json")["words_in_silence"] == 3
+    # Not counted is not zero; a report from before the check still parses.
+    assert timing_report([cue], speech, duration=15.0, rules=CueRules()).words_in_silence is None
+    assert type(report).model_validate({"cues": 1}).words_in_silence is None
+    # Every word counts when the VAD found no speech at all.
+    nothing = SilentWords([], pad=PAD_SECONDS)
+    nothing.add([inside, stray])
+    assert nothing.count == 2
+
+
+def test_words_in_silence_allow_for_times_rounded_to_milliseconds() -> None:
+    # The engine rounds word times to ms: a word clamped to its piece's end (6.1506 s) reads 6.151.
+    piece_end = 6.0006 + PAD_SECONDS
+    counter = SilentWords([Span(5.0, 6.0006)], pad=PAD_SECONDS)
+    counter.add([Word(text="edge", start=round(piece_end, 3), end=round(piece_end, 3))])
+    assert counter.count == 0
+    counter.add([Word(text="past", start=round(piece_end + 0.002, 3), end=round(piece_end + 0.2, 3))])
+    assert counter.count == 1
+
+
+# --- the whole pipeline with a stand-in recogniser --------------------------------------------------------
+
+FRAME_SECONDS = 0.4
+
+
+def loud_frames_as_words(audio: np.ndarray) -> Recognition:
+    """A stand-in recogniser: one word for each loud 0.4 s frame of a window's audio, so words
+    fall where the speech is, as a real recogniser's would, in milliseconds instead of seconds."""
+    frame = round(FRAME_SECONDS * RATE)
+    segments = []
+    for i in range(audio.size // frame):
+        if np.sqrt(np.mean(np.square(audio[i * frame : (i + 1) * frame]))) > 0.01:
+            word = Word(text="la", start=i * FRAME_SECONDS, end=i * FRAME_SECONDS + 0.3)
+            segments.append(Segment(start=word.start, end=word.end, text=word.text, words=[word]))
+    return Recognition(segments=segments, language="en", language_probability=None, model="loud frames")
+
+
+def run_engine(engine: Generator[Any, None, Any], after_each_yield: Callable[[Any], None]) -> Any:
+    """Drive a generator engine as the worker does; return what it returns."""
+    while True:
+        try:
+            item = next(engine)
+        except StopIteration as stop:
+            return stop.value
+        after_each_yield(item)
+
+
+def playlist_segments(text: str) -> list[str]:
+    """The segment names an HLS media playlist lists, after checking the lines a player relies on."""
+    lines = text.splitlines()
+    assert lines[0] == "#EXTM3U" and "#EXT-X-PLAYLIST-TYPE:EVENT" in lines, text
+    target = int(next(line for line in lines if line.startswith("#EXT-X-TARGETDURATION:")).split(":")[1])
+    names = []
+    for tag, uri in zip(lines, lines[1:], strict=False):
+        if tag.startswith("#EXTINF:"):
+            assert 0 < float(tag[len("#EXTINF:") :].rstrip(",")) <= target, tag
+            assert re.fullmatch(r"segment_\d{5}\.vtt", uri), uri
+            names.append(uri)
+    assert names == [line for line in lines if not line.startswith("#")], text
+    return names
+
+
+def test_the_playlist_grows_while_a_long_job_runs(speech_track, tmp_path: Path) -> None:
+    from tests.support.speech import write_long_track
+
+    path = tmp_path / "ninety-seconds.wav"
+    duration = write_long_track(path, 90, pattern=speech_track)
+    ctx = EngineContext.local(storage_dir=tmp_path / "storage")
+    chunks = ctx.artifacts.path(CHUNKS)
+    windows_heard: list[int] = []
+
+    def recognise(audio: np.ndarray) -> Recognition:
+        windows_heard.append(audio.size)
+        return loud_frames_as_words(audio)
+
+    # What a player polling the playlist sees after each partial output: (windows recognised, playlist).
+    seen: list[tuple[int, str]] = []
+
+    def look(item: dict[str, str]) -> None:
+        text = ctx.artifacts.path(PLAYLIST).read_text()
+        for name in playlist_segments(text):  # each segment listed is there already
+            assert (chunks / name).is_file(), (name, text)
+        seen.append((len(windows_heard), text))
+
+    request = SubtitleRequest(media=str(path), chunk_seconds=5)
+    result = run_engine(transcribe(ctx, request, recognise), look)
+
+    assert len(windows_heard) >= 2 and result.words > 0  # a track of several windows, heard
+    running = [(heard, text) for heard, text in seen if "#EXT-X-ENDLIST" not in text]
+    # A playlist was there, listing segments, before the last window was recognised.
+    assert running and running[0][0] < len(windows_heard) and playlist_segments(running[0][1])
+    # Each playlist only appends to the one before (RFC 8216, EVENT); the last one ends the list.
+    texts = [text for _, text in seen]
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
+    final = ctx.artifacts.path(PLAYLIST).read_text()  # written at the end, with or without a new segment
+    assert final.startswith(texts[-1]) and final.endswith("#EXT-X-ENDLIST\n")
+    listed = playlist_segments(final)
+    assert listed == sorted(p.name for p in chunks.glob("segment_*.vtt"))
+    assert len(listed) == math.ceil(duration / request.chunk_seconds)
+    assert result.timing.words_in_silence == 0

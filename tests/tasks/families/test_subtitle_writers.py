@@ -165,7 +165,8 @@ def test_the_playlist_lists_every_segment_and_ends_only_when_ended() -> None:
 
     chunker.close(duration=10.5)
     ended = chunker.playlist(ended=True)
-    assert "#EXT-X-PLAYLIST-TYPE:VOD" in ended and ended.endswith("#EXT-X-ENDLIST\n")
+    # RFC 8216 6.2.1: a published EVENT playlist only gets lines appended, #EXT-X-ENDLIST last.
+    assert ended.startswith(running) and ended.endswith("#EXT-X-ENDLIST\n")
     assert ended.count("#EXTINF:") == 3 and "#EXTINF:2.500,\nsegment_00002.vtt" in ended
 
 
