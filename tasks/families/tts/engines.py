@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mediafarm.tasks.app import app
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder, Joiner, encode
 from mediafarm.tasks.families.tts.speakers import Speaker, get_speaker
@@ -47,8 +48,6 @@ class Voice(Protocol):
 
 
 def _speaker(request: TtsRequest) -> Speaker:
-    from mediafarm.tasks.app import app
-
     return get_speaker(request.speaker, app.backend.client)
 
 
