@@ -22,6 +22,20 @@ Every measurement runs in a fresh child process (this script with ``--child``), 
   onnxruntime (exported at 640x640 and at 384x640), 20 interleaved calls each on a 640x360 frame.
 
 Results go to ``bench/results/yolo.json``. The machine is shared; ratios are what count.
+
+Two separate modes (each replaces the run above; flags not given keep it as it was):
+
+* ``--rss-1080p LONG,SHORT`` (e.g. ``7200,600``): peak RSS of a gated ``yolo-nano`` job on a
+  1920x1080 video of ``LONG`` seconds against one of ``SHORT`` seconds, each in a fresh child (its
+  own ``VmHWM``). The videos are the same still scene and moving rectangle, at ``--rss-fps``
+  (default 5) with a 1 s GOP (a camera's), x264 ``ultrafast``: 2 h of 1080p is made in minutes and
+  kept under ``--workdir`` for the next run. Results: ``bench/results/yolo-rss-1080p.json``.
+* ``--sizes n,s,l``: ms per frame of random-weight YOLO11 nano / small / large (ultralytics' own
+  yaml: the true compute per frame, no download) on torch (``.pt``, ``imgsz=640``: letterboxed to
+  384x640) and onnxruntime (exported at 640x640, the farm's CPU rung, and at 384x640), on a 640x360
+  frame (the farm's ``frame_width``); torch on 1 thread (what ultralytics sets on this machine) and on
+  every core (as onnxruntime); one fresh child per size, ``--frames`` calls each in round-robin
+  blocks after 3 warm-up calls, median. Results: ``bench/results/yolo-sizes.json``.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +55,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "yolo.json"
+RESULTS_RSS_1080P = ROOT / "bench" / "results" / "yolo-rss-1080p.json"
+RESULTS_SIZES = ROOT / "bench" / "results" / "yolo-sizes.json"
 WIDTH, HEIGHT, FPS, GOP = 1280, 720, 15, 250
 STRIDE = 1.0
 SPAN_SECONDS = 8.0
@@ -67,6 +84,9 @@ def child(variant: str, video: Path, models: Path) -> dict[str, Any]:
     request = YoloRequest(media=str(video), stride=STRIDE)
     if variant == "runtimes":
         return _runtimes(models)
+    if variant.startswith("size-"):  # size-<n|s|l>-<frames>
+        _, size, frames = variant.split("-")
+        return _model_size(models, size, int(frames))
     examined: list[float] = []
     original = engines._examine
 
@@ -110,7 +130,10 @@ def _runtimes(models: Path) -> dict[str, Any]:
         contenders[name] = (Detector(yolo, weights=models / weights, device="cpu", label=name), imgsz)
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)  # onnxruntime takes every core by default: same for torch
+    # onnxruntime takes every core by default: same for torch, meant here. But ultralytics' predictor
+    # setup (the first call of each model below) resets it to min(8, cpu_count - 1): on 2 cores torch
+    # runs on 1 thread in this comparison (the --sizes mode measures both thread counts).
+    torch.set_num_threads(os.cpu_count() or 1)
     for _ in range(3):  # warm
         for detector, imgsz in contenders.values():
             detector.detect(image, classes=[0], conf=0.25, imgsz=imgsz)
@@ -122,6 +145,72 @@ def _runtimes(models: Path) -> dict[str, Any]:
     return {"variant": "runtimes", "ms_per_frame": {name: d.ms_per_call() for name, (d, _) in contenders.items()}}
 
 
+def _model_size(models: Path, size: str, frames: int) -> dict[str, Any]:
+    """ms per frame of one model size on torch and onnxruntime (640x640 and 384x640 exports), the
+    calls in short round-robin blocks, each call timed alone, the median reported (after 3 warm-up
+    calls each).
+
+    onnxruntime runs with its default, one intra-op thread per core. torch runs twice: on one thread
+    (what ultralytics leaves: setting up a CPU predictor calls ``torch.set_num_threads(min(8,
+    cpu_count - 1))``) and on one per core, the same cores as onnxruntime.
+    """
+    import numpy as np
+
+    from mediafarm.tasks.families.yolo.model import Detector, ultralytics_offline
+
+    ultralytics = ultralytics_offline()
+    import torch
+
+    cores = os.cpu_count() or 1
+    image = np.random.default_rng(0).integers(0, 255, size=(360, 640, 3), dtype=np.uint8)
+    detectors: dict[str, Detector] = {}
+    loads: dict[str, float] = {}
+    for runtime, weights in (("torch", f"yolo11{size}.pt"), ("onnx 640x640", f"yolo11{size}.onnx"),
+                             ("onnx 384x640", f"yolo11{size}-rect.onnx")):  # fmt: skip
+        started = time.perf_counter()
+        yolo = ultralytics.YOLO(str(models / weights), task="detect")
+        detectors[runtime] = Detector(yolo, weights=models / weights, device="cpu", label=runtime)
+        for _ in range(3):  # warm: the first calls open the session, fuse the layers, size the arenas
+            detectors[runtime].detect(image, classes=[0], conf=0.25, imgsz=640 if runtime == "torch" else None)
+        loads[runtime] = round(time.perf_counter() - started, 2)
+    ultralytics_threads = torch.get_num_threads()  # what ultralytics set up, whatever was asked before
+    # label -> (detector, imgsz, torch threads)
+    contenders: dict[str, tuple[Detector, int | None, int | None]] = {
+        "torch 640 (rect 384x640), 1 thread": (detectors["torch"], 640, 1),
+        f"torch 640 (rect 384x640), {cores} threads": (detectors["torch"], 640, cores),
+        "onnx 640x640": (detectors["onnx 640x640"], None, None),
+        "onnx 384x640": (detectors["onnx 384x640"], None, None),
+    }
+    torch.set_num_threads(cores)
+    detectors["torch"].detect(image, classes=[0], conf=0.25, imgsz=640)  # warm the other thread count too
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    # Round robin in short blocks, so a neighbour's load hits all alike: each block starts with an
+    # untimed call (the previous runtime's worker threads may still be spinning), then 2 timed ones.
+    for _ in range(-(-frames // 2)):
+        for name, (detector, imgsz, threads) in contenders.items():
+            if threads is not None:
+                torch.set_num_threads(threads)
+            detector.detect(image, classes=[0], conf=0.25, imgsz=imgsz)
+            for _ in range(2):
+                started = time.perf_counter()
+                detector.detect(image, classes=[0], conf=0.25, imgsz=imgsz)
+                times[name].append(1000 * (time.perf_counter() - started))
+    torch_model = detectors["torch"].yolo.model
+    try:
+        from ultralytics.utils.torch_utils import get_flops
+
+        gflops = round(get_flops(torch_model, imgsz=640), 1) or None
+    except Exception:  # noqa: BLE001 - informative only
+        gflops = None
+    return {"variant": f"size-{size}", "model": f"yolo11{size}", "frames": frames,
+            "params_m": round(sum(p.numel() for p in torch_model.parameters()) / 1e6, 2), "gflops_640": gflops,
+            "torch_threads_after_ultralytics_setup": ultralytics_threads, "load_and_warm_s": loads,
+            "ms_per_frame_median": {k: round(statistics.median(v), 1) for k, v in times.items()},
+            "ms_per_frame_min": {k: round(min(v), 1) for k, v in times.items()},
+            "ms_per_frame_max": {k: round(max(v), 1) for k, v in times.items()},
+            "peak_rss_mb": round(peak_rss_mb(), 1)}  # fmt: skip
+
+
 def run_child(variant: str, video: Path, models: Path) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--child", variant, str(video), str(models)],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
@@ -131,19 +220,48 @@ def run_child(variant: str, video: Path, models: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- parent
+_BUILD_SIZE = """
+import sys
+from pathlib import Path
+from ultralytics import YOLO
+from ultralytics.utils import ROOT, YAML, SETTINGS
+SETTINGS.update(sync=False)
+target, size = Path(sys.argv[1]), sys.argv[2]
+model = YOLO(f"yolo11{size}.yaml")  # random weights, ultralytics' own architecture for this size
+model.model.names = YAML.load(ROOT / "cfg" / "datasets" / "coco.yaml")["names"]
+model.save(str(target / f"yolo11{size}.pt"))
+YOLO(str(target / f"yolo11{size}.pt")).export(format="onnx", imgsz=640)
+"""
+
+
+def ensure_models(workdir: Path, size: str = "n") -> Path:
+    """Random-weight ``yolo11{size}.pt``, its ONNX export at 640 (``yolo11{size}.onnx``) and at
+    384x640 (``yolo11{size}-rect.onnx``) under ``workdir/models``; built once. Nano through
+    :func:`tests.support.yolo.build_random_yolo`, as the tests build it."""
+    from tests.support.yolo import build_random_yolo
+
+    models = (workdir / "models").resolve()
+    models.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "False",
+           "YOLO_CONFIG_DIR": str((workdir / "ultralytics").resolve())}  # fmt: skip
+    if size == "n":
+        build_random_yolo(models, workdir / "ultralytics", imgsz=640)
+    elif not (models / f"yolo11{size}.onnx").exists():
+        subprocess.run([sys.executable, "-c", _BUILD_SIZE, str(models), size], cwd=models, env=env, check=True,
+                       capture_output=True)  # fmt: skip
+    if not (models / f"yolo11{size}-rect.onnx").exists():  # the same weights exported for 16:9 frames
+        shutil.copyfile(models / f"yolo11{size}.pt", models / f"yolo11{size}-rect.pt")
+        export = "from ultralytics import YOLO; import sys; YOLO(sys.argv[1]).export(format='onnx', imgsz=[384, 640])"
+        subprocess.run([sys.executable, "-c", export, str(models / f"yolo11{size}-rect.pt")], cwd=models, env=env,
+                       check=True, capture_output=True)  # fmt: skip
+    return models
+
+
 def ensure_inputs(workdir: Path, seconds: float, short: float, gop: int) -> tuple[Path, Path, Path]:
-    from tests.support.yolo import build_random_yolo, make_video
+    from tests.support.yolo import make_video
 
     workdir.mkdir(parents=True, exist_ok=True)
-    models = workdir / "models"
-    build_random_yolo(models, workdir / "ultralytics", imgsz=640)
-    if not (models / "yolo11n-rect.onnx").exists():  # the same weights exported for 16:9 frames
-        shutil.copyfile(models / "yolo11n.pt", models / "yolo11n-rect.pt")
-        export = "from ultralytics import YOLO; import sys; YOLO(sys.argv[1]).export(format='onnx', imgsz=[384, 640])"
-        env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "False",
-               "YOLO_CONFIG_DIR": str(workdir / "ultralytics")}  # fmt: skip
-        subprocess.run([sys.executable, "-c", export, str(models / "yolo11n-rect.pt")], env=env, check=True,
-                       capture_output=True)  # fmt: skip
+    models = ensure_models(workdir, "n")
     videos = []
     for length in (seconds, short):
         path = workdir / f"static-{int(length)}s-720p-gop{gop}.mp4"
@@ -164,6 +282,61 @@ def coverage(examined: list[float], spans: list[tuple[float, float]]) -> float:
     return sum(1 for s in slots if round(s, 3) in seen) / len(slots)
 
 
+def write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+def rss_1080p(workdir: Path, long_s: float, short_s: float, fps: int) -> None:
+    """Peak RSS of the gated yolo-nano job (the production engine, in a fresh child each) on a long
+    and a short 1080p video: same scene, same pattern of three 8 s movements, 1 s GOP."""
+    from tests.support.yolo import make_video
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = ensure_models(workdir, "n")
+    made: dict[str, float] = {}
+    videos = {}
+    for length in (short_s, long_s):
+        path = workdir / f"static-{int(length)}s-1080p-{fps}fps-gop{fps}-ultrafast.mp4"
+        if not path.exists():  # kept under --workdir: the next run reuses it
+            started = time.perf_counter()
+            make_video(path.with_suffix(".part.mp4"), duration=length, moving=moving_spans(length), width=1920,
+                       height=1080, fps=fps, gop=fps, preset="ultrafast").rename(path)  # fmt: skip
+            made[path.name] = round(time.perf_counter() - started, 1)
+            print(f"made {path.name} in {made[path.name]:.0f} s", file=sys.stderr)
+        videos[length] = path
+    runs = {}
+    for length in (short_s, long_s):  # one fresh child each: VmHWM is that job's alone
+        run = run_child("gated", videos[length], models)
+        run["moving_slots_examined"] = coverage(run.pop("examined_times"), moving_spans(length))
+        run["x_real_time"] = round(run["duration"] / run["wall_s"], 1)
+        runs[f"{int(length)}s"] = run
+        print(f"{int(length)} s: peak RSS {run['peak_rss_mb']} MB, {run['wall_s']} s", file=sys.stderr)
+    long_run, short_run = runs[f"{int(long_s)}s"], runs[f"{int(short_s)}s"]
+    write(RESULTS_RSS_1080P, {
+        "machine": f"{platform.node()} {os.cpu_count()} CPUs (shared), {platform.python_version()}",
+        "video": {"size": "1920x1080", "fps": fps, "gop": fps, "preset": "ultrafast", "lengths_s": [long_s, short_s],
+                  "bytes": {p.name: p.stat().st_size for p in videos.values()}},
+        "generation_s": made, "stride_s": STRIDE, "runs": runs,
+        "peak_rss_long_over_short": round(long_run["peak_rss_mb"] / short_run["peak_rss_mb"], 3),
+    })  # fmt: skip
+
+
+def model_sizes(workdir: Path, sizes: list[str], frames: int) -> None:
+    """ms per frame per model size and runtime, one fresh child per size."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for size in sizes:
+        started = time.perf_counter()
+        models = ensure_models(workdir, size)
+        print(f"yolo11{size}: weights ready in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        results[f"yolo11{size}"] = run_child(f"size-{size}-{frames}", models, models)
+        print(f"yolo11{size}: {results[f'yolo11{size}']['ms_per_frame_median']}", file=sys.stderr)
+    write(RESULTS_SIZES, {"machine": f"{platform.node()} {os.cpu_count()} CPUs (shared), {platform.python_version()}",
+                          "frame": "640x360 BGR (random pixels)", "sizes": results})  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=180.0, help="length of the long video")
@@ -172,7 +345,19 @@ def main() -> None:
     parser.add_argument("--gop", type=int, default=GOP,
                         help="frames between keyframes; a camera's is 1-2 s (15-30 at 15 fps): with a GOP "
                              "no longer than the stride only keyframes are decoded")  # fmt: skip
+    parser.add_argument("--rss-1080p", metavar="LONG,SHORT",
+                        help="only this: peak RSS of a gated yolo-nano job on LONG vs SHORT seconds of 1080p "
+                             "(e.g. 7200,600), each in a fresh child")  # fmt: skip
+    parser.add_argument("--rss-fps", type=int, default=5, help="frame rate of the 1080p videos (GOP: 1 s)")
+    parser.add_argument("--sizes", metavar="n,s,l", help="only this: ms/frame per model size, torch vs ONNX")
+    parser.add_argument("--frames", type=int, default=10,
+                        help="timed calls per model and runtime (--sizes; rounded up to even)")
     args = parser.parse_args()
+    if args.rss_1080p:
+        long_s, short_s = (float(x) for x in args.rss_1080p.split(","))
+        return rss_1080p(args.workdir, long_s, short_s, args.rss_fps)
+    if args.sizes:
+        return model_sizes(args.workdir, args.sizes.split(","), args.frames)
     long, short, models = ensure_inputs(args.workdir, args.seconds, args.short, args.gop)
     spans = moving_spans(args.seconds)
     runs = {v: run_child(v, long, models) for v in ("motion", "gated", "every", "crop", "runtimes")}

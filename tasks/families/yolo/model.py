@@ -173,6 +173,13 @@ def _load(weights: Path, device: str, threads: int) -> Detector:
         # An export is opened lazily, on the first call: make it now, so that a corrupt file is
         # this rung being unavailable and not a failure in the middle of a job.
         yolo.predict(np.zeros((64, 64, 3), np.uint8), device=device, verbose=False, save=False)
+        if runtime == "torch" and device == "cpu":
+            # ultralytics' first predict resets torch's threads to min(8, cores - 1) (select_device),
+            # whatever the rung asked: every child of a 16-core pool would take 8 (bench/yolo.py
+            # --sizes found it). Set them again; later calls reuse the predictor and leave them.
+            import torch
+
+            torch.set_num_threads(threads)
     except Exception as exc:  # noqa: BLE001 - ultralytics raises anything from a bad file
         if "out of memory" in str(exc):
             raise ResourceFailure(f"out of memory loading {weights.name}: {exc}", Outcome.CUDA_OOM) from None

@@ -103,6 +103,22 @@ def test_torch_weights_through_the_same_path(random_yolo, video: Path) -> None:
     assert result.frames.model_ms_per_frame > 0
 
 
+def test_a_cpu_torch_rung_keeps_the_threads_it_asked_for(random_yolo) -> None:
+    """ultralytics' first predict sets torch's threads to min(8, cores - 1); the loader puts the
+    rung's own number back. In a fresh process: torch's thread count is process-wide."""
+    ultralytics_default = min(8, max(1, (os.cpu_count() or 1) - 1))
+    wanted = 2 if ultralytics_default != 2 else 3
+    code = textwrap.dedent(f"""
+        import torch
+        from mediafarm.tasks.families.yolo.model import load_detector
+        load_detector({str(random_yolo[0])!r}, "cpu", threads={wanted})
+        print(torch.get_num_threads())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == str(wanted), proc.stdout
+
+
 def test_low_threshold_boxes_are_in_source_pixels(random_yolo, video: Path) -> None:
     # Random weights rarely pass even a tiny threshold; whatever does must be a well-formed box.
     result = run(video, conf=0.0001, frame_width=160, request={"classes": ["person", "car", "dog"]})
