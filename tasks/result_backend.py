@@ -30,9 +30,10 @@ from kombu.utils.encoding import bytes_to_str
 
 from mediafarm.tasks import keys
 
-# Writes the state (with its expiry) and publishes it to waiting clients, as Celery's ``_set``
-# does, unless the stored meta is a SUCCESS. A meta that is not JSON is overwritten as before.
-_SET_UNLESS_SUCCESS = """
+# Writes the state (KEYS[1] = ARGV[1], expiry ARGV[2] s, 0: none) and publishes it to waiting
+# clients, as Celery's ``_set`` does, unless the stored meta is a SUCCESS (then returns 0). A meta
+# that is not JSON is overwritten as before. The start of both scripts below.
+_SET_AND_PUBLISH_UNLESS_SUCCESS = """
 local stored = redis.call('GET', KEYS[1])
 if stored then
   local ok, meta = pcall(cjson.decode, stored)
@@ -45,24 +46,13 @@ else
   redis.call('SET', KEYS[1], ARGV[1])
 end
 redis.call('PUBLISH', KEYS[1], ARGV[1])
-return 1
 """
 
-# Stores a farm job's SUCCESS (with its expiry) and publishes it, unless a SUCCESS is stored already;
-# then replaces the job's attempt log (KEYS[2]) with the envelope's attempts (ARGV[3...]).
-_STORE_SUCCESS_WITH_HISTORY = """
-local stored = redis.call('GET', KEYS[1])
-if stored then
-  local ok, meta = pcall(cjson.decode, stored)
-  if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
-end
-local ttl = tonumber(ARGV[2])
-if ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-redis.call('PUBLISH', KEYS[1], ARGV[1])
+# Any state but a farm job's SUCCESS.
+_SET_UNLESS_SUCCESS = _SET_AND_PUBLISH_UNLESS_SUCCESS + "return 1\n"
+
+# A farm job's SUCCESS: then the job's attempt log (KEYS[2]) becomes the envelope's attempts (ARGV[3...]).
+_STORE_SUCCESS_WITH_HISTORY = _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 redis.call('DEL', KEYS[2])
 for i = 3, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
