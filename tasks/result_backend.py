@@ -87,7 +87,8 @@ class FarmRedisBackend(RedisBackend):
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         history = [json.dumps(a) for a in attempts]
-        self.ensure(self._store_success, (self.get_key_for_task(task_id), value, keys.history(meta["task_id"]), history))
+        key, history_key = self.get_key_for_task(task_id), keys.history(meta["task_id"])
+        self.ensure(self._store_success, (key, value, history_key, history))
         return result
 
     def _store_success(self, key: Any, value: Any, history_key: str, history: list[str]) -> bool:
