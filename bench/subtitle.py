@@ -156,6 +156,116 @@ def words_in_silence(words: list[dict[str, Any]], truth: list[list[float]]) -> l
     return out
 
 
+def _nearest_span(spans: list[list[float]], t: float) -> tuple[int, float] | None:
+    """Index of the span nearest to ``t`` and the distance (0 inside it), or None without spans."""
+    if not spans:
+        return None
+    arr = np.asarray(spans, dtype=float)
+    distance = np.maximum(0.0, np.maximum(arr[:, 0] - t, t - arr[:, 1]))
+    i = int(np.argmin(distance))
+    return i, float(distance[i])
+
+
+def _span_json(spans: list[list[float]], found: tuple[int, float] | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    i, distance = found
+    return {"start": round(spans[i][0], 3), "end": round(spans[i][1], 3), "distance_s": round(distance, 3)}
+
+
+def _audio_level(path: Path, start: float, end: float) -> dict[str, Any]:
+    """RMS and peak of the track over [start, end] (at least 0.2 s around its middle)."""
+    import soundfile as sf
+
+    if end - start < 0.2:
+        mid = (start + end) / 2
+        start, end = mid - 0.1, mid + 0.1
+    first, last = max(0, int(start * RATE)), max(0, int(end * RATE))
+    audio, _ = sf.read(str(path), start=first, stop=max(first + 1, last), dtype="float32")
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if audio.size else 0.0
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    return {
+        "from": round(first / RATE, 3),
+        "to": round((first + audio.size) / RATE, 3),
+        "rms_dbfs": round(20 * np.log10(rms), 1) if rms > 0 else None,
+        "peak": round(peak, 4),
+        "digital_silence": peak == 0.0,
+    }
+
+
+def explain_silent_words(
+    silent: list[dict[str, Any]], track: dict[str, Any], vad_spans: list[list[float]] | None, pad: float | None
+) -> list[dict[str, Any]]:
+    """For each word in silence against the truth: is it in a VAD speech span (raw, and widened by
+    the pipeline's padding as ``SilentWords`` does), the nearest true span (and its sentence), the
+    nearest noise/music event the generator put in (noisy tracks), where it falls in the repeated
+    pattern and whether that sentence is in the truth (repeated tracks), the level of the audio
+    there, and a cause:
+
+    ``outside padded VAD spans``: the pipeline placed a word where it recognised nothing (a bug);
+    ``speech not in the truth``: the pattern has a sentence there (within SILENCE_TOLERANCE) that
+    the truth leaves out (a sentence cut by the end of the track before its middle);
+    ``VAD speech on music`` / ``VAD speech on noise`` / ``VAD speech on digital silence``: the VAD
+    found speech where the truth has none (with what the generator put there);
+    ``not cut by VAD`` (whole-file: nothing to compare with but the truth).
+    """
+    out = []
+    music = track.get("music") or []
+    for w in silent:
+        mid = (w["start"] + w["end"]) / 2
+        info: dict[str, Any] = {"mid_s": round(mid, 3)}
+        near_true = _nearest_span(track["truth"], mid)
+        info["nearest_true_span"] = _span_json(track["truth"], near_true)
+        if near_true is not None:
+            info["nearest_true_span"]["sentence"] = track["reference"][near_true[0]]
+        if vad_spans is not None:
+            near_vad = _nearest_span(vad_spans, mid)
+            info["nearest_vad_span"] = _span_json(vad_spans, near_vad)
+            reach = (pad or 0.0) + 0.001  # as SilentWords: closed intervals, ms rounding
+            info["in_vad_span"] = near_vad is not None and near_vad[1] == 0.0
+            info["in_padded_vad_span"] = any(s - reach <= w["end"] and w["start"] <= e + reach for s, e in vad_spans)
+        if music:
+            info["nearest_music_event"] = _span_json(music, _nearest_span(music, mid))
+            info["in_music_event"] = info["nearest_music_event"]["distance_s"] == 0.0
+        if "unit" in track:
+            unit = track["unit"]
+            k = int(mid // unit)
+            offset = mid - k * unit
+            near = _nearest_span(track["pattern_truth"], offset)
+            assert near is not None
+            s, e = track["pattern_truth"][near[0]]
+            occurrence = [s + k * unit, e + k * unit]
+            info["pattern"] = {
+                "repeat": k,
+                "offset_s": round(offset, 3),
+                "sentence": track["phrases"][near[0]],
+                "sentence_span": [round(occurrence[0], 3), round(occurrence[1], 3)],
+                "distance_s": round(near[1], 3),
+                "sentence_in_truth": any(abs(t[0] - occurrence[0]) < 1e-6 for t in track["truth"]),
+                "audio_ends_s": round(track["duration"], 3),
+            }
+        info["audio"] = _audio_level(Path(track["path"]), w["start"], w["end"])
+        if vad_spans is None:
+            cause = "not cut by VAD"
+        elif not info["in_padded_vad_span"]:
+            cause = "outside padded VAD spans"
+        elif (
+            "pattern" in info
+            and info["pattern"]["distance_s"] <= SILENCE_TOLERANCE
+            and not info["pattern"]["sentence_in_truth"]
+        ):
+            cause = "speech not in the truth"
+        elif info.get("in_music_event"):
+            cause = "VAD speech on music"
+        elif info["audio"]["digital_silence"]:
+            cause = "VAD speech on digital silence"
+        else:
+            cause = "VAD speech on noise"
+        info["cause"] = cause
+        out.append({**w, **info})
+    return out
+
+
 # ---------------------------------------------------------------- child: one measurement
 class _Probe:
     """Stands in for the Redis channel of an EngineContext: samples RSS as the engine reports
@@ -268,6 +378,8 @@ def child(spec: dict[str, Any]) -> None:
             json=str(ctx.artifacts.path("subtitles.json")),
             samples=probe.samples,
             timing_in_silence=result.timing.in_silence,
+            timing_words_in_silence=result.timing.words_in_silence,
+            pad_seconds=engines.PAD_SECONDS,
         )
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     out.update(
@@ -314,6 +426,7 @@ def repeated_track(workdir: Path, pattern: dict[str, Any], seconds: float, name:
     duration = write_long_track(path, seconds, pattern["track"])
     unit = pattern["seconds"]
     truth, reference = [], []
+    cut: list[dict[str, Any]] = []  # sentences the end of the track cuts, in the truth or not
     k = 0
     while k * unit < duration:
         for (start, end), phrase in zip(pattern["truth"], pattern["phrases"], strict=True):
@@ -321,12 +434,31 @@ def repeated_track(workdir: Path, pattern: dict[str, Any], seconds: float, name:
             if (s + e) / 2 < duration:  # a sentence cut at the very end counts if half of it is there
                 truth.append([s, min(e, duration)])
                 reference.append(phrase)
+            if s < duration < e:
+                cut.append(
+                    {"sentence": phrase, "span": [s, e], "audio_s": duration - s, "in_truth": (s + e) / 2 < duration}
+                )
         k += 1
     print(
         f"generated {path.name}: {duration:.1f} s, {len(reference)} sentences ({time.perf_counter() - t:.1f} s)",
         flush=True,
     )
-    return {"path": path, "duration": duration, "truth": truth, "reference": reference}
+    for c in cut:
+        print(
+            f"  the end of the track cuts '{c['sentence']}' ({c['span'][0]:.3f}-{c['span'][1]:.3f} s) after "
+            f"{c['audio_s']:.3f} s: {'in' if c['in_truth'] else 'NOT in'} the truth",
+            flush=True,
+        )
+    return {
+        "path": path,
+        "duration": duration,
+        "truth": truth,
+        "reference": reference,
+        "unit": unit,
+        "pattern_truth": pattern["truth"],
+        "phrases": pattern["phrases"],
+        "cut_at_end": cut,
+    }
 
 
 def noisy_track(workdir: Path, seconds: float, phrases: list[str]) -> dict[str, Any]:
@@ -438,17 +570,37 @@ def run_one(mode: str, track: dict[str, Any], args: argparse.Namespace, tag: str
         "sample_seconds": args.sample_seconds,
     }
     r = measure(spec)
+    vad_spans: list[list[float]] | None = None
     if mode == "whole":
         words = json.loads(words_out.read_text())
     else:
         canonical = json.loads(Path(r.pop("json")).read_text())
         words = [w for seg in canonical["segments"] for w in seg["words"]]
         r["timing_offset_ms_median"] = canonical["timing"]["offset_ms_median"]
+        # The pipeline's own checks, as subtitles.json has them (the SubtitleResult's are
+        # timing_in_silence / timing_words_in_silence from the child): cues wholly in what the VAD
+        # found silent, and words touching no VAD speech span widened by the padding (0 by construction).
+        r["pipeline_in_silence"] = canonical["timing"]["in_silence"]
+        r["pipeline_words_in_silence"] = canonical["timing"].get("words_in_silence")
+        if (r["pipeline_in_silence"], r["pipeline_words_in_silence"]) != (
+            r["timing_in_silence"],
+            r["timing_words_in_silence"],
+        ):
+            print(f"WARNING {tag}: subtitles.json's timing differs from the SubtitleResult's", flush=True)
+        vad_spans = [[s["start"], s["end"]] for s in canonical["speech"]]
     r.update(wer(track["reference"], [w["text"] for w in words]))
     silent = words_in_silence(words, track["truth"])
     r["words_in_silence"] = len(silent)  # every word object, punctuation-only ones (".") included
     r["lexical_words_in_silence"] = sum(1 for w in silent if normalise(w["text"]))
-    r["silence_examples"] = silent[:20]
+    explained = explain_silent_words(silent, track, vad_spans, r.get("pad_seconds"))
+    r["silence_examples"] = explained[:20]
+    r["silence_causes"] = {}
+    for w in explained:
+        r["silence_causes"][w["cause"]] = r["silence_causes"].get(w["cause"], 0) + 1
+    if "cut_at_end" in track:
+        r["cut_at_end"] = track["cut_at_end"]
+    if r["silence_causes"].get("outside padded VAD spans"):
+        print(f"PIPELINE BUG {tag}: words placed outside the padded VAD speech spans", flush=True)
     # Words lasting over 2 s (a spoken word lasts well under 1 s): a time mapped across a silence.
     r["words_over_2s"] = sum(1 for w in words if w["end"] - w["start"] > 2.0)
     shutil.rmtree(storage, ignore_errors=True)
@@ -495,6 +647,7 @@ def part_rungs(args: argparse.Namespace, pattern: dict[str, Any]) -> dict[str, A
             "model": rs[0]["model"],
             "words_in_silence": med(rs, "words_in_silence"),
             "words_over_2s": med(rs, "words_over_2s"),
+            "pipeline_words_in_silence_runs": [r.get("pipeline_words_in_silence") for r in rs],
         }
     return {
         "track": {"seconds": track["duration"], "repeats": repeats, "sentences": len(track["reference"])},
@@ -534,6 +687,7 @@ def part_vad(args: argparse.Namespace, pattern: dict[str, Any]) -> dict[str, Any
             "words_over_2s_runs": [r["words_over_2s"] for r in rs],
             "call_s_runs": [r["call_s"] for r in rs],
             "peak_rss_mib": med(rs, "peak_rss_kib") / 1024,
+            "pipeline_words_in_silence_runs": [r.get("pipeline_words_in_silence") for r in rs],
         }
         for name, rs in runs.items()
     }
@@ -570,7 +724,8 @@ def part_memory(args: argparse.Namespace, pattern: dict[str, Any]) -> dict[str, 
             print(
                 f"memory {seconds / 60:g} min run {i + 1}/{args.mem_runs}: peak {r['peak_rss_kib'] / 1024:.1f} MiB "
                 f"(after load {r['rss_after_load_kib'] / 1024:.1f}), RTF {r['rtf']:.4f} ({r['call_s']:.0f} s), "
-                f"WER {r['wer']:.3f}, {r['cues']} cues",
+                f"WER {r['wer']:.3f}, {r['cues']} cues, words in silence {r['words_in_silence']} vs the truth "
+                f"{r['silence_causes'] or ''}, pipeline's own {r['pipeline_words_in_silence']}",
                 flush=True,
             )
         track["path"].unlink()  # 2 h is 220 MiB
@@ -589,6 +744,9 @@ def part_memory(args: argparse.Namespace, pattern: dict[str, Any]) -> dict[str, 
             "words_in_silence": med(rs, "words_in_silence"),
             "words_over_2s": med(rs, "words_over_2s"),
             "peak_runs_kib": [r["peak_rss_kib"] for r in rs],
+            "pipeline_words_in_silence_runs": [r["pipeline_words_in_silence"] for r in rs],
+            "pipeline_in_silence_runs": [r["pipeline_in_silence"] for r in rs],
+            "silence_causes_runs": [r["silence_causes"] for r in rs],
         }
     short, long_ = cells[f"{int(min(lengths))}"], cells[f"{int(max(lengths))}"]
     ratio = long_["peak_rss_kib"] / short["peak_rss_kib"]
@@ -622,6 +780,11 @@ def report(results: dict[str, Any]) -> dict[str, Any]:
                 f"{name:>10}: {c['call_s']:.2f} s (RTF {c['rtf']:.4f}), WER {c['wer']:.3f}, "
                 f"words in silence per run {c['words_in_silence_runs']} (lexical "
                 f"{c['lexical_words_in_silence_runs']}), words > 2 s {c['words_over_2s_runs']}"
+                + (
+                    f", pipeline's own words in silence {c['pipeline_words_in_silence_runs']}"
+                    if name == "vad_first"
+                    else ""
+                )
             )
         print(
             f"speed ratio whole-file / VAD-first per run {[round(x, 2) for x in v['ratio_runs']]}, "
@@ -635,8 +798,24 @@ def report(results: dict[str, Any]) -> dict[str, Any]:
         for c in m["cells"].values():
             print(
                 f"{c['seconds'] / 60:>6g} min: peak {c['peak_rss_kib'] / 1024:.1f} MiB "
-                f"(after load {c['rss_after_load_kib'] / 1024:.1f}), RTF {c['rtf']:.4f}, runs {c['runs']}"
+                f"(after load {c['rss_after_load_kib'] / 1024:.1f}), RTF {c['rtf']:.4f}, runs {c['runs']}; "
+                f"words in silence vs the truth {c['words_in_silence']:.0f} {c['silence_causes_runs']}, "
+                f"pipeline's own {c['pipeline_words_in_silence_runs']} (cues {c['pipeline_in_silence_runs']})"
             )
+        for key, rs in m["runs"].items():
+            for i, r in enumerate(rs):
+                for w in r["silence_examples"]:
+                    near = w["nearest_true_span"] or {}
+                    vad = w.get("nearest_vad_span") or {}
+                    pat = w.get("pattern") or {}
+                    print(
+                        f"  {key} s run {i + 1}: {w['text']!r} {w['start']:.3f}-{w['end']:.3f} s: {w['cause']}; "
+                        f"VAD span {vad.get('start')}-{vad.get('end')} (in it: {w.get('in_vad_span')}, padded: "
+                        f"{w.get('in_padded_vad_span')}); nearest true span {near.get('start')}-{near.get('end')} "
+                        f"({near.get('distance_s')} s away); pattern sentence {pat.get('sentence')!r} "
+                        f"{pat.get('sentence_span')} in the truth: {pat.get('sentence_in_truth')}; audio "
+                        f"{w['audio']['rms_dbfs']} dBFS RMS, peak {w['audio']['peak']}"
+                    )
         checks["rss_ratio"] = {"ratio": m["ratio"], "target": RSS_TARGET, "pass": m["ratio"] <= RSS_TARGET}
     print()
     if "vad_first_words_in_silence" in checks:
