@@ -268,7 +268,10 @@ class ChaosSuite:
         children = [c for w in self._live() for c in _pool_children(w.process.pid)]
         if not children:
             return False
-        os.kill(self.random.choice(children), signal.SIGKILL)
+        try:
+            os.kill(self.random.choice(children), signal.SIGKILL)
+        except ProcessLookupError:  # it ended since it was listed (recycled, or its pool restarted)
+            return False
         return True
 
     def kill_a_worker(self) -> None:
