@@ -84,6 +84,9 @@ def child(variant: str, video: Path, models: Path) -> dict[str, Any]:
     request = YoloRequest(media=str(video), stride=STRIDE)
     if variant == "runtimes":
         return _runtimes(models)
+    if variant.startswith("threads-"):  # threads-<T>-<frames>
+        _, threads, frames = variant.split("-")
+        return _onnx_threads(models, int(threads), int(frames))
     if variant.startswith("size-"):  # size-<n|s|l>-<frames>
         _, size, frames = variant.split("-")
         return _model_size(models, size, int(frames))
@@ -143,6 +146,48 @@ def _runtimes(models: Path) -> dict[str, Any]:
         for detector, imgsz in contenders.values():
             detector.detect(image, classes=[0], conf=0.25, imgsz=imgsz)
     return {"variant": "runtimes", "ms_per_frame": {name: d.ms_per_call() for name, (d, _) in contenders.items()}}
+
+
+def _onnx_threads(models: Path, threads: int, frames: int) -> dict[str, Any]:
+    """``frames`` calls of the nano ONNX rung loaded as a pool child loads it, with ``threads``
+    onnxruntime threads; the wall time of the calls alone (after 3 warm-up calls)."""
+    import numpy as np
+
+    from mediafarm.tasks.families.yolo.model import load_detector
+
+    image = np.random.default_rng(0).integers(0, 255, size=(360, 640, 3), dtype=np.uint8)
+    detector = load_detector(models / "yolo11n.onnx", "cpu", threads=threads)
+    for _ in range(3):
+        detector.detect(image, classes=[0], conf=0.25, imgsz=None)
+    started = time.perf_counter()
+    for _ in range(frames):
+        detector.detect(image, classes=[0], conf=0.25, imgsz=None)
+    return {"variant": f"threads-{threads}", "frames": frames, "calls_s": time.perf_counter() - started}
+
+
+def onnx_children(workdir: Path, children: int, frames: int, rounds: int) -> None:
+    """Frames/s of ``children`` processes running the nano ONNX rung at once, each with one
+    onnxruntime thread (the farm's default) or with one per core (onnxruntime's own default, what
+    ultralytics gave every child before), the two settings alternating round by round."""
+    models = ensure_models(workdir)
+    cores = os.cpu_count() or 1
+    rates: dict[str, list[float]] = {"1 thread each": [], f"{cores} threads each": []}
+    for _ in range(rounds):
+        for label, threads in (("1 thread each", 1), (f"{cores} threads each", cores)):
+            started = time.perf_counter()
+            procs = [subprocess.Popen([sys.executable, __file__, "--child", f"threads-{threads}-{frames}", str(models),
+                                       str(models)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                     for _ in range(children)]  # fmt: skip
+            outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+            # Aggregate rate over the calls alone (each child's load and warm-up excluded).
+            rates[label].append(round(children * frames / max(o["calls_s"] for o in outs), 2))
+            print(f"{label}: {rates[label][-1]} frames/s ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    report = {"machine": f"{platform.node()} {cores} CPUs (shared), {platform.python_version()}",
+              "children": children, "frames_per_child": frames, "frames_per_s": rates, "median": medians,
+              "ratio_1_thread_over_default": round(medians["1 thread each"] / medians[f"{cores} threads each"], 3)}
+    write(RESULTS.with_name("yolo-onnx-threads.json"), report)
+    print(json.dumps(report, indent=2))
 
 
 def _model_size(models: Path, size: str, frames: int) -> dict[str, Any]:
@@ -352,7 +397,13 @@ def main() -> None:
     parser.add_argument("--sizes", metavar="n,s,l", help="only this: ms/frame per model size, torch vs ONNX")
     parser.add_argument("--frames", type=int, default=10,
                         help="timed calls per model and runtime (--sizes; rounded up to even)")
+    parser.add_argument("--children", type=int,
+                        help="only this: frames/s of N children running the nano ONNX rung at once, one "
+                             "onnxruntime thread each vs one per core each")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --children (median reported)")
     args = parser.parse_args()
+    if args.children:
+        return onnx_children(args.workdir, args.children, args.frames, args.rounds)
     if args.rss_1080p:
         long_s, short_s = (float(x) for x in args.rss_1080p.split(","))
         return rss_1080p(args.workdir, long_s, short_s, args.rss_fps)

@@ -15,6 +15,7 @@ with.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import sys
@@ -30,6 +31,8 @@ import numpy as np
 
 from mediafarm.tasks.errors import InvalidRequest, ResourceFailure, RungUnavailable
 from mediafarm.tasks.records import Outcome
+
+log = logging.getLogger(__name__)
 
 EXTRA = "pip install 'mediafarm[yolo]'"
 
@@ -139,6 +142,30 @@ class Detector:
         return round(1000 * self.seconds / self.calls, 2) if self.calls else None
 
 
+def _limit_onnx_threads(yolo: Any, weights: Path, threads: int) -> None:
+    """Reopen the ONNX session ultralytics made on the warm-up call with ``threads`` intra-op threads.
+
+    ultralytics opens it with onnxruntime's default, one thread per core, and passes no session
+    options through ``YOLO``: in a pool of one child per core every child would take every core
+    (Piper did the same, and two children ran slower than one: see the dialogue benchmark). Only a
+    CPU session is reopened (no IO binding to redo); the session's model, inputs and outputs are
+    the same, so the backend's other fields still hold. An ultralytics whose backend is not where
+    this looks keeps its default, said in the log.
+    """
+    backend = getattr(getattr(getattr(yolo, "predictor", None), "model", None), "backend", None)
+    session = getattr(backend, "session", None)
+    if session is None or session.get_providers()[:1] != ["CPUExecutionProvider"]:
+        log.warning("ultralytics %s: no CPU onnxruntime session found to give %d threads; it keeps "
+                    "onnxruntime's default (one per core)", version("ultralytics"), threads)  # fmt: skip
+        return
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    backend.session = onnxruntime.InferenceSession(str(weights), options, providers=["CPUExecutionProvider"])
+
+
 def load_detector(weights: Path, device: str, threads: int = 1) -> Detector:
     """The model in ``weights`` on ``device`` (``cpu`` or ``cuda``), loaded once per child.
 
@@ -173,6 +200,8 @@ def _load(weights: Path, device: str, threads: int) -> Detector:
         # An export is opened lazily, on the first call: make it now, so that a corrupt file is
         # this rung being unavailable and not a failure in the middle of a job.
         yolo.predict(np.zeros((64, 64, 3), np.uint8), device=device, verbose=False, save=False)
+        if runtime == "onnxruntime":
+            _limit_onnx_threads(yolo, weights, threads)
         if runtime == "torch" and device == "cpu":
             # ultralytics' first predict resets torch's threads to min(8, cores - 1) (select_device),
             # whatever the rung asked: every child of a 16-core pool would take 8 (bench/yolo.py

@@ -162,7 +162,7 @@ class DetectParams(MotionParams):
             smaller crop would only be upscaled).
         prefilter: False sends every frame at the stride to the model (the baseline the gate is
             measured against).
-        threads: torch intra-op threads on CPU (a pool runs one child per core).
+        threads: Intra-op threads on CPU, torch's or onnxruntime's (a pool runs one child per core).
     """
 
     weights: str = Field(pattern=r"^[^/].*\.(pt|onnx)$")

@@ -119,6 +119,24 @@ def test_a_cpu_torch_rung_keeps_the_threads_it_asked_for(random_yolo) -> None:
     assert proc.stdout.split()[-1] == str(wanted), proc.stdout
 
 
+def test_an_onnx_rung_runs_on_the_threads_it_asked_for(random_yolo) -> None:
+    """ultralytics opens its onnxruntime session with one thread per core; the loader reopens it
+    with the rung's threads, and the model still runs. In a fresh process (one model per child)."""
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from mediafarm.tasks.families.yolo.model import load_detector
+        for threads in (1, 3):
+            detector = load_detector({str(random_yolo[1])!r}, "cpu", threads=threads)
+            session = detector.yolo.predictor.model.backend.session
+            detector.detect(np.zeros((360, 640, 3), np.uint8), classes=[0], conf=0.25, imgsz=None)
+            print("threads", threads, session.get_session_options().intra_op_num_threads, detector.calls)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = [line for line in proc.stdout.splitlines() if line.startswith("threads ")]
+    assert seen == ["threads 1 1 1", "threads 3 3 1"], proc.stdout
+
+
 def test_low_threshold_boxes_are_in_source_pixels(random_yolo, video: Path) -> None:
     # Random weights rarely pass even a tiny threshold; whatever does must be a well-formed box.
     result = run(video, conf=0.0001, frame_width=160, request={"classes": ["person", "car", "dog"]})
