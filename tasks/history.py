@@ -12,6 +12,7 @@ from typing import Any
 
 from mediafarm.tasks import keys
 from mediafarm.tasks.records import Attempt, KillRecord
+from mediafarm.tasks.result_backend import LUA_STORED_SUCCESS
 
 
 class AttemptLog:
@@ -96,7 +97,7 @@ class AttemptLog:
 # worker, same start, still open, and no SUCCESS stored (the SUCCESS made the log its envelope's,
 # ``tasks.result_backend``); for a process finishing its own attempt, also still the newest
 # attempt. Atomic in Redis, so a stale process can never rewrite history.
-_CONDITIONAL_LSET = """
+_CONDITIONAL_LSET = LUA_STORED_SUCCESS + """
 local i = tonumber(ARGV[1])
 if ARGV[6] == '1' and redis.call('LLEN', KEYS[1]) ~= i + 1 then return 0 end
 local raw = redis.call('LINDEX', KEYS[1], i)
@@ -105,13 +106,7 @@ local a = cjson.decode(raw)
 if a['outcome'] ~= nil and a['outcome'] ~= cjson.null then return 0 end
 if tostring(a['pid']) ~= ARGV[2] or a['worker'] ~= ARGV[3] then return 0 end
 if math.abs(tonumber(a['started']) - tonumber(ARGV[4])) > 0.000001 then return 0 end
-if KEYS[2] ~= '' then
-  local meta = redis.call('GET', KEYS[2])
-  if meta then
-    local ok, decoded = pcall(cjson.decode, meta)
-    if ok and type(decoded) == 'table' and decoded['status'] == 'SUCCESS' then return 0 end
-  end
-end
+if KEYS[2] ~= '' and stored_success(KEYS[2]) then return 0 end
 redis.call('LSET', KEYS[1], i, ARGV[5])
 return 1
 """
@@ -119,17 +114,9 @@ return 1
 
 # Appends an attempt record (RPUSH + EXPIRE) unless the job has a stored SUCCESS; answers
 # {list length or -1 when not appended, cancel flag, 1 when a SUCCESS was stored}.
-_APPEND_UNLESS_SUCCEEDED = """
-local succeeded = 0
-if ARGV[3] == '1' then
-  local meta = redis.call('GET', KEYS[3])
-  if meta then
-    local ok, decoded = pcall(cjson.decode, meta)
-    if ok and type(decoded) == 'table' and decoded['status'] == 'SUCCESS' then succeeded = 1 end
-  end
-end
+_APPEND_UNLESS_SUCCEEDED = LUA_STORED_SUCCESS + """
 local cancelled = redis.call('EXISTS', KEYS[2])
-if succeeded == 1 then return {-1, cancelled, 1} end
+if ARGV[3] == '1' and stored_success(KEYS[3]) then return {-1, cancelled, 1} end
 local length = redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return {length, cancelled, 0}

@@ -30,15 +30,22 @@ from kombu.utils.encoding import bytes_to_str
 
 from mediafarm.tasks import keys
 
+# A Lua function for the farm's scripts (here and ``tasks.history``): does the result key hold a
+# stored SUCCESS? A meta that is not JSON is not one.
+LUA_STORED_SUCCESS = """
+local function stored_success(key)
+  local stored = redis.call('GET', key)
+  if not stored then return false end
+  local ok, meta = pcall(cjson.decode, stored)
+  return ok and type(meta) == 'table' and meta['status'] == 'SUCCESS'
+end
+"""
+
 # Writes the state (KEYS[1] = ARGV[1], expiry ARGV[2] s, 0: none) and publishes it to waiting
 # clients, as Celery's ``_set`` does, unless the stored meta is a SUCCESS (then returns 0). A meta
 # that is not JSON is overwritten as before. The start of both scripts below.
-_SET_AND_PUBLISH_UNLESS_SUCCESS = """
-local stored = redis.call('GET', KEYS[1])
-if stored then
-  local ok, meta = pcall(cjson.decode, stored)
-  if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then return 0 end
-end
+_SET_AND_PUBLISH_UNLESS_SUCCESS = LUA_STORED_SUCCESS + """
+if stored_success(KEYS[1]) then return 0 end
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
