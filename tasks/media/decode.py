@@ -142,10 +142,12 @@ def tolerant_frames(
     packets stopped short of the length the container declares for the stream: found in this same
     pass, from the packets' times, with nothing kept but two numbers."""
     declared = declared_length(container, stream) if check_length else None
-    reach = _Reach(stream)
+    # Packet times are followed only where there is a declared length to hold them against.
+    reach = _Reach(stream) if declared is not None else None
     errors_in_row = 0
     for packet in container.demux(stream):
-        reach.add(packet)
+        if reach is not None:
+            reach.add(packet)
         try:
             decoded = packet.decode()
         except av.error.InvalidDataError as exc:
@@ -155,7 +157,7 @@ def tolerant_frames(
             continue
         errors_in_row = 0
         yield from decoded
-    if declared is not None:
+    if declared is not None and reach is not None:
         _reject_if_short(stream, declared, reach.seconds(), Path(container.name).name)
 
 

@@ -191,10 +191,6 @@ def _load(weights: Path, device: str, threads: int) -> Detector:
         from mediafarm.tasks.gpu import torch_device
 
         device = torch_device()  # the pool's GPU memory fraction, applied once per child
-    elif runtime == "torch":
-        import torch
-
-        torch.set_num_threads(threads)
     try:
         yolo = ultralytics.YOLO(str(weights), task="detect")
         # An export is opened lazily, on the first call: make it now, so that a corrupt file is
@@ -203,9 +199,9 @@ def _load(weights: Path, device: str, threads: int) -> Detector:
         if runtime == "onnxruntime":
             _limit_onnx_threads(yolo, weights, threads)
         if runtime == "torch" and device == "cpu":
-            # ultralytics' first predict resets torch's threads to min(8, cores - 1) (select_device),
-            # whatever the rung asked: every child of a 16-core pool would take 8 (bench/yolo.py
-            # --sizes found it). Set them again; later calls reuse the predictor and leave them.
+            # Set after the first predict: it resets torch's threads to min(8, cores - 1)
+            # (select_device), whatever was set before: every child of a 16-core pool would take 8
+            # (bench/yolo.py --sizes found it). Later calls reuse the predictor and leave them.
             import torch
 
             torch.set_num_threads(threads)
