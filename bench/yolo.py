@@ -116,15 +116,21 @@ def child(variant: str, video: Path, models: Path) -> dict[str, Any]:
             "peak_rss_mb": round(peak_rss_mb(), 1)}  # fmt: skip
 
 
+def timing_frame() -> Any:
+    """The frame every model timing uses: 640x360 BGR (the farm's frame_width on 16:9 video), random pixels."""
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, 255, size=(360, 640, 3), dtype=np.uint8)
+
+
 def _runtimes(models: Path) -> dict[str, Any]:
     """ms per call of the same weights on torch and on onnxruntime (square and 16:9 exports),
     the calls interleaved so that a neighbour's load on the shared machine hits all alike."""
-    import numpy as np
 
     from mediafarm.tasks.families.yolo.model import Detector, ultralytics_offline
 
     ultralytics = ultralytics_offline()
-    image = np.random.default_rng(0).integers(0, 255, size=(360, 640, 3), dtype=np.uint8)
+    image = timing_frame()
     contenders: dict[str, tuple[Detector, int | None]] = {}
     for name, weights, imgsz in (("torch 640 (rect 384x640)", "yolo11n.pt", 640),
                                  ("onnx 640x640", "yolo11n.onnx", None),
@@ -151,11 +157,10 @@ def _runtimes(models: Path) -> dict[str, Any]:
 def _onnx_threads(models: Path, threads: int, frames: int) -> dict[str, Any]:
     """``frames`` calls of the nano ONNX rung loaded as a pool child loads it, with ``threads``
     onnxruntime threads; the wall time of the calls alone (after 3 warm-up calls)."""
-    import numpy as np
 
     from mediafarm.tasks.families.yolo.model import load_detector
 
-    image = np.random.default_rng(0).integers(0, 255, size=(360, 640, 3), dtype=np.uint8)
+    image = timing_frame()
     detector = load_detector(models / "yolo11n.onnx", "cpu", threads=threads)
     for _ in range(3):
         detector.detect(image, classes=[0], conf=0.25, imgsz=None)
@@ -199,7 +204,6 @@ def _model_size(models: Path, size: str, frames: int) -> dict[str, Any]:
     (what ultralytics leaves: setting up a CPU predictor calls ``torch.set_num_threads(min(8,
     cpu_count - 1))``) and on one per core, the same cores as onnxruntime.
     """
-    import numpy as np
 
     from mediafarm.tasks.families.yolo.model import Detector, ultralytics_offline
 
@@ -207,7 +211,7 @@ def _model_size(models: Path, size: str, frames: int) -> dict[str, Any]:
     import torch
 
     cores = os.cpu_count() or 1
-    image = np.random.default_rng(0).integers(0, 255, size=(360, 640, 3), dtype=np.uint8)
+    image = timing_frame()
     detectors: dict[str, Detector] = {}
     loads: dict[str, float] = {}
     for runtime, weights in (("torch", f"yolo11{size}.pt"), ("onnx 640x640", f"yolo11{size}.onnx"),
