@@ -4,6 +4,7 @@
     rung unavailable on this pool                     → next rung, no attempt spent
     permanent failure (bad input)                     → FAILURE now, no retry
     cancelled by the producer                         → FAILURE now, no retry
+    redelivered after a terminal outcome was recorded → that outcome again, nothing run, nothing appended
     transient failure / worker died under the job     → same rung, at most FARM_TRANSIENT_RETRIES times
     anything else (a bug)                             → FAILURE now, no retry
     no rung left                                      → FAILURE, with the whole history
@@ -23,6 +24,7 @@ from mediafarm.config.ladders import Ladder, Variant
 from mediafarm.tasks.errors import (
     Cancelled,
     EngineError,
+    FarmError,
     NoRungLeft,
     PermanentFailure,
     ResourceFailure,
@@ -67,6 +69,20 @@ def settle_open_attempts(
                 att.outcome, att.reason = Outcome.WORKER_LOST, "the worker process died; job redelivered"
         changed.append(i)
     return changed
+
+
+# Outcomes that end a job for good: a redelivered message after one of them runs nothing.
+TERMINAL_OUTCOMES = frozenset({Outcome.REJECTED, Outcome.CANCELLED, Outcome.ERROR})
+
+
+def recorded_end(attempt: Attempt) -> FarmError:
+    """The failure a job ends with when its newest attempt already recorded a terminal outcome."""
+    reason = f"{attempt.reason} (recorded by attempt {attempt.variant} before its message came back)"
+    if attempt.outcome == Outcome.REJECTED:
+        return PermanentFailure(reason)
+    if attempt.outcome == Outcome.CANCELLED:
+        return Cancelled(reason)
+    return EngineError(f"{attempt.variant}: {reason}")
 
 
 def current_rung(attempts: list[Attempt]) -> int:
@@ -178,6 +194,11 @@ def run_ladder(
             attempts, _ = log.read()
         if kill is not None:
             log.clear_kill()  # used, or stale: either way it must not judge a later attempt
+        if attempts and attempts[-1].outcome in TERMINAL_OUTCOMES:
+            # The job's end is already recorded: its child was killed (or its worker lost)
+            # after writing the outcome but before Celery stored it, and the message came back.
+            # Running the same input on the same rung again would only repeat the outcome.
+            raise recorded_end(attempts[-1])
     rung = current_rung(attempts)
     while rung < len(ladder):
         variant = ladder.rungs[rung]
