@@ -56,8 +56,8 @@ class FarmTask(Task):
     # Enforced by the worker's watchdog with a SIGKILL, so an overrun moves the job down a rung
     # (``workers.guards``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None
-    # Counts a finished job's frame counters in the worker's main process (``workers.metrics``).
-    Request = "mediafarm.workers.metrics:MeteredRequest"
+    # Request: Celery's own here. The worker entry (``workers.app``) sets the metered one, which
+    # counts a finished job's frame counters in the worker's main process (``workers.metrics``).
 
     def run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """Run this job on its rung and return the envelope (JSON)."""

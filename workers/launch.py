@@ -13,7 +13,7 @@ from typing import Any
 from mediafarm.config.pools import Pool, expand_queues
 from mediafarm.tasks import families
 
-APP = "mediafarm.tasks.app"
+APP = "mediafarm.workers.app"
 
 
 def node_name(pool: Pool) -> str:

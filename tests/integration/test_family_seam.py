@@ -222,7 +222,7 @@ def test_unknown_engine_in_a_config_file_ladder_stops_the_worker(redis_url: str,
     assert "rung 'fancy' names an unknown engine 'silero-gpu'" in farm.stderr
     assert "rung 'fast' (engine 'webrtc'): params do not fit: aggressivness: Extra inputs" in farm.stderr
     # A worker started with plain `celery worker` refuses just the same.
-    celery = subprocess.run([sys.executable, "-m", "celery", "-A", "mediafarm.tasks.app", "worker", "-c", "1"],
+    celery = subprocess.run([sys.executable, "-m", "celery", "-A", "mediafarm.workers.app", "worker", "-c", "1"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert celery.returncode != 0
     assert "rung 'fancy' names an unknown engine 'silero-gpu'" in celery.stdout + celery.stderr

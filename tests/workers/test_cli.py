@@ -60,11 +60,26 @@ def test_worker_refuses_unsafe_configuration(redis_url: str) -> None:
 def test_plain_celery_worker_refuses_unsafe_configuration_too(redis_url: str) -> None:
     env = clean_env(FARM_BROKER_URL=redis_url, FARM_VISIBILITY_TIMEOUT="60")
     proc = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "mediafarm.tasks.app", "worker", "-c", "1"],
+        [sys.executable, "-m", "celery", "-A", "mediafarm.workers.app", "worker", "-c", "1"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode != 0
     assert "FARM_VISIBILITY_TIMEOUT (60 s) must exceed" in proc.stdout + proc.stderr
+
+
+def test_a_worker_of_the_producers_plain_app_refuses_to_start(redis_url: str) -> None:
+    # mediafarm.tasks.app has no watchdog and no configuration check: a worker of it would run
+    # jobs unguarded, so it stops before it consumes anything and names the entry to use.
+    env = clean_env(FARM_BROKER_URL=redis_url)
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "mediafarm.tasks.app", "worker", "-c", "1", "-Q", "plain-app-test"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "refusing to start: a farm worker must be started with `celery -A mediafarm.workers.app worker`" in (
+        proc.stderr
+    )
+    assert "ready." not in proc.stdout + proc.stderr
 
 
 def test_unknown_pool_is_named(redis_url: str) -> None:

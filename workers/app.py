@@ -1,0 +1,21 @@
+"""The worker entry: ``celery -A mediafarm.workers.app worker`` (what ``farm worker`` runs).
+
+It is the farm's one app (``mediafarm.tasks.app``, which producers import as it is) with the
+worker side wired in: the guards (configuration check, memory watchdog, child set-up:
+``workers.guards``) and the metered request class, which counts a finished job's frame counters
+in the worker's main process (``workers.metrics``). The plain app refuses to start a worker
+unless this module was imported.
+"""
+
+from __future__ import annotations
+
+from mediafarm.tasks.app import app
+from mediafarm.tasks.base import FarmTask
+from mediafarm.workers import guards
+from mediafarm.workers.metrics import MeteredRequest
+
+__all__ = ["app"]
+
+# Read by each task's strategy as the worker starts consuming, after this module has run.
+FarmTask.Request = MeteredRequest
+guards.install(app)
