@@ -15,6 +15,19 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
+def default_storage_dir() -> Path:
+    """``$XDG_DATA_HOME/mediafarm/storage``, else ``~/.local/share/mediafarm/storage`` (the XDG base
+    directory rules: a relative XDG_DATA_HOME is ignored). A process without a home folder (a
+    container user with no passwd entry) falls back to ``./storage``, as before."""
+    data_home = os.environ.get("XDG_DATA_HOME", "")
+    if data_home and Path(data_home).is_absolute():
+        return Path(data_home) / "mediafarm" / "storage"
+    try:
+        return Path.home() / ".local" / "share" / "mediafarm" / "storage"
+    except RuntimeError:
+        return Path.cwd() / "storage"
+
+
 class FarmSettings(BaseSettings):
     """Settings of one farm process (producer, worker or CLI).
 
@@ -25,7 +38,13 @@ class FarmSettings(BaseSettings):
         result_backend: Where results and attempt histories live: always a Redis. Defaults to
             the broker, so a RabbitMQ farm must set it.
         media_roots: Inputs must resolve (symlinks followed) inside one of these folders.
-        storage_dir: Artifacts of a job go under ``<storage_dir>/<job id>/``.
+        storage_dir: Artifacts of a job go under ``<storage_dir>/<job id>/``. Default: the user's
+            data folder, ``$XDG_DATA_HOME/mediafarm/storage`` (``~/.local/share/mediafarm/storage``
+            when XDG_DATA_HOME is unset), so every process of a farm run by one user (``farm up``,
+            its workers, ``farm submit``, a producer) finds the same folder whatever folder it was
+            started in. A relative FARM_STORAGE_DIR is taken from the working folder of the process
+            that reads it, once, as it starts (``farm up`` hands its workers the absolute path).
+            Workers on other machines or in containers must share one folder and name it here.
         models_dir: Local model weights (nothing is downloaded at run time).
         visibility_timeout: Seconds Redis waits before redelivering an unacked job. Must exceed
             every hard time limit, or a long job is delivered twice while it still runs.
@@ -57,7 +76,7 @@ class FarmSettings(BaseSettings):
     broker_url: str = ""
     result_backend: str = ""
     media_roots: Annotated[list[Path], NoDecode] = Field(default_factory=lambda: [Path.cwd()])
-    storage_dir: Path = Field(default_factory=lambda: Path.cwd() / "storage")
+    storage_dir: Path = Field(default_factory=default_storage_dir)
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
     consumer_timeout: int = 1800
@@ -79,6 +98,13 @@ class FarmSettings(BaseSettings):
         if isinstance(value, str):
             return [p.strip() for p in value.split(os.pathsep) if p.strip()]
         return value
+
+    @field_validator("storage_dir", mode="after")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Fixed now: a relative path read again later, or by another process started elsewhere,
+        # would name another folder (a job's files "missing" after it succeeded).
+        return value.expanduser().absolute()
 
     @property
     def backend_url(self) -> str:

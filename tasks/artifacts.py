@@ -61,6 +61,27 @@ def job_folder(storage_dir: Path, job_id: str) -> Path:
     return Path(storage_dir) / folder_name(job_id)
 
 
+def missing_artifact(job_id: str, info: ArtifactInfo, looked_at: Path, storage_dir: Path) -> str:
+    """Why a producer cannot find a finished job's artifact: where it looked (its own
+    FARM_STORAGE_DIR) and where the worker wrote it, which the artifact's record carries."""
+    message = (
+        f"artifact {info.name!r} of job {job_id} is not at {looked_at} "
+        f"(this process's FARM_STORAGE_DIR is {storage_dir})"
+    )
+    if info.path is None:
+        return message + "; the job's record does not say where the worker wrote it"
+    if Path(info.path) == Path(looked_at):
+        return (
+            message + "; the worker wrote it at that same path: it has been removed since (farm gc), "
+            "or the worker ran on another machine whose folder is not shared with this one"
+        )
+    worker_storage = PurePosixPath(info.path).parents[len(PurePosixPath(info.name).parts)]
+    return (
+        message + f"; the worker wrote it at {info.path} (its FARM_STORAGE_DIR is {worker_storage}): "
+        "give every process of the farm the same FARM_STORAGE_DIR, a folder they all reach"
+    )
+
+
 def check_name(name: str) -> PurePosixPath:
     """``name`` as a safe relative path, or UnsafeArtifactName saying why not."""
     if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
@@ -155,5 +176,6 @@ class ArtifactStore:
             if any(part.startswith(".") for part in relative.parts):
                 continue
             media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-            infos.append(ArtifactInfo(relative.as_posix(), path.stat().st_size, media_type, sha256_of(path)))
+            size, digest = path.stat().st_size, sha256_of(path)
+            infos.append(ArtifactInfo(relative.as_posix(), size, media_type, digest, str(path.absolute())))
         return infos

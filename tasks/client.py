@@ -31,7 +31,7 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families as registry
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, sha256_of
+from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, missing_artifact, sha256_of
 from mediafarm.tasks.errors import (
     Cancelled,
     JobCancelled,
@@ -110,9 +110,10 @@ class JobHandle:
         info = next((a for a in self.artifacts() if a.name == name), None)
         if info is None:
             raise FileNotFoundError(f"job {self.id} has no artifact {name!r}")
-        source = ArtifactStore(get_settings().storage_dir, self.id).path(name)
+        storage_dir = get_settings().storage_dir
+        source = ArtifactStore(storage_dir, self.id).path(name)
         if not source.is_file():
-            raise FileNotFoundError(f"artifact {name!r} of job {self.id} is not at {source} (FARM_STORAGE_DIR)")
+            raise FileNotFoundError(missing_artifact(self.id, info, source, storage_dir))
         dest = Path(dest)
         target = dest / Path(name).name if dest.is_dir() else dest
         target.parent.mkdir(parents=True, exist_ok=True)

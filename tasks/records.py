@@ -185,12 +185,16 @@ class ArtifactInfo:
         size: Bytes.
         media_type: MIME type guessed from the name (``application/octet-stream`` when unknown).
         sha256: Hex digest, checked again by ``JobHandle.download``.
+        path: Where the worker wrote it: the absolute path on the worker's machine, under the
+            worker's FARM_STORAGE_DIR (so a producer that cannot find it can say where to look).
+            None in envelopes stored before it was recorded.
     """
 
     name: str
     size: int
     media_type: str
     sha256: str
+    path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

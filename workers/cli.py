@@ -190,6 +190,9 @@ class LocalFarm:
             _settings_env(FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url)
             if not quiet:
                 console.print(f"embedded Redis on {redis.url} (data in {redis.data_dir})")
+        # The worker gets the storage folder as this process resolved it (an absolute path), so
+        # it writes where this shell's `farm submit --out` and any producer will look.
+        _settings_env(FARM_STORAGE_DIR=str(get_settings().storage_dir))
         # Only now: the app reads the broker URL set just above.
         from mediafarm.tasks.app import app
 
@@ -222,7 +225,7 @@ def up(
         queues = expand_queues(farm.pool.queues, families.default_queues())
         console.print(
             f"[green]farm up[/]: worker {farm.node} on {', '.join(queues)}; "
-            f"broker {os.environ.get('FARM_BROKER_URL')}. Ctrl-C to stop."
+            f"broker {os.environ.get('FARM_BROKER_URL')}; storage {get_settings().storage_dir}. Ctrl-C to stop."
         )
         try:
             code = farm.process.wait()
@@ -280,6 +283,14 @@ def submit(
     except TimeoutError as exc:
         _fail(str(exc), code=1)
     _print_envelope(envelope, as_json)
+    try:
+        _download(job, out, as_json)
+    except FileNotFoundError as exc:  # the job succeeded, its files are elsewhere: say where
+        _fail(str(exc), code=1)
+
+
+def _download(job: Any, out: Path | None, as_json: bool) -> None:
+    """Save a finished job's artifacts to ``--out``: a folder, or a file for its one artifact of that type."""
     if out is not None and out.suffix and not out.is_dir():
         # A file name: the job's one top-level artifact of that kind (`farm submit tts "Hi." --out hi.wav`).
         named = [a.name for a in job.artifacts() if "/" not in a.name and Path(a.name).suffix == out.suffix]

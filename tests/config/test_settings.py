@@ -92,3 +92,41 @@ def test_bad_config_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
+
+
+def test_storage_defaults_to_one_absolute_folder_whatever_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `farm up` in one folder and `farm submit --out` from another must agree (issue #18 item 9).
+    monkeypatch.delenv("FARM_STORAGE_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    seen = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        seen.append(FarmSettings().storage_dir)
+    assert seen == [tmp_path / "data" / "mediafarm" / "storage"] * 2
+
+
+def test_storage_default_without_xdg_data_home_is_under_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FARM_STORAGE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for unset_or_relative in ("", "relative/data"):  # a relative XDG_DATA_HOME is ignored (XDG rules)
+        monkeypatch.setenv("XDG_DATA_HOME", unset_or_relative)
+        assert FarmSettings().storage_dir == tmp_path / "home" / ".local" / "share" / "mediafarm" / "storage"
+
+
+def test_a_relative_storage_dir_is_made_absolute_once_as_the_process_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FARM_STORAGE_DIR", "farm/storage")
+    settings = FarmSettings()
+    assert settings.storage_dir == tmp_path / "farm" / "storage" and settings.storage_dir.is_absolute()
+    monkeypatch.chdir("/")  # a later change of folder no longer moves it
+    assert settings.storage_dir == tmp_path / "farm" / "storage"
+    monkeypatch.setenv("FARM_STORAGE_DIR", "~/jobs")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert FarmSettings().storage_dir == tmp_path / "home" / "jobs"

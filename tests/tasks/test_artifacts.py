@@ -9,7 +9,14 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, check_name, job_folder, job_id_of
+from mediafarm.tasks.artifacts import (
+    ArtifactStore,
+    UnsafeArtifactName,
+    check_name,
+    job_folder,
+    job_id_of,
+    missing_artifact,
+)
 from mediafarm.tasks.errors import PermanentFailure
 
 
@@ -156,3 +163,25 @@ def test_clear_removes_finished_and_partial_files(store: ArtifactStore) -> None:
     store.clear()
     assert not store.folder.exists()
     assert store.list() == []
+
+
+def test_list_records_where_the_worker_wrote_each_file(store: ArtifactStore) -> None:
+    store.write_bytes("chunks/0001.wav", b"RIFF")
+    (info,) = store.list()
+    assert info.path == str((store.folder / "chunks" / "0001.wav").absolute()) and Path(info.path).is_absolute()
+
+
+def test_a_missing_artifact_names_where_it_was_looked_for_and_where_the_worker_wrote_it(tmp_path: Path) -> None:
+    worker = ArtifactStore(tmp_path / "a" / "storage", "job-1")
+    worker.write_bytes("chunks/playlist.m3u8", b"#EXTM3U\n")
+    (info,) = worker.list()
+    mine = ArtifactStore(tmp_path / "b" / "storage", "job-1")
+    message = missing_artifact("job-1", info, mine.path(info.name), tmp_path / "b" / "storage")
+    assert f"is not at {mine.path(info.name)}" in message
+    assert f"this process's FARM_STORAGE_DIR is {tmp_path / 'b' / 'storage'}" in message
+    assert f"the worker wrote it at {info.path} (its FARM_STORAGE_DIR is {tmp_path / 'a' / 'storage'})" in message
+    # Same folder, file gone: removed since, or another machine's folder.
+    assert "removed since" in missing_artifact("job-1", info, Path(info.path), tmp_path / "a" / "storage")
+    # An envelope stored before the path was recorded.
+    old = type(info)(info.name, info.size, info.media_type, info.sha256)
+    assert "does not say where the worker wrote it" in missing_artifact("job-1", old, mine.path(info.name), tmp_path)
