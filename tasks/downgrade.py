@@ -35,9 +35,8 @@ from mediafarm.tasks.errors import (
 )
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
-
-CHILD_LOST = "child process SIGKILLed while running (kernel OOM killer or an outside kill; no watchdog record)"
 
 
 def settle_open_attempts(
@@ -46,7 +45,8 @@ def settle_open_attempts(
     """Give an outcome to attempts that never finished; returns the indexes it changed.
 
     Evidence, strongest first: the watchdog's kill record for that child; Celery's retry count
-    having moved on (it retries only a task whose child was lost); otherwise the message was
+    having moved on (it retries only a task whose child was lost; the kernel's OOM-kill counts
+    then tell its OOM killer from an outside kill, ``tasks.oom_killer``); otherwise the message was
     redelivered because the worker itself died, which is not the job's fault, until it
     happens more than ``transient_budget`` times.
     """
@@ -59,7 +59,8 @@ def settle_open_attempts(
             att.peak_rss_mb = kill.rss_mb
             att.duration = round(kill.at - att.started, 3)
         elif retries > att.retries:
-            att.outcome, att.reason = Outcome.KILLED, CHILD_LOST
+            # The kernel's OOM killer or an outside kill: told apart by the OOM-kill counts.
+            att.outcome, att.reason = lost_child_cause(att.oom_counts)
         else:
             lost_before = sum(1 for a in attempts[:i] if a.outcome == Outcome.WORKER_LOST)
             if lost_before >= transient_budget:
@@ -209,7 +210,7 @@ def run_ladder(
                 raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {variant.name}")
             rung += 1
             continue
-        attempt = Attempt(rung, variant.name, retries=retries, worker=worker)
+        attempt = Attempt(rung, variant.name, retries=retries, worker=worker, oom_counts=snapshot())
         running = _Running(log, attempt, result_key, stale_after)
         attempts.append(running.attempt)
         finish = running.finish

@@ -79,6 +79,10 @@ class Attempt:
         host: Machine name.
         worker: Celery node name.
         pid: Child process id.
+        oom_counts: The kernel's OOM-kill count as the attempt began (its memory cgroup's, or the
+            whole kernel's where it is in none that counts; ``tasks.oom_killer.snapshot``), so that
+            a child lost without a watchdog record is told apart: OOM killer or an outside kill.
+            None: unreadable here.
     """
 
     rung: int
@@ -92,6 +96,7 @@ class Attempt:
     host: str = HOST
     worker: str = ""
     pid: int = field(default_factory=os.getpid)
+    oom_counts: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.outcome is not None:

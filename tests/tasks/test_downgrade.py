@@ -1,6 +1,7 @@
 """The downgrade policy as plain functions: how an unfinished attempt is judged, which rung is next."""
 
-from mediafarm.tasks.downgrade import CHILD_LOST, current_rung, settle_open_attempts
+from mediafarm.tasks.downgrade import current_rung, settle_open_attempts
+from mediafarm.tasks.oom_killer import CHILD_LOST
 from mediafarm.tasks.records import Attempt, KillRecord, Outcome
 
 
