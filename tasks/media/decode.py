@@ -27,6 +27,7 @@ import av
 import numpy as np
 
 from mediafarm.tasks.errors import UnreadableMedia
+from mediafarm.tasks.media.wav import check_wav_length
 
 SAMPLE_RATE = 16000
 # 10 s blocks, as in the camera-filter fix: ~640 KB of float32, whatever the file's length.
@@ -197,7 +198,17 @@ def audio_blocks(
     """Yield the first audio stream of ``path`` as float32 mono blocks in [-1, 1].
 
     Every block holds ``rate * block_seconds`` samples except possibly the last. Raises
-    :class:`UnreadableMedia` for a file FFmpeg cannot open or that has no audio stream.
+    :class:`UnreadableMedia` for a file FFmpeg cannot open or that has no audio stream, and for
+    two odd kinds of audio that FFmpeg decodes without complaint (both refused, never accepted
+    with a warning, because either way the result would describe audio that is not there):
+
+    - a WAV whose header declares more audio than the file holds (``truncated: ...``, both lengths
+      named; ``media.wav``: a streaming writer's placeholder size is not a claim, and is accepted);
+    - float PCM with a NaN or infinite sample (the first one's time named). The resampler turns
+      each into garbage (measured: -1.0, a full-scale click, from float32; 0.0 from float64), and a
+      recogniser or detector fed it answers garbage; zeroing them would hide a broken recording.
+      Only ``pcm_f*`` streams are checked: they carry the file's samples verbatim, while a
+      compressed codec computes its own (checking those would copy every frame).
     """
     block = int(rate * block_seconds)
     if block <= 0:
@@ -207,15 +218,22 @@ def audio_blocks(
         if not streams:
             raise UnreadableMedia(f"{path.name} has no audio stream")
         stream = streams[0]
+        if "wav" in container.format.name.split(","):
+            check_wav_length(path, TRUNCATION_TOLERANCE_S)
+        verbatim_floats = stream.codec_context.name.startswith("pcm_f")
         resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
         pending: list[np.ndarray] = []
         pending_len = 0
+        decoded = 0  # samples of the stream before the current frame, for the time of a bad one
 
         def frames() -> Iterator[av.AudioFrame | None]:
             yield from tolerant_frames(container, stream, f"{path.name}: audio stream", check_length=True)
             yield None  # flush the resampler
 
         for frame in frames():
+            if verbatim_floats and frame is not None:
+                _refuse_non_finite(frame, decoded, path.name)
+                decoded += frame.samples
             for out in resampler.resample(frame):
                 samples = out.to_ndarray().reshape(-1)
                 pending.append(samples)
@@ -228,3 +246,21 @@ def audio_blocks(
                     pending_len = rest.size
         if pending_len:
             yield np.concatenate(pending).astype(np.float32) / 32768.0
+
+
+def _refuse_non_finite(frame: av.AudioFrame, before: int, name: str) -> None:
+    """UnreadableMedia naming the time of the first NaN or infinite sample of a float frame."""
+    samples = frame.to_ndarray()
+    bad = ~np.isfinite(samples)
+    if not bad.any():
+        return
+    # Planar frames are (channels, samples); packed ones (1, samples x channels), interleaved.
+    if frame.format.is_planar:
+        index = int(np.nonzero(bad)[1].min())
+    else:
+        index = int(np.flatnonzero(bad)[0]) // max(len(frame.layout.channels), 1)
+    seconds = (before + index) / frame.sample_rate
+    raise UnreadableMedia(
+        f"{name}: the audio stream has a non-finite sample (NaN or infinity) at {seconds:.3f} s: the recording "
+        "is corrupt, and a recogniser or detector fed it would answer garbage"
+    )
