@@ -12,11 +12,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.result import AsyncResult
 
 from mediafarm.config.pools import get_pool
+from mediafarm.tasks.history import read_attempts
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 from tests.support.farm_app import farm_app
@@ -41,7 +43,10 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
     try:
         wait_ready(producer, node, worker, timeout=90)
         jobs = [producer.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos") for _ in range(4)]
-        time.sleep(1.5)  # two of them are running (sleeping 4 s), two wait in the queue
+        # Two of them run (sleeping 4 s), two wait in the queue: Redis goes down once both have
+        # an open attempt, so the outage does land on running jobs.
+        running = running_jobs(producer, jobs, count=2, timeout=60)
+        went_down = time.time()
         own_redis.restart(down_for=2.0)
         states = {}
         for job in jobs:
@@ -52,6 +57,10 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         # Each ran once, on its first rung: the outage cost no attempt and nothing ran twice.
         for _, envelope in states.values():
             assert [(a["rung"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope
+        # The two that were running when Redis went down ran across the outage, in one attempt.
+        for job_id in running:
+            attempt = states[job_id][1]["attempts"][0]
+            assert attempt["started"] < went_down < attempt["started"] + attempt["duration"], attempt
         # The worker logs a success just after storing it: give the last line a moment to land.
         deadline = time.monotonic() + 10
         while log.read_text().count("succeeded in") < len(jobs) and time.monotonic() < deadline:
@@ -60,6 +69,18 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         assert worker.poll() is None
     finally:
         stop_worker(worker, timeout=30)
+
+
+def running_jobs(producer: Any, jobs: list[Any], *, count: int, timeout: float) -> list[str]:
+    """Wait until ``count`` of ``jobs`` have an open attempt (their child is running them); their ids."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [job.id for job in jobs
+                   if any(a["outcome"] is None for a in read_attempts(producer.backend.client, job.id))]  # fmt: skip
+        if len(running) >= count:
+            return running
+        assert time.monotonic() < deadline, f"only {len(running)} of {len(jobs)} jobs started in {timeout:g} s"
+        time.sleep(0.05)
 
 
 SHORT = """
