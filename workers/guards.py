@@ -117,6 +117,10 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._redis: Any = None
+        # Children killed and not yet reaped. A killed child stays listed (a zombie, RSS 0) and its
+        # job active until the pool reaps it, and it was killed, recorded and logged again at every
+        # poll meanwhile (2-3 times after a paused worker resumed): one kill, one line.
+        self._killed: set[psutil.Process] = set()
 
     def start(self, worker: Any) -> None:
         # Its own client with short timeouts: a slow Redis must not hold up a kill for long.
@@ -142,10 +146,13 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 children = me.children()
             except psutil.Error:
                 continue
+            self._killed &= set(children)
             jobs = _active_jobs()
             now = time.time()
             largest = 0
             for child in children:
+                if child in self._killed:
+                    continue
                 request = jobs.get(child.pid)
                 try:
                     rss = child.memory_info().rss
@@ -182,6 +189,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             child.kill()
         except psutil.Error:
             return
+        self._killed.add(child)
         log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
         CHILD_KILLS.labels(pool=self.pool.name, reason=outcome.value).inc()
 

@@ -1,0 +1,81 @@
+"""The watchdog kills a child once and says so once (issue #18 item 7).
+
+A killed child stays listed among the worker's children (a zombie, RSS 0) and its job stays
+active until the pool reaps it, which a busy main process (one just resumed after a pause) does
+late; every poll meanwhile found the job past its hard limit and killed, recorded and logged it
+again. Here the watchdog's own loop runs in this process against a real child process of ours
+that it kills and nobody reaps, with a stand-in for Celery's request of the job it runs (the
+loop reads only its pid, task name, start time and id) and the session's Redis for the record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import psutil
+import pytest
+import redis
+from celery.worker import state as worker_state
+
+from mediafarm.tasks import keys
+from mediafarm.workers.guards import MemoryWatchdog
+from mediafarm.workers.metrics import CHILD_KILLS
+
+
+class RunningJob:
+    """What the watchdog reads of a Celery request: which child runs it, which task, since when."""
+
+    def __init__(self, pid: int, started: float) -> None:
+        self.worker_pid, self.time_start = pid, started
+        self.name, self.id = "farm.test.chaos", f"watchdog-{uuid.uuid4()}"
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.hostname = "watchdog-test@here"
+        self.app: Any = type("App", (), {"conf": type("Conf", (), {"result_expires": 60})()})()
+
+
+def test_a_killed_child_not_yet_reaped_is_killed_recorded_and_logged_once(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    pid = os.fork()
+    if pid == 0:  # a pool child, busy with a job past its hard limit
+        time.sleep(60)
+        os._exit(0)
+    job = RunningJob(pid, started=time.time() - 100)
+    worker = Worker()
+    watchdog = MemoryWatchdog(worker)
+    watchdog._redis = redis.Redis.from_url(redis_url)
+    watchdog._limits = {job.name: 90.0}
+    watchdog.cap = None  # only the time limit: this process's other children are none of its business
+    watchdog.interval = 0.02
+    kills = CHILD_KILLS.labels(pool=watchdog.pool.name, reason="timeout")
+    kills_before = kills._value.get()
+    worker_state.active_requests.add(job)
+    thread = threading.Thread(target=watchdog._run, args=(worker,), daemon=True)
+    caplog.set_level(logging.WARNING, logger="mediafarm.watchdog")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the watchdog never killed the child"
+            time.sleep(0.01)
+        time.sleep(0.5)  # 25 polls with the killed child still listed and its job still active
+    finally:
+        watchdog._stop.set()
+        thread.join(timeout=5)
+        worker_state.active_requests.discard(job)
+        os.waitpid(pid, 0)
+    lines = [r.getMessage() for r in caplog.records if f"killed pid {pid} " in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("watchdog: hard time limit of 90 s passed (10") and lines[0].endswith(f"(job {job.id})")
+    assert kills._value.get() == kills_before + 1
+    record = json.loads(watchdog._redis.get(keys.kill(job.id)))
+    assert record["pid"] == pid and record["outcome"] == "timeout"
