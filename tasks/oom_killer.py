@@ -39,8 +39,14 @@ COUNTER_FILES = {1: "memory.oom_control", 2: "memory.events"}
 
 
 
+# How each reason begins, for readers of a history (the chaos suite counts its own kills by them).
+OOM_KILL = "killed by the kernel OOM killer"
+OUTSIDE_KILL = "SIGKILLed from outside"
+UNDECIDED = "child process SIGKILLed while running"
+
+
 def _undecided(why: str = "") -> str:
-    return f"child process SIGKILLed while running (kernel OOM killer or an outside kill; no watchdog record{why})"
+    return f"{UNDECIDED} (kernel OOM killer or an outside kill; no watchdog record{why})"
 
 
 # The cause of a lost child when its attempt recorded no counts (a record from before they were kept).
@@ -221,11 +227,11 @@ def lost_child_cause(counts: dict[str, Any] | None, proc: Path = PROC) -> tuple[
             return Outcome.KILLED, _undecided(f"; its memory cgroup {directory} is not readable here")
         if now > before:
             return Outcome.OOM, (
-                f"killed by the kernel OOM killer: its memory cgroup {directory} counted {now - before} OOM kill(s) "
+                f"{OOM_KILL}: its memory cgroup {directory} counted {now - before} OOM kill(s) "
                 f"while it ran (oom_kill {before} → {now}); {_limit_words(version, directory)}"
             )
         return Outcome.KILLED, (
-            "SIGKILLed from outside: not by the watchdog (no record) nor the kernel OOM killer (its memory "
+            f"{OUTSIDE_KILL}: not by the watchdog (no record) nor the kernel OOM killer (its memory "
             f"cgroup {directory} counted no OOM kill while it ran: oom_kill {now})"
         )
     vmstat = _read(proc / "vmstat")
@@ -235,10 +241,10 @@ def lost_child_cause(counts: dict[str, Any] | None, proc: Path = PROC) -> tuple[
         return Outcome.KILLED, _undecided("; no OOM-kill count readable to compare")
     if now > before:
         return Outcome.OOM, (
-            f"killed by the kernel OOM killer: the kernel counted {now - before} OOM kill(s) while it ran "
+            f"{OOM_KILL}: the kernel counted {now - before} OOM kill(s) while it ran "
             f"(/proc/vmstat oom_kill {before} → {now}; the child was in no memory cgroup that counts its own)"
         )
     return Outcome.KILLED, (
-        "SIGKILLed from outside: not by the watchdog (no record) nor the kernel OOM killer (the kernel counted no "
+        f"{OUTSIDE_KILL}: not by the watchdog (no record) nor the kernel OOM killer (the kernel counted no "
         f"OOM kill while it ran: /proc/vmstat oom_kill {now})"
     )

@@ -1,7 +1,9 @@
 """The chaos suite (tests/support/chaos_suite.py) on Redis and on RabbitMQ.
 
 Modest by default (60 jobs a broker); bigger with ``MEDIAFARM_CHAOS_JOBS=600``. The report is
-printed (``pytest -s``) and is the failure message when a count that must be 0 is not.
+printed (``pytest -s``) and is the failure message when a count that must be 0 is not. A run
+that could not make one of its faults here (the network cut needs root and a veth namespace) is
+skipped after every other check, naming it: it proved less than the test's name says.
 """
 
 from __future__ import annotations
@@ -57,9 +59,14 @@ def run_suite(
         app.close()
     print(report.text())
     assert report.submitted == JOBS and report.terminal == JOBS, report.text()
+    # problems() includes the suite's own: a planned child kill not made, kills that hit no attempt,
+    # a fault the run ended before.
     assert report.problems() == [], report.text() + "\n" + "\n".join(report.problems())
+    assert report.children_killed == report.children_planned >= 1 and report.attempts_killed_from_outside >= 1
     # The faults did happen: jobs went down rungs, failed by design with their history.
     assert report.failed_with_history >= 1 and any(not k.endswith("/a") for k in report.succeeded_by_rung)
+    if report.unmade:
+        pytest.skip(f"everything else held, but this machine could not make: {'; '.join(report.unmade)}")
 
 
 def test_chaos_suite_on_redis(tmp_path: Path, link: Link | None) -> None:

@@ -1,10 +1,10 @@
 """The chaos suite (issue #10 item 7): mixed jobs on cheap rungs while the farm is hurt.
 
-While the jobs run, the suite SIGKILLs pool children (about one attempt in ten), SIGKILLs one whole
-worker (and starts a replacement), restarts its own Redis (AOF on), pauses a worker past the
-visibility timeout (on RabbitMQ: past three missed heartbeats, FARM_BROKER_HEARTBEAT) and cuts a
-worker's network link while Redis drops its connections (when a veth
-namespace can be made and the broker is reachable through it). Then it counts:
+While the jobs run, the suite SIGKILLs pool children in the middle of an attempt (about one attempt
+in ten), SIGKILLs one whole worker (and starts a replacement), restarts its own Redis (AOF on),
+pauses a worker past the visibility timeout (on RabbitMQ: past three missed heartbeats,
+FARM_BROKER_HEARTBEAT) and cuts a worker's network link while Redis drops its connections (when a
+veth namespace can be made and the broker is reachable through it). Then it counts:
 
 - submitted, terminal, succeeded per rung, failed with history;
 - lost: jobs with no final state by the deadline (must be 0);
@@ -14,7 +14,11 @@ namespace can be made and the broker is reachable through it). Then it counts:
   ``bad`` ladder), or every rung killed or out of memory (the suite's kills hit a short ladder's
   last rung too) (must be 0);
 - history/envelope disagreements: a successful job whose attempt log in Redis is not, record for
-  record and field for field, the attempts in its envelope (must be 0).
+  record and field for field, the attempts in its envelope (must be 0);
+- its own faults: every child kill it planned was made and at least one landed on a running
+  attempt (settled as killed from outside), and every fault of the run was reached; a fault this
+  machine cannot make (no veth namespace for the network cut) is reported as not made, never as
+  an event.
 
 Every process, server and namespace the suite starts is its own; nothing else is touched.
 """
@@ -41,6 +45,7 @@ import redis
 
 from mediafarm.config.pools import get_pool
 from mediafarm.tasks import keys
+from mediafarm.tasks.oom_killer import OUTSIDE_KILL, UNDECIDED
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
 
@@ -50,6 +55,7 @@ TASK = "farm.test.chaos"
 # some that must fail at once (bad input: the only failures allowed).
 MIX = (("steady", 0.7), ("memerr", 0.1), ("kill_once", 0.1), ("bad", 0.1))
 EXPECTED_FAILURES = {"bad"}
+TERMINAL = ("SUCCESS", "FAILURE", "REVOKED")
 # Outcomes that may use up a ladder: the suite's own kills and the ladders' designed failures.
 RESOURCE_OUTCOMES = {"oom", "killed", "timeout", "unavailable"}
 JOB_SECONDS = 1.0  # each attempt of a steady job sleeps this long, so events land mid-job
@@ -71,6 +77,11 @@ class Report:
     disagreements: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)  # faults the run ended too soon for
+    unmade: list[str] = field(default_factory=list)  # faults this machine cannot make, and why
+    children_planned: int = 0
+    children_killed: int = 0
+    # Attempts settled as killed from outside (tasks.oom_killer): the suite's child kills that hit a job.
+    attempts_killed_from_outside: int = 0
 
     def problems(self) -> list[str]:
         return [
@@ -78,9 +89,15 @@ class Report:
             for name, values in (("lost", self.lost), ("duplicated completions", self.duplicated),
                                  ("failed by infrastructure", self.infrastructure_failures),
                                  ("history/envelope disagreements", self.disagreements),
-                                 ("faults not reached (too few jobs)", self.missed))  # fmt: skip
+                                 ("faults not reached (the run ended first)", self.missed),
+                                 ("child kills that hit no running attempt", self._kills_unseen()))  # fmt: skip
             if values
         ]
+
+    def _kills_unseen(self) -> list[str]:
+        if self.children_killed and not self.attempts_killed_from_outside:
+            return [f"{self.children_killed} children SIGKILLed, no attempt settled as killed from outside"]
+        return []
 
     def text(self) -> str:
         rungs = ", ".join(f"{rung}: {n}" for rung, n in sorted(self.succeeded_by_rung.items()))
@@ -90,10 +107,14 @@ class Report:
             f"  succeeded per rung: {rungs}",
             f"  failed with history: {self.failed_with_history}",
             f"  attempts settled as worker_lost, by worker: {dict(self.lost_by_worker) or 'none'}",
+            f"  children SIGKILLed mid-attempt: {self.children_killed} of {self.children_planned} planned; settled as "
+            f"killed from outside: {self.attempts_killed_from_outside}",
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
             f"history/envelope disagreements: {len(self.disagreements)}",
             *(f"  event: {e}" for e in self.events),
+            *(f"  not made here: {u}" for u in self.unmade),
+            *(f"  not reached: {m}" for m in self.missed),
         ])  # fmt: skip
 
 
@@ -227,18 +248,20 @@ class ChaosSuite:
         try:
             while time.monotonic() < deadline:
                 states = self._states(jobs) or states
-                done = sum(1 for s in states.values() if s.get("status") in ("SUCCESS", "FAILURE", "REVOKED"))
+                done = sum(1 for s in states.values() if s.get("status") in TERMINAL)
                 if done == len(jobs):
                     break
                 self._run_due()
                 while events and done >= events[0][0] * len(jobs):
                     events.pop(0)[1]()
-                if kills_done < kills_due and self.random.random() < 0.3 and self.kill_a_child():
-                    kills_done += 1
+                if kills_done < kills_due and self.random.random() < 0.3:
+                    kills_done += self.kill_a_child([j for j in jobs if states.get(j, {}).get("status") not in TERMINAL])
                 time.sleep(0.25)
             for _, event in events:  # whatever the run finished too fast for
                 self.report.missed.append(event.__name__)
-            self.report.events.append(f"children SIGKILLed: {kills_done} (of {kills_due} planned)")
+            self.report.children_planned, self.report.children_killed = kills_due, kills_done
+            if kills_done < kills_due:
+                self.report.missed.append(f"child kills: {kills_done} of {kills_due} made")
             time.sleep(1.0)  # the last publishes reach the watch
         finally:
             self._run_due(everything=True)
@@ -264,15 +287,29 @@ class ChaosSuite:
 
     # --- the faults ----------------------------------------------------------------------------
 
-    def kill_a_child(self) -> bool:
-        children = [c for w in self._live() for c in _pool_children(w.process.pid)]
-        if not children:
+    def kill_a_child(self, unfinished: list[str]) -> bool:
+        """SIGKILL a pool child of a running worker while it runs an attempt of one of the jobs
+        (an idle child's death would test nothing); False when none is running one now."""
+        children = {c for w in self._live() for c in _pool_children(w.process.pid)}
+        busy = [pid for pid in self._running_pids(unfinished) if pid in children]
+        if not busy:
             return False
         try:
-            os.kill(self.random.choice(children), signal.SIGKILL)
+            os.kill(self.random.choice(busy), signal.SIGKILL)
         except ProcessLookupError:  # it ended since it was listed (recycled, or its pool restarted)
             return False
         return True
+
+    def _running_pids(self, unfinished: list[str]) -> list[int]:
+        """Children that hold an open attempt of these jobs (their newest attempt record)."""
+        pipe = self.client.pipeline(transaction=False)
+        for job in unfinished:
+            pipe.lindex(keys.history(job), -1)
+        try:
+            newest = pipe.execute()
+        except redis.RedisError:  # restarting: no kill this time
+            return []
+        return [record["pid"] for record in map(json.loads, filter(None, newest)) if record.get("outcome") is None]
 
     def kill_a_worker(self) -> None:
         victim = next(w for w in self._live() if not w.inside_namespace)
@@ -306,8 +343,7 @@ class ChaosSuite:
 
     def cut_a_link(self) -> None:
         if self.link is None:
-            self.report.events.append("network cut: skipped (no veth namespace here, or the broker is not reachable "
-                                      "through one)")  # fmt: skip
+            self.report.unmade.append("network cut (no veth namespace here, or no broker reachable through one)")
             return
         self.link.down()
 
@@ -331,12 +367,13 @@ class ChaosSuite:
             meta = states.get(job) or {}
             status = meta.get("status")
             history = [json.loads(r) for r in self.client.lrange(keys.history(job), 0, -1)]
-            if status not in ("SUCCESS", "FAILURE", "REVOKED"):
+            if status not in TERMINAL:
                 report.lost.append(f"{job} ({ladder}, {status or 'no state'})")
                 continue
             report.terminal += 1
             attempts = meta["result"]["attempts"] if status == "SUCCESS" else history
             report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
+            report.attempts_killed_from_outside += sum(1 for a in attempts if _killed_from_outside(a))
             if len(watch.successes.get(job, ())) > 1:
                 report.duplicated.append(f"{job} ({ladder})")
             if status == "SUCCESS":
@@ -375,6 +412,13 @@ def _failed_by_design(ladder: str, status: str, error: dict[str, Any], history: 
         return True
     outcomes = [a.get("outcome") for a in history]
     return error.get("exc_type") == "NoRungLeft" and bool(outcomes) and set(outcomes) <= RESOURCE_OUTCOMES
+
+
+def _killed_from_outside(attempt: dict[str, Any]) -> bool:
+    """Settled as a child SIGKILLed by neither the watchdog nor the kernel's OOM killer (or with no
+    OOM-kill count to tell, where the machine keeps none)."""
+    reason = attempt.get("reason") or ""
+    return attempt.get("outcome") == "killed" and reason.startswith((OUTSIDE_KILL, UNDECIDED))
 
 
 def _pool_children(main_pid: int) -> list[int]:
