@@ -24,7 +24,7 @@ AudioFormat = Literal["wav", "opus", "mp3"]
 
 class TtsRequest(Request):
     """Attributes: text (up to ``text.MAX_TEXT_CHARS`` characters, valid Unicode, no control
-    characters but newlines and tabs), speaker (a registered name; ``default`` always exists),
+    characters but newlines and tabs, not only punctuation), speaker (a registered name; ``default`` always exists),
     speed (0.5-2, 1 is the voice's own pace), language (ISO 639-1 hint: espeak-ng's language
     when the speaker names no voice, ChatTTS's en/zh; Piper's voice decides its own), format
     (wav, opus in Ogg, mp3)."""

@@ -37,6 +37,10 @@ def check_text(text: str) -> str:
         raise ValueError(f"is {len(text):,} characters; the maximum is {MAX_TEXT_CHARS:,} (split it into several jobs)")
     if not text.strip():
         raise ValueError("is empty or only whitespace; there is nothing to say")
+    if all(char.isspace() or unicodedata.category(char).startswith("P") for char in text):
+        # Every engine speaks nothing for it (Piper's chunk then has no audio to write; espeak-ng
+        # exits without a sample): found by the malformed-input battery. Symbols (& < 🙂) are read out.
+        raise ValueError("is only punctuation; there is nothing to say")
     for position, char in enumerate(text):
         category = unicodedata.category(char)
         if category == "Cs":

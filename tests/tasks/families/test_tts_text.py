@@ -22,6 +22,7 @@ def parse(**fields):
         ({"text": "bad \udcff bytes"}, "lone surrogate U+DCFF at character 4"),
         ({"text": "nul\x00inside"}, "control character U+0000 at character 3"),
         ({"text": "bell\x07"}, "control character U+0007"),
+        ({"text": "... - ?! …"}, "is only punctuation"),
         ({"text": "hi", "speed": 3}, "speed"),
         ({"text": "hi", "format": "flac"}, "format"),
         ({"text": "hi", "speaker": "no spaces please"}, "speaker"),
