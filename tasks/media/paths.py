@@ -20,6 +20,18 @@ def resolve_media(path: str, roots: Sequence[Path]) -> Path:
         raise PermanentFailure("media path contains a NUL byte")
     if not roots:
         raise PermanentFailure("no media roots are configured (FARM_MEDIA_ROOTS)")
+    try:
+        return _resolved(path, roots)
+    except (OSError, RuntimeError) as exc:
+        # A name the file system cannot hold (a part over 255 bytes, a path over 4096: ENAMETOOLONG)
+        # or a loop of links (RuntimeError before Python 3.13): bad input, not an engine error
+        # (found by the malformed-input battery).
+        shown = path if len(path) <= 200 else f"{path[:120]}...{path[-60:]} ({len(path):,} characters)"
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise PermanentFailure(f"media path cannot be looked up: {reason}: {shown!r}") from None
+
+
+def _resolved(path: str, roots: Sequence[Path]) -> Path:
     given = Path(path)
     candidate = given if given.is_absolute() else Path(roots[0]) / given
     real = candidate.resolve(strict=False)

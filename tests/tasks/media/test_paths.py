@@ -57,3 +57,15 @@ def test_missing_empty_directory_and_junk(roots: list[Path]) -> None:
     for bad in ("", "  ", "a\x00b"):
         with pytest.raises(PermanentFailure):
             resolve_media(bad, roots)
+
+
+def test_names_the_file_system_cannot_look_up_are_bad_input(roots: list[Path]) -> None:
+    # ENAMETOOLONG and a loop of links: refused as bad input, the long path shortened in the reason.
+    with pytest.raises(PermanentFailure, match=r"cannot be looked up: File name too long: .*\(4,5\d\d characters\)"):
+        resolve_media("deep/" * 900 + "x.wav", roots)
+    with pytest.raises(PermanentFailure, match=r"cannot be looked up: File name too long"):
+        resolve_media("y" * 300 + ".wav", roots)
+    os.symlink(roots[0] / "loop-b", roots[0] / "loop-a")
+    os.symlink(roots[0] / "loop-a", roots[0] / "loop-b")
+    with pytest.raises(PermanentFailure, match=r"cannot be looked up: .*loop"):
+        resolve_media("loop-a", roots)
