@@ -144,18 +144,90 @@ def wire_exception(exc: FarmError) -> FarmError:
     return exc  # pragma: no cover - FarmError itself is defined here
 
 
-def _is_cuda_oom(exc: BaseException) -> bool:
-    # Matched by name so that this module never imports torch.
-    name = type(exc).__name__
-    return name == "OutOfMemoryError" and type(exc).__module__.startswith("torch") or (
-        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
-    )
+# How foreign libraries word an allocation that failed, lower-cased: torch ("CUDA out of memory"),
+# CTranslate2 ("CUDA failed with error out of memory", std::bad_alloc), the CUDA driver
+# (CUDA_ERROR_OUT_OF_MEMORY), cuBLAS/cuDNN (..._STATUS_ALLOC_FAILED), onnxruntime's arena ("Failed
+# to allocate memory for requested buffer"), torch on CPU and the C library ("can't allocate memory",
+# strerror(ENOMEM) "Cannot allocate memory").
+_OUT_OF_MEMORY_WORDS = (
+    "out of memory",
+    "out_of_memory",
+    "bad_alloc",
+    "alloc_failed",
+    "failed to allocate memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+)
+# Words that put the failed allocation on a GPU.
+_GPU_WORDS = ("cuda", "cublas", "cudnn")
 
 
-def _is_enomem(exc: BaseException) -> bool:
-    # PyAV raises av.error.MemoryError (an OSError with errno ENOMEM) when FFmpeg cannot
-    # allocate a context or a frame: the "couldn't allocate AVFormatContext" of the TTS story.
-    return isinstance(exc, OSError) and exc.errno == errno.ENOMEM
+def memory_outcome(exc: BaseException, device: str | None = None) -> Outcome | None:
+    """Which memory ``exc`` says ran out: ``Outcome.CUDA_OOM``, ``Outcome.OOM``, or None when it is
+    not an allocation failure.
+
+    The one place the farm recognises running out of memory: ``MemoryError`` (pybind11 turns a C++
+    ``std::bad_alloc`` into one), torch's ``OutOfMemoryError`` (matched by name, so that this module
+    never imports torch), an ``OSError`` with ``ENOMEM`` (PyAV's "couldn't allocate AVFormatContext"),
+    and any other exception whose message says an allocation failed (``_OUT_OF_MEMORY_WORDS``).
+
+    Args:
+        exc: The exception an engine or a library raised.
+        device: Where the failing work ran (``"cuda"``, ``"cuda:0"``, ``"cpu"``), when the caller
+            knows: a message that names no GPU is GPU memory on a CUDA device. None: the message alone
+            decides.
+    """
+    if isinstance(exc, MemoryError):
+        return Outcome.OOM
+    if type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch"):
+        return Outcome.CUDA_OOM
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return Outcome.OOM
+    message = str(exc).lower()
+    if not any(words in message for words in _OUT_OF_MEMORY_WORDS):
+        return None
+    on_gpu = any(words in message for words in _GPU_WORDS) or (device or "").startswith("cuda")
+    return Outcome.CUDA_OOM if on_gpu else Outcome.OOM
+
+
+def memory_failure(exc: BaseException, device: str | None = None, source: str = "") -> ResourceFailure | None:
+    """``exc`` as the ResourceFailure it stands for when it says memory ran out (:func:`memory_outcome`),
+    else None. ``source`` (a library, a model) starts the message."""
+    outcome = memory_outcome(exc, device)
+    if outcome is None:
+        return None
+    text = str(exc)
+    if isinstance(exc, MemoryError):
+        reason = f"MemoryError: {text or 'allocation failed'}"
+    elif isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        # The "couldn't allocate AVFormatContext" of the TTS story: FFmpeg itself ran out.
+        reason = f"FFmpeg/OS could not allocate memory: {exc}"
+    elif outcome is Outcome.CUDA_OOM:
+        reason = f"CUDA out of memory: {text[:300]}"
+    else:
+        reason = f"out of memory: {type(exc).__name__}: {text[:300]}"
+    return ResourceFailure(f"{source}: {reason}" if source else reason, outcome=outcome)
+
+
+def raise_if_out_of_memory(exc: BaseException, device: str | None = None, source: str = "") -> None:
+    """Raise :func:`memory_failure` of ``exc`` if it says memory ran out; return otherwise.
+
+    For an engine that catches a library's exceptions itself (a model load that fails as
+    RungUnavailable otherwise) and must still move the job down on an allocation failure.
+    """
+    failure = memory_failure(exc, device, source)
+    if failure is not None:
+        if failure.outcome is Outcome.CUDA_OOM:
+            _empty_cuda_cache()
+        # `from None`: a chained traceback keeps alive the frames that hold the allocation that
+        # failed, and the job's next rung may run in this same child.
+        raise failure from None
+
+
+def _is_third_party_import(exc: ImportError) -> bool:
+    # A package of the pool's (missing, or installed but broken: a torchvision that does not load
+    # beside torch) is the pool's lack; a farm module that does not import is a bug.
+    return not (exc.name or "").startswith("mediafarm")
 
 
 @contextlib.contextmanager
@@ -163,24 +235,22 @@ def map_exceptions() -> Iterator[None]:
     """Translate foreign exceptions raised inside an engine into the farm's tree.
 
     A ``MemoryError`` must never escape a task: Celery treats it as unrecoverable and shuts the
-    whole worker down (measured with 5.7.0).
+    whole worker down (measured with 5.7.0). Every allocation failure becomes a ResourceFailure
+    (:func:`memory_outcome`); a package that does not import is RungUnavailable, as a missing
+    ``EngineSpec.needs`` is before the attempt.
     """
-    # `from None` on the memory cases: a chained traceback keeps alive the frames that hold the
-    # allocation that failed, and the job's next rung may run in this same child.
     try:
         yield
     except FarmError:
         raise
-    except MemoryError as exc:
-        raise ResourceFailure(f"MemoryError: {str(exc) or 'allocation failed'}", outcome=Outcome.OOM) from None
     except SoftTimeLimitExceeded as exc:
         raise ResourceFailure(f"soft time limit exceeded ({exc})", outcome=Outcome.TIMEOUT) from exc
-    except Exception as exc:
-        if _is_cuda_oom(exc):
-            _empty_cuda_cache()
-            raise ResourceFailure(f"CUDA out of memory: {str(exc)[:300]}", outcome=Outcome.CUDA_OOM) from None
-        if _is_enomem(exc):
-            raise ResourceFailure(f"FFmpeg/OS could not allocate memory: {exc}", outcome=Outcome.OOM) from exc
+    except ImportError as exc:
+        if _is_third_party_import(exc):
+            raise RungUnavailable(f"package {exc.name or '?'!r} cannot be imported on this pool: {exc}") from exc
+        raise
+    except Exception as exc:  # MemoryError included
+        raise_if_out_of_memory(exc)
         if _is_redis_outage(exc):
             # The farm's own Redis calls inside an attempt (clearing the artifacts' partials, a
             # speaker lookup) on a connection that dropped: nobody's fault, the same rung again

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mediafarm.tasks.errors import ResourceFailure, RungUnavailable
+from mediafarm.tasks.errors import RungUnavailable, raise_if_out_of_memory
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.media.decode import SAMPLE_RATE
-from mediafarm.tasks.records import Outcome
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
@@ -110,7 +109,7 @@ def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: 
             local_files_only=True,
         )
     except (RuntimeError, ValueError, OSError) as exc:
-        _raise_if_out_of_memory(exc, device)
+        raise_if_out_of_memory(exc, device, "CTranslate2")
         raise RungUnavailable(f"CTranslate2 cannot load the Whisper model at {model_dir}: {exc}") from exc
     _WHISPER_LABELS[model] = (
         f"faster-whisper {version('faster-whisper')} {model_dir.name} "
@@ -125,15 +124,6 @@ def _cuda_device_count(ctranslate2: Any) -> int:
         return int(ctranslate2.get_cuda_device_count())
     except RuntimeError:
         return 0
-
-
-def _raise_if_out_of_memory(exc: BaseException, device: str) -> None:
-    # CTranslate2 reports "CUDA failed with error out of memory" or std::bad_alloc, which
-    # map_exceptions' torch-oriented checks do not recognise: translate them here, where we know.
-    message = str(exc)
-    if "out of memory" in message or "bad_alloc" in message:
-        outcome = Outcome.CUDA_OOM if device == "cuda" or "CUDA" in message else Outcome.OOM
-        raise ResourceFailure(f"CTranslate2: {message[:300]}", outcome=outcome) from None
 
 
 def transcribe_whisper(
@@ -167,7 +157,7 @@ def transcribe_whisper(
         )
         segments = [segment for raw in raw_segments if (segment := _whisper_segment(raw, offset, duration))]
     except RuntimeError as exc:  # decoding is lazy: CUDA OOM surfaces while iterating
-        _raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")))
+        raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")), "CTranslate2")
         raise
     return Recognition(
         segments=segments,

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mediafarm.tasks.errors import PermanentFailure, ResourceFailure, RungUnavailable
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.errors import PermanentFailure, RungUnavailable, raise_if_out_of_memory
 
 if TYPE_CHECKING:
     from ChatTTS import Chat
@@ -103,7 +102,7 @@ def _load(model_dir: Path, device: str) -> ChatTTSModel:
     try:
         loaded = chat.load(source="custom", custom_path=str(model_dir), device=torch.device(device), compile=False)
     except (RuntimeError, ValueError, OSError, KeyError, AssertionError) as exc:
-        _raise_if_out_of_memory(exc)
+        raise_if_out_of_memory(exc, source="ChatTTS")
         raise RungUnavailable(f"ChatTTS cannot load the model at {model_dir}: {str(exc)[:300]}") from exc
     if not loaded:
         raise RungUnavailable(
@@ -116,13 +115,6 @@ def _version() -> str:
     from importlib.metadata import version
 
     return version("ChatTTS")
-
-
-def _raise_if_out_of_memory(exc: BaseException) -> None:
-    message = str(exc)
-    if "out of memory" in message:
-        outcome = Outcome.CUDA_OOM if "CUDA" in message else Outcome.OOM
-        raise ResourceFailure(f"ChatTTS: {message[:300]}", outcome=outcome) from None
 
 
 # Decoded speaker embeddings as tensors on the model's device, so a voice switch costs nothing.
@@ -186,7 +178,7 @@ class ChatTTSVoice:
                 do_text_normalization=False, do_homophone_replacement=False, params_infer_code=params,
             )  # fmt: skip
         except RuntimeError as exc:
-            _raise_if_out_of_memory(exc)
+            raise_if_out_of_memory(exc, source="ChatTTS")
             raise
         if len(wavs) != len(texts):
             raise RuntimeError(f"ChatTTS returned {len(wavs)} waveforms for {len(texts)} texts")

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.errors import InvalidRequest, ResourceFailure, RungUnavailable
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.errors import InvalidRequest, RungUnavailable, raise_if_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +171,7 @@ def load_detector(weights: Path, device: str, threads: int = 1) -> Detector:
     Raises:
         RungUnavailable: ultralytics or the runtime is missing, CUDA is not usable here, or the
             file cannot be loaded (corrupt, wrong format).
-        ResourceFailure: out of GPU memory while loading.
+        ResourceFailure: out of (GPU) memory while loading.
     """
     detector = _load(Path(weights).resolve(), device, threads)
     detector.calls, detector.seconds = 0, 0.0  # counters are per job; the model is per child
@@ -206,8 +205,7 @@ def _load(weights: Path, device: str, threads: int) -> Detector:
 
             torch.set_num_threads(threads)
     except Exception as exc:  # noqa: BLE001 - ultralytics raises anything from a bad file
-        if "out of memory" in str(exc):
-            raise ResourceFailure(f"out of memory loading {weights.name}: {exc}", Outcome.CUDA_OOM) from None
+        raise_if_out_of_memory(exc, device, f"loading {weights.name}")
         raise RungUnavailable(f"ultralytics cannot load {weights.name}: {type(exc).__name__}: {exc}") from exc
     versions = f"ultralytics {version('ultralytics')}, {runtime} {version(runtime)}"
     return Detector(yolo, weights=weights, device=device, label=f"{weights.name} ({versions}, {device})")

@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import RungUnavailable
+from mediafarm.tasks.errors import ResourceFailure, RungUnavailable
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, pocketsphinx
 from mediafarm.tasks.families.subtitle.recognizers import (
     Recognition,
@@ -32,6 +32,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.family import NoParams
+from mediafarm.tasks.records import Outcome
 from tests.support.speech import PHRASES
 
 # Measured here (faster-whisper 1.2.1, ctranslate2 4.8.5, int8, 1 thread, beam 1, espeak-ng speech,
@@ -230,6 +231,37 @@ def test_cuda_without_cuda_is_unavailable(random_whisper: Path) -> None:
 def test_compute_type_the_cpu_cannot_do_is_unavailable(random_whisper: Path) -> None:
     with pytest.raises(RungUnavailable, match="float16"):
         load_whisper(random_whisper, compute_type="float16")
+
+
+@pytest.mark.parametrize(
+    ("message", "outcome"),
+    [("std::bad_alloc", Outcome.OOM), ("CUDA failed with error out of memory", Outcome.CUDA_OOM)],
+)
+def test_out_of_memory_while_loading_moves_down_not_unavailable(
+    random_whisper: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, message: str, outcome: Outcome
+) -> None:
+    import faster_whisper
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(message)  # as CTranslate2 words it
+
+    monkeypatch.setattr(faster_whisper, "WhisperModel", out_of_memory)
+    with pytest.raises(ResourceFailure, match="CTranslate2") as info:
+        load_whisper(_copy_model(random_whisper, tmp_path / "whisper"))  # a folder no earlier test cached
+    assert info.value.outcome is outcome
+
+
+def test_an_allocation_failure_while_decoding_on_the_gpu_is_cuda_oom() -> None:
+    # Decoding is lazy: CTranslate2's std::bad_alloc names no device; the model's own says GPU.
+    class OnGpu:
+        model = type("Translator", (), {"device": "cuda"})()
+
+        def transcribe(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("std::bad_alloc")
+
+    with pytest.raises(ResourceFailure) as info:
+        transcribe_whisper(OnGpu(), np.zeros(1600, dtype=np.float32), offset=0.0)
+    assert info.value.outcome is Outcome.CUDA_OOM
 
 
 def test_bad_arguments_are_bugs_not_unavailable(random_whisper: Path) -> None:

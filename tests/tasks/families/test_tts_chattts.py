@@ -16,12 +16,14 @@ import pytest
 import soundfile as sf
 
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks.app import app
 from mediafarm.tasks.base import drain
 from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure, RungUnavailable
+from mediafarm.tasks.errors import PermanentFailure, ResourceFailure, RungUnavailable
 from mediafarm.tasks.families.tts import engines
 from mediafarm.tasks.families.tts.speakers import register_speaker, remove_speaker
 from mediafarm.tasks.families.tts.spec import ChatTTSParams, TtsRequest
+from mediafarm.tasks.records import Outcome
 
 pytest.importorskip("ChatTTS", reason="ChatTTS is not installed (pip install 'mediafarm[tts]')")
 
@@ -39,7 +41,7 @@ def model_dir() -> Path:
 
 def run(tmp: Path, params: ChatTTSParams = PARAMS, models_dir: Path | None = None, **fields):
     ctx = EngineContext.local(storage_dir=tmp, models_dir=models_dir or get_settings().models_dir,
-                              job_id=f"chattts-{uuid.uuid4().hex[:6]}")  # fmt: skip
+                              job_id=f"chattts-{uuid.uuid4().hex[:6]}", redis=app.backend.client)  # fmt: skip
     partials: list[dict] = []
     ctx.publish = partials.append
     result = drain(engines.chattts(ctx, TtsRequest(**{"text": TEXT, **fields}), params), ctx)
@@ -103,3 +105,28 @@ def test_missing_or_corrupt_weights_make_the_rung_unavailable(model_dir: Path, t
     with pytest.raises(RungUnavailable) as info:
         run(tmp_path, models_dir=models)
     assert "FARM_MODELS_DIR" in str(info.value) or "sha256" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.CUDA_OOM),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648"), Outcome.OOM),
+        (RuntimeError("Error(s) in loading state_dict for GPT"), None),  # not memory: the rung is unavailable
+    ],
+)
+def test_out_of_memory_while_loading_moves_down_not_unavailable(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, outcome: Outcome | None
+) -> None:
+    import ChatTTS
+
+    from mediafarm.tasks.families.tts.chattts import load_chattts
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ChatTTS.Chat, "load", fail)
+    copy = shutil.copytree(model_dir, tmp_path / "chattts")  # a folder no earlier test cached
+    with pytest.raises(RungUnavailable if outcome is None else ResourceFailure) as info:
+        load_chattts(copy, "cpu")
+    assert getattr(info.value, "outcome", None) is outcome

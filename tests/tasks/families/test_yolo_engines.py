@@ -17,10 +17,12 @@ import pytest
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import InvalidRequest, RungUnavailable
+from mediafarm.tasks.errors import InvalidRequest, ResourceFailure, RungUnavailable
 from mediafarm.tasks.families.yolo import engines
 from mediafarm.tasks.families.yolo.engines import detect, motion
+from mediafarm.tasks.families.yolo.model import load_detector, ultralytics_offline
 from mediafarm.tasks.families.yolo.spec import DetectParams, MotionParams, YoloRequest
+from mediafarm.tasks.records import Outcome
 from tests.support.yolo import DURATION, EXPORT_SIZE, FPS, HEIGHT, WIDTH, build_random_yolo, make_image, make_video
 
 
@@ -165,6 +167,27 @@ def test_missing_or_corrupt_weights_make_the_rung_unavailable(random_yolo, video
     broken.write_bytes(b"not an onnx graph" * 100)
     with pytest.raises(RungUnavailable, match="cannot load broken.onnx"):
         run(video, weights="broken.onnx")
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.CUDA_OOM),
+        (MemoryError("cannot allocate 2 GiB"), Outcome.OOM),
+        (Exception("[ONNXRuntimeError] : 6 : Failed to allocate memory for requested buffer"), Outcome.OOM),
+    ],
+)
+def test_out_of_memory_while_loading_moves_down_not_unavailable(
+    random_yolo, monkeypatch: pytest.MonkeyPatch, error: BaseException, outcome: Outcome
+) -> None:
+    def out_of_memory(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ultralytics_offline(), "YOLO", out_of_memory)
+    # threads=5: arguments no earlier test loaded, so the one-model cache does not answer.
+    with pytest.raises(ResourceFailure, match="loading yolo11n.onnx") as info:
+        load_detector(get_settings().models_dir / "yolo11n.onnx", "cpu", threads=5)
+    assert info.value.outcome is outcome
 
 
 NO_NETWORK = """
