@@ -27,6 +27,7 @@ import av
 import numpy as np
 
 from mediafarm.tasks.errors import UnreadableMedia
+from mediafarm.tasks.media.streams import check_audio_stream
 from mediafarm.tasks.media.wav import check_wav_length
 
 SAMPLE_RATE = 16000
@@ -218,6 +219,7 @@ def audio_blocks(
         if not streams:
             raise UnreadableMedia(f"{path.name} has no audio stream")
         stream = streams[0]
+        check_audio_stream(stream, path.name)
         if "wav" in container.format.name.split(","):
             check_wav_length(path, TRUNCATION_TOLERANCE_S)
         verbatim_floats = stream.codec_context.name.startswith("pcm_f")

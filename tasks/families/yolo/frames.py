@@ -26,6 +26,7 @@ import numpy as np
 from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.families.yolo.motion import Region
 from mediafarm.tasks.media.decode import declared_length, open_media, tolerant_frames
+from mediafarm.tasks.media.streams import check_decodable
 
 # A frame is "at the stride" if it is this close before its slot (timestamps are rounded).
 SLOT_TOLERANCE = 1e-3
@@ -94,6 +95,11 @@ class VideoSamples:
             self._container.close()
             raise UnreadableMedia(f"{self.path.name} has no video stream")
         stream = streams[0]
+        try:
+            check_decodable(stream, self.path.name)
+        except UnreadableMedia:
+            self._container.close()
+            raise
         # Frame-threaded decode: FFmpeg spreads frames over cores; the GIL is released meanwhile.
         stream.thread_type = "AUTO"
         self._stream = stream
