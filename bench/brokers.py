@@ -1,6 +1,6 @@
 """Redis vs RabbitMQ as the farm's broker, side by side in one run (issue #10).
 
-    .venv/bin/python bench/brokers.py --kills 10 --jobs 500 --rounds 3 --workers 1,2,4
+    .venv/bin/python -m bench.brokers --kills 10 --jobs 500 --rounds 3 --workers 1,2,4
 
 1. Whole-worker death → the job running again: two workers (prefork 1 each) consume one queue;
    a 4 s job starts on one of them, the whole worker (main process and child) is SIGKILLed, and
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 CONFIG = """
 [limits.chaos]

@@ -1,6 +1,6 @@
 """The whole cam-filter pipeline on a real farm, as a multiple of real time, next to the decode floor.
 
-    /work/venv214/bin/python bench/camfilter.py --seconds 600
+    .venv/bin/python -m bench.camfilter --seconds 600
 
 Input (made once under ``--workdir``): a 1280x720, 15 fps H.264 recording (GOP 30) of a still
 scene in which a dark rectangle moves during three short spans, with espeak-ng speech at a few
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "camfilter.json"
 
 

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    /work/venv214/bin/python bench/dialogue.py --runs 3 --rung espeak
+    .venv/bin/python -m bench.dialogue --runs 3 --rung espeak
 
 An embedded Redis and two real workers of a ``bench`` pool, one with one child and one with two,
 each on a queue of its own, with a TTS ladder of the one rung asked (``espeak`` or ``piper``, the
@@ -23,7 +23,6 @@ import os
 import shutil
 import socket
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -114,7 +113,6 @@ def main() -> None:
     parser.add_argument("--rung", choices=("espeak", "piper"), default="espeak")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "dialogue.json")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     workdir = Path(tempfile.mkdtemp(prefix="mediafarm-bench-dialogue-"))
     from mediafarm.workers.embedded import EmbeddedRedis
 

@@ -1,6 +1,6 @@
 """What the farm's task machinery costs, and how fast a killed job comes back on its next rung.
 
-    .venv/bin/python bench/overhead.py --jobs 2000 --rounds 3 --kills 10
+    .venv/bin/python -m bench.overhead --jobs 2000 --rounds 3 --kills 10
 
 1. Throughput: the same no-op job, as a bare Celery task and through FarmTask (ladder, attempt
    history in Redis, watchdog thread polling the children), on one worker with the same pool
@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 CONFIG = """
 [limits.chaos]

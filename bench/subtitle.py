@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/subtitle.py --runs 3 --vad-runs 5 --mem-lengths 600,7200 --mem-runs 1
+    .venv/bin/python -m bench.subtitle --runs 3 --vad-runs 5 --mem-lengths 600,7200 --mem-runs 1
 
 Every measurement runs in a fresh child process (this script with ``--child``), with
 ``OMP_NUM_THREADS=1``; the child loads its models first (the load is timed and reported on its
@@ -540,7 +540,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     t = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        [sys.executable, "-m", "bench.subtitle", "--child", json.dumps(spec)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -855,7 +855,6 @@ def main() -> None:
     if args.child:
         child(json.loads(args.child))
         return
-    sys.path.insert(0, str(ROOT))
     args.model_dir = (args.model_dir or find_model_dir()).resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -875,7 +874,7 @@ def main() -> None:
         results["memory"] = part_memory(args, pattern)
     checks = report(results)
     meta = {
-        "command": " ".join([".venv/bin/python", *sys.argv]),
+        "command": " ".join([".venv/bin/python", "-m", "bench.subtitle", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "elapsed_s": time.time() - started,
         "nproc": os.cpu_count(),

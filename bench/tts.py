@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    /work/venv214/bin/python bench/tts.py --runs 5
+    .venv/bin/python -m bench.tts --runs 5
 
 Each rung's engine runs through the real pipeline (``mediafarm.tasks.families.tts.engines``, with
 ``EngineContext.local``, the generator drained by hand so the first partial output is timed) on a
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,7 +73,6 @@ def one(engine: str, params: Any, folder: Path, storage: Path, text: str = TEXT)
 
 
 def main() -> None:
-    sys.path.insert(0, str(REPO))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rungs", default=",".join(RUNGS))

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/vad_memory.py --lengths 600,5820,21600 --runs 3 --runs-long 1
+    .venv/bin/python -m bench.vad_memory --lengths 600,5820,21600 --runs 3 --runs-long 1
 
 For each input length (seconds of generated 16 kHz mono PCM_16 speech WAV) and each variant,
 every measurement runs in a fresh child process (this script with ``--child``), so peak RSS is
@@ -158,7 +158,7 @@ def measure(variant: str, path: Path) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", variant, str(path)],
+        [sys.executable, "-m", "bench.vad_memory", "--child", variant, str(path)],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )
     if proc.returncode != 0:
@@ -221,7 +221,6 @@ def main() -> None:
     if args.child:
         child(args.child[0], Path(args.child[1]))
         return
-    sys.path.insert(0, str(ROOT))
     lengths = [int(s) for s in args.lengths.split(",")]
     variants = ("ours",) if args.skip_baseline else VARIANTS
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +239,7 @@ def main() -> None:
     checks = report(cells)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join([".venv/bin/python", "-m", "bench.vad_memory", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "elapsed_s": time.time() - started,
         "nproc": os.cpu_count(),

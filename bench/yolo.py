@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    /work/venv214/bin/python bench/yolo.py --seconds 180 --short 30
+    .venv/bin/python -m bench.yolo --seconds 180 --short 30
 
 Inputs (made once under ``--workdir``): a 1280x720, 15 fps, H.264 (GOP ``--gop``, default 250) video of
 a still scene in which a dark rectangle moves during a few short spans (``--seconds`` long, and a
@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "yolo.json"
 RESULTS_RSS_1080P = ROOT / "bench" / "results" / "yolo-rss-1080p.json"
 RESULTS_SIZES = ROOT / "bench" / "results" / "yolo-sizes.json"
@@ -180,7 +179,7 @@ def onnx_children(workdir: Path, children: int, frames: int, rounds: int) -> Non
     for _ in range(rounds):
         for label, threads in (("1 thread each", 1), (f"{cores} threads each", cores)):
             started = time.perf_counter()
-            procs = [subprocess.Popen([sys.executable, __file__, "--child", f"threads-{threads}-{frames}", str(models),
+            procs = [subprocess.Popen([sys.executable, "-m", "bench.yolo", "--child", f"threads-{threads}-{frames}", str(models),
                                        str(models)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
                      for _ in range(children)]  # fmt: skip
             outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
@@ -261,7 +260,7 @@ def _model_size(models: Path, size: str, frames: int) -> dict[str, Any]:
 
 
 def run_child(variant: str, video: Path, models: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "--child", variant, str(video), str(models)],
+    proc = subprocess.run([sys.executable, "-m", "bench.yolo", "--child", variant, str(video), str(models)],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{variant} failed:\n{proc.stderr[-4000:]}")
