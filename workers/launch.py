@@ -53,6 +53,12 @@ def worker_argv(
         "-c", str(concurrency or pool.concurrency),
         "-P", "prefork",
         "-E",
+        # Gossip and mingle are worker-to-worker chatter the farm does not use: cancelling is the
+        # cancel flag in Redis plus a broadcast revoke (pidbox), which neither needs, and a worker
+        # started after a revoke discards the job's output by the flag. Gossip logged an
+        # AttributeError traceback at every broker restart; mingle cost a second at each start.
+        "--without-gossip",
+        "--without-mingle",
         "--loglevel", loglevel,
     ]  # fmt: skip
     if include:
