@@ -56,7 +56,8 @@ def worker_argv(
         # Gossip and mingle are worker-to-worker chatter the farm does not use: cancelling is the
         # cancel flag in Redis plus a broadcast revoke (pidbox), which neither needs, and a worker
         # started after a revoke discards the job's output by the flag. Gossip logged an
-        # AttributeError traceback at every broker restart; mingle cost a second at each start.
+        # AttributeError traceback when Redis restarted under a worker holding jobs; mingle cost
+        # a second at each start.
         "--without-gossip",
         "--without-mingle",
         "--loglevel", loglevel,
