@@ -107,7 +107,8 @@ class FarmTask(Task):
                     store.clear()
                     channel.reset()
                 ctx = EngineContext(request.id, attempt, rung, variant.name, variant.device, store,
-                                    settings.models_dir, channel)  # fmt: skip
+                                    settings.models_dir, channel, redis=self.backend.client,
+                                    backend=self.backend, settings=settings)  # fmt: skip
                 return run_engine(spec, variant, ctx, fields, settings.media_roots), tuple(store.list())
 
             outcome: Envelope | RetryRequest = run_ladder(

@@ -1,7 +1,10 @@
 """What an engine knows about the attempt it runs in: :class:`EngineContext`.
 
 Every engine call gets one: the job id, the attempt and rung, the device, the job's artifact
-folder, the models folder, a progress callback and a cancellation check. Progress and
+folder, the models folder, the settings, a progress callback and a cancellation check, the farm's
+Redis (shared state such as the TTS speakers) and, for a pipeline's fan-in job, its parts' results
+(:meth:`EngineContext.collect`; their files through ``artifacts.of_job``). An engine needs nothing
+else of the farm: it never imports the Celery app or builds another job's store itself. Progress and
 cancellation go through Redis, throttled so that an engine may call them in its inner loop: at
 most one progress write every ``PROGRESS_INTERVAL`` seconds and one cancellation read every
 ``CANCEL_INTERVAL``. Neither may fail a job: a Redis error there is logged and forgotten.
@@ -21,9 +24,11 @@ from typing import Any
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
+from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks import keys
 from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.errors import Cancelled, RungUnavailable, TransientFailure
+from mediafarm.tasks.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
+from mediafarm.tasks.plan import Collected, Part, collect
 from mediafarm.tasks.records import Progress
 
 log = logging.getLogger("mediafarm.progress")
@@ -120,6 +125,11 @@ class EngineContext:
         models_dir: Where local model weights live (``FARM_MODELS_DIR``).
         channel: Redis side of progress, partials and cancellation; None outside a worker.
         share: The part of the job's progress this context reports into (see :meth:`part`).
+        redis: The farm's Redis (the result backend's client), for state that outlives jobs (the
+            TTS speaker store); None in a local context not given one.
+        backend: The result backend (Celery's: its ``client`` and key names), from which a fan-in
+            job reads its parts (:meth:`collect`); None in a local context not given one.
+        settings: The farm's settings (``FARM_*``).
     """
 
     job_id: str
@@ -131,13 +141,24 @@ class EngineContext:
     models_dir: Path
     channel: JobChannel | None = field(default=None, repr=False)
     share: tuple[float, float] = (0.0, 1.0)
+    redis: Any = field(default=None, repr=False)
+    backend: Any = field(default=None, repr=False)
+    settings: FarmSettings = field(default_factory=get_settings, repr=False)
 
     @classmethod
     def local(cls, *, storage_dir: Path | None = None, models_dir: Path | None = None, job_id: str = "local",
-              device: str = "cpu") -> EngineContext:  # fmt: skip
-        """A context for calling an engine as a plain function: no broker, progress dropped."""
+              device: str = "cpu", redis: Any = None, backend: Any = None) -> EngineContext:  # fmt: skip
+        """A context for calling an engine as a plain function: no broker, progress dropped.
+
+        ``redis`` (a Redis client) lets an engine read the farm's shared state, such as registered
+        speakers; ``backend`` (a Celery result backend) lets a fan-in engine read its parts. The
+        backend's client is the Redis when only the backend is given.
+        """
         storage = storage_dir or Path(tempfile.mkdtemp(prefix="mediafarm-local-"))
-        return cls(job_id, 0, 0, "local", device, ArtifactStore(storage, job_id), models_dir or Path("models"))
+        if redis is None and backend is not None:
+            redis = backend.client
+        return cls(job_id, 0, 0, "local", device, ArtifactStore(storage, job_id), models_dir or Path("models"),
+                   redis=redis, backend=backend)  # fmt: skip
 
     def progress(self, fraction: float | None = None, *, stage: str = "", media_seconds: float | None = None) -> None:
         """Report how far the attempt is (throttled; cheap enough for an inner loop)."""
@@ -167,6 +188,23 @@ class EngineContext:
         """Make one partial output visible to the client before the job ends."""
         if self.channel is not None:
             self.channel.publish(item)
+
+    def collect(self, *, timeout: float = 30.0, on_wait: Callable[[Part], Any] | None = None) -> list[Collected]:
+        """This fan-in job's parts, finished, in plan order: each part and its result envelope.
+
+        A part's files are ``self.artifacts.of_job(part.job_id)``. ``on_wait`` is called with the
+        part being waited for, should one still be running (``plan.collect`` says when).
+
+        Raises:
+            PermanentFailure: No plan is stored for this job; a part failed or did not finish; no
+                result backend in this context.
+        """
+        if self.backend is None:
+            raise PermanentFailure(
+                f"job {self.job_id} reads its pipeline's parts, but its context has no result backend "
+                "(EngineContext.local(backend=...))"
+            )
+        return collect(self.backend, self.job_id, timeout=timeout, on_wait=on_wait)
 
     def model_path(self, relative: str) -> Path:
         """A model file or folder under the models dir; RungUnavailable (recorded, skipped) if absent."""

@@ -42,3 +42,13 @@ def cancel(job_id: str) -> str:
 def speakers() -> str:
     """The TTS speakers: a hash, name → JSON speaker (``families.tts.speakers``). Never expires."""
     return f"{PREFIX}:speakers"
+
+
+def pipeline_plan(job_id: str) -> str:
+    """The plan of the pipeline whose fan-in job is ``job_id`` (``plan.Plan`` as JSON)."""
+    return f"{PREFIX}:pipeline:{job_id}"
+
+
+def every_key() -> str:
+    """A ``SCAN`` pattern matching every key named here (``farm gc`` checks a backend holds some)."""
+    return f"{PREFIX}:*"

@@ -1,46 +1,14 @@
-"""Pipelines: several farm jobs run in parallel, then one job that combines what they made.
+"""Pipelines, the producer's side: send a plan (:func:`send_plan`), follow it (:class:`PipelineHandle`).
 
-    parts (each its own farm job: own id, ladder, history)  ──►  then (the fan-in job)
-
-A plan is sent as one Celery chord: the parts are its header, the fan-in job its body, an
-*immutable* signature (Celery would otherwise pass it the parts' results as a positional argument,
-which farm tasks refuse), so the fan-in job reads its parts' results and artifacts by id, in plan
-order, never in completion order. What the plan says (every part's family, id, label and fields)
-is stored once in Redis beside the results (:func:`manifest_key`), so neither the messages nor the
-fan-in job's arguments grow with the number of parts: every header message carries a copy of the
-body's signature, and a body holding the whole plan would make a 500-part plan cost 500 copies.
-
-Why a chord survives the farm's kills (Celery 5.7, Redis result backend; checked by
-``tests/integration/test_dialogue_jobs.py`` with real SIGKILLs and by
-``tests/tasks/families/test_dialogue_script.py`` on the backend's counting):
-
-- A part moves down its ladder by Celery's retry under the same id, and a SIGKILLed child is
-  retried the same way (``task_retry_on_worker_lost``). A retry carries the request's ``chord``,
-  ``group_id`` and ``group_index`` along (``Context.as_execution_options``) and stores RETRY,
-  which is not a chord event: the header counts a part only when it stores SUCCESS or FAILURE.
-- The count is kept per part id in a Redis set, so a part whose SUCCESS is reported twice (a
-  worker lost after storing it) counts once, and the body is published once (a claim key).
-- With ``task_acks_late`` the last part's child publishes the body (inside Celery's result write)
-  before its own message is acked. A child killed between the two is not retried: Celery 5.7 sees
-  the stored SUCCESS and acks. A whole worker dying there hands the part back after the
-  visibility timeout; the farm returns its stored result without running it, and the chord,
-  already dispatched (a done marker, then its keys gone), sends nothing more.
-- A part that fails for good fails the body without running it (Celery's ``ChordError``, stored
-  as the fan-in job's FAILURE, once every part has ended); :class:`PipelineHandle` turns that into
-  the part's own failure, named by its label.
-- The fan-in job is a farm job like any other: a killed one runs again on its own next rung,
-  under its own id; the parts are not run again.
-
-A family whose request model has an ``as_pipeline(job_id) -> Plan`` method is submitted as its
-plan by :func:`mediafarm.submit` (``farm submit`` included): the dialogue job is one.
+What a plan is, and why a chord survives the farm's kills: ``tasks.plan``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from celery.exceptions import ChordError
@@ -51,59 +19,9 @@ from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from mediafarm.tasks.artifacts import UnsafeArtifactName, folder_name
 from mediafarm.tasks.client import JobHandle
-from mediafarm.tasks.errors import InvalidRequest, JobFailed, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest, JobFailed
+from mediafarm.tasks.plan import READY, Part, Plan, metas, read_plan, state
 from mediafarm.tasks.records import Progress
-
-READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
-
-
-def manifest_key(job_id: str) -> str:
-    """The plan of the pipeline whose fan-in job is ``job_id`` (JSON; lives as long as results)."""
-    return f"{keys.PREFIX}:pipeline:{job_id}"
-
-
-@dataclass(frozen=True)
-class Part:
-    """One job of a plan. Attributes: family, job_id, fields (its request, JSON-safe), label
-    (how errors and progress name it: ``line 3 (alice)``)."""
-
-    family: str
-    job_id: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
-    label: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"family": self.family, "job_id": self.job_id, "fields": dict(self.fields), "label": self.label}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Part:
-        return cls(data["family"], data["job_id"], data.get("fields") or {}, data.get("label") or data["job_id"])
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Parts run in parallel, then one fan-in job. ``parts_stage``/``then_stage`` name the two
-    stages in progress reports (``lines 3/6``, ``assemble``)."""
-
-    parts: tuple[Part, ...]
-    then: Part
-    parts_stage: str = "parts"
-    then_stage: str = "combine"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"parts": [p.to_json() for p in self.parts], "then": self.then.to_json(),
-                "parts_stage": self.parts_stage, "then_stage": self.then_stage}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        return cls(tuple(Part.from_json(p) for p in data["parts"]), Part.from_json(data["then"]),
-                   data.get("parts_stage", "parts"), data.get("then_stage", "combine"))  # fmt: skip
-
-
-def read_plan(job_id: str, client: Any = None) -> Plan | None:
-    """The stored plan of the pipeline whose fan-in job is ``job_id``, or None."""
-    raw = (client or app.backend.client).get(manifest_key(job_id))
-    return Plan.from_json(json.loads(raw)) if raw else None
 
 
 def _checked(part: Part) -> dict[str, Any]:
@@ -139,71 +57,11 @@ def send_plan(plan: Plan, queue: str | None = None) -> PipelineHandle:
 
     *header, (then_fields, then) = checked
     ttl = int(app.conf.result_expires)
-    app.backend.client.set(manifest_key(then.job_id), json.dumps(plan.to_json()), ex=ttl)
+    app.backend.client.set(keys.pipeline_plan(then.job_id), json.dumps(plan.to_json()), ex=ttl)
     body = signature(then_fields, then, immutable=True)
     parts = group([signature(f, p) for f, p in header], app=app)
     chord(parts, body, app=app).apply_async(task_id=then.job_id)
     return PipelineHandle(id=then.job_id, family=then.family)
-
-
-def _metas(ids: Sequence[str]) -> list[dict[str, Any] | None]:
-    """Celery's stored meta of each job (one MGET): ``status``, ``result`` ...; None if nothing stored."""
-    if not ids:
-        return []
-    raw = app.backend.client.mget([app.backend.get_key_for_task(i) for i in ids])
-    return [json.loads(r) if r else None for r in raw]
-
-
-def _state(meta: dict[str, Any] | None) -> str:
-    return meta.get("status", "PENDING") if meta else "PENDING"
-
-
-@dataclass(frozen=True)
-class Collected:
-    """A finished part, as the fan-in job reads it. Attributes: part, envelope (its result)."""
-
-    part: Part
-    envelope: dict[str, Any]
-
-
-def collect(job_id: str, *, timeout: float = 30.0, poll: float = 0.2,
-            on_wait: Callable[[Part], Any] | None = None) -> list[Collected]:  # fmt: skip
-    """Every part's result envelope, in plan order: called by the fan-in job.
-
-    The chord runs the fan-in job only once every part stored its final state, so normally
-    nothing waits. Should a part still be running (a fan-in job sent by hand), it is waited for up
-    to ``timeout`` seconds, then the job fails naming it.
-
-    Raises:
-        PermanentFailure: No plan is stored for ``job_id``; a part failed; a part did not finish.
-    """
-    plan = read_plan(job_id)
-    if plan is None:
-        raise PermanentFailure(
-            f"no pipeline plan is stored for job {job_id} (expired, or the job was sent without its parts: "
-            "submit it with mediafarm.submit, which stores the plan and sends the parts)"
-        )
-    deadline = time.monotonic() + timeout
-    metas = _metas([p.job_id for p in plan.parts])
-    while True:
-        waiting = [i for i, m in enumerate(metas) if _state(m) not in READY]
-        failed = [plan.parts[i] for i, m in enumerate(metas) if _state(m) in READY and _state(m) != "SUCCESS"]
-        if failed:
-            names = ", ".join(f"{p.label} ({p.job_id}): {_state(metas[plan.parts.index(p)])}" for p in failed)
-            raise PermanentFailure(f"{len(failed)} of {len(plan.parts)} {plan.parts_stage} failed: {names}")
-        if not waiting:
-            return [Collected(p, m["result"]) for p, m in zip(plan.parts, metas, strict=True) if m]
-        if time.monotonic() > deadline:
-            part = plan.parts[waiting[0]]
-            raise PermanentFailure(
-                f"{part.label} ({part.job_id}) has not finished after {timeout:g} s (state {_state(metas[waiting[0]])})"
-            )
-        if on_wait is not None:
-            on_wait(plan.parts[waiting[0]])
-        time.sleep(poll)
-        fresh = _metas([plan.parts[i].job_id for i in waiting])
-        for i, meta in zip(waiting, fresh, strict=True):
-            metas[i] = meta
 
 
 @dataclass(frozen=True)
@@ -216,7 +74,7 @@ class PipelineHandle(JobHandle):
     """
 
     def plan(self) -> Plan:
-        plan = read_plan(self.id)
+        plan = read_plan(app.backend, self.id)
         if plan is None:
             raise RuntimeError(f"no pipeline plan is stored for job {self.id} (expired, or not a pipeline)")
         return plan
@@ -224,7 +82,7 @@ class PipelineHandle(JobHandle):
     def stages(self) -> dict[str, Any]:
         """``{"parts": {"total", "done", "failed"}, "then": state}``: where the pipeline stands."""
         plan = self.plan()
-        states = [_state(m) for m in _metas([p.job_id for p in plan.parts])]
+        states = [state(m) for m in metas(app.backend, [p.job_id for p in plan.parts])]
         return {
             "parts": {"total": len(states), "done": sum(s == "SUCCESS" for s in states),
                       "failed": sum(s in READY and s != "SUCCESS" for s in states)},
@@ -234,8 +92,8 @@ class PipelineHandle(JobHandle):
     def cancel(self) -> None:
         """Cancel every part not finished, and the fan-in job."""
         plan = self.plan()
-        for part, meta in zip(plan.parts, _metas([p.job_id for p in plan.parts]), strict=True):
-            if _state(meta) not in READY:
+        for part, meta in zip(plan.parts, metas(app.backend, [p.job_id for p in plan.parts]), strict=True):
+            if state(meta) not in READY:
                 JobHandle(part.job_id, part.family).cancel()
         super().cancel()
 
@@ -251,7 +109,8 @@ class PipelineHandle(JobHandle):
                 raise TimeoutError(f"job {self.id} not finished after {timeout} s ({len(waiting)} of {total} "
                                    f"{plan.parts_stage} still running; state {result.state})")  # fmt: skip
             if waiting:
-                waiting = [i for i, m in zip(waiting, _metas(waiting), strict=True) if _state(m) not in READY]
+                stored = metas(app.backend, waiting)
+                waiting = [i for i, m in zip(waiting, stored, strict=True) if state(m) not in READY]
             done = total - len(waiting)
             if waiting:
                 progress = Progress(done / (total + 1), f"{plan.parts_stage} {done}/{total}")
@@ -270,8 +129,8 @@ class PipelineHandle(JobHandle):
         if isinstance(result.result, ChordError):
             # The fan-in job never ran: a part failed. Raise that part's own failure.
             plan = self.plan()
-            for part, meta in zip(plan.parts, _metas([p.job_id for p in plan.parts]), strict=True):
-                if _state(meta) in READY and _state(meta) != "SUCCESS":
+            for part, meta in zip(plan.parts, metas(app.backend, [p.job_id for p in plan.parts]), strict=True):
+                if state(meta) in READY and state(meta) != "SUCCESS":
                     try:
                         JobHandle(part.job_id, part.family)._raise_failure(AsyncResult(part.job_id, app=app))
                     except JobFailed as exc:

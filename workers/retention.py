@@ -68,7 +68,7 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
 
 
 def _holds_farm_keys(client: Any) -> bool:
-    for pattern in (f"{keys.PREFIX}:*", "celery-task-meta-*"):
+    for pattern in (keys.every_key(), "celery-task-meta-*"):
         if next(iter(client.scan_iter(match=pattern, count=1000)), None) is not None:
             return True
     return False

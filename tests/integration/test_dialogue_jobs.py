@@ -25,11 +25,13 @@ import webvtt
 
 from mediafarm import JobRejected, register_speaker, remove_speaker, submit
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from mediafarm.tasks.client import JobHandle
 from mediafarm.tasks.families.dialogue.script import line_job_id
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
-from mediafarm.tasks.pipeline import Part, PipelineHandle, Plan, manifest_key, send_plan
+from mediafarm.tasks.pipeline import PipelineHandle, send_plan
+from mediafarm.tasks.plan import Part, Plan
 from tests.conftest import REPO
 from tests.support.kills import kill_running
 from tests.support.voices import speech_spans, voice_distance
@@ -270,10 +272,10 @@ def test_a_killed_line_comes_back_on_its_next_rung_in_its_own_place(dialogue_wor
 
 def test_a_killed_assembly_runs_again_on_its_own_and_no_line_runs_twice(dialogue_worker, speakers) -> None:
     # The plan stored and its parts sent by hand, the assembly at once (no chord): it waits in
-    # pipeline.collect for line 1, which the gate holds, long enough to SIGKILL its child.
+    # ctx.collect for line 1, which the gate holds, long enough to SIGKILL its child.
     dialogue_id = f"dlg-kill-{uuid.uuid4().hex[:8]}"
     plan = DialogueRequest(script=script_of(speakers, ["Patience, please.", "All right."])).as_pipeline(dialogue_id)
-    app.backend.client.set(manifest_key(dialogue_id), json.dumps(plan.to_json()), ex=3600)
+    app.backend.client.set(keys.pipeline_plan(dialogue_id), json.dumps(plan.to_json()), ex=3600)
     for part in plan.parts:
         app.send_task("farm.tts.synthesize", kwargs=dict(part.fields), task_id=part.job_id, queue=QUEUE)
     app.send_task("farm.dialogue.assemble", kwargs=dict(plan.then.fields), task_id=dialogue_id, queue=QUEUE)

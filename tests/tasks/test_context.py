@@ -18,7 +18,8 @@ from redis.retry import Retry
 
 from mediafarm.tasks import context, keys
 from mediafarm.tasks.context import CANCEL_INTERVAL, PROGRESS_INTERVAL, EngineContext, JobChannel
-from mediafarm.tasks.errors import Cancelled, RungUnavailable
+from mediafarm.tasks.errors import Cancelled, PermanentFailure, RungUnavailable
+from mediafarm.tasks.plan import Part, Plan
 from mediafarm.tasks.records import Progress
 
 
@@ -179,3 +180,37 @@ def test_redis_errors_in_report_and_cancelled_do_not_fail_the_job(dead_client: r
         dead_client.ping()  # the port really is closed
     channel.report(Progress(0.5))
     assert channel.cancelled() is False
+
+
+def test_a_local_context_has_no_farm_state_unless_given(tmp_path: Path) -> None:
+    from mediafarm.tasks.app import app
+
+    bare = EngineContext.local(storage_dir=tmp_path, job_id="solo")
+    assert bare.redis is None and bare.backend is None
+    with pytest.raises(PermanentFailure, match=r"job solo reads its pipeline's parts, but .* no result backend"):
+        bare.collect()
+    given = EngineContext.local(storage_dir=tmp_path, backend=app.backend)
+    assert given.redis is app.backend.client  # the backend's Redis, unless another is given
+    assert given.part(0.0, 0.5).backend is app.backend  # a stage's context reads the same
+
+
+def test_collect_reads_the_parts_results_in_plan_order_and_their_files(tmp_path: Path) -> None:
+    from mediafarm.tasks.app import app
+
+    fan_in = f"ctx-fan-{uuid.uuid4().hex[:8]}"
+    plan = Plan(parts=(Part("toy", f"{fan_in}.b", {"text": "b"}, "second"), Part("toy", f"{fan_in}.a", {}, "first")),
+                then=Part("toy", fan_in, {}, "join"))  # fmt: skip
+    client = app.backend.client
+    client.set(keys.pipeline_plan(fan_in), json.dumps(plan.to_json()), ex=60)
+    for part in plan.parts:  # as Celery stores a finished job (JSON meta under the task's key)
+        meta = {"status": "SUCCESS", "result": {"job_id": part.job_id, "output": {"label": part.label}}}
+        client.set(app.backend.get_key_for_task(part.job_id), json.dumps(meta), ex=60)
+    ctx = EngineContext.local(storage_dir=tmp_path, job_id=fan_in, backend=app.backend)
+    ctx.artifacts.of_job(plan.parts[0].job_id).write_text("made.txt", "by b")
+
+    collected = ctx.collect(timeout=0)
+    assert [(c.part, c.envelope["output"]["label"]) for c in collected] == [(p, p.label) for p in plan.parts]
+    assert ctx.artifacts.of_job(collected[0].part.job_id).path("made.txt").read_text() == "by b"
+    client.set(app.backend.get_key_for_task(plan.parts[1].job_id), json.dumps({"status": "FAILURE"}), ex=60)
+    with pytest.raises(PermanentFailure, match=rf"1 of 2 parts failed: first \({fan_in}.a\): FAILURE"):
+        ctx.collect(timeout=0)

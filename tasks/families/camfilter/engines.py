@@ -20,13 +20,12 @@ from mediafarm.tasks.families.camfilter.spec import CamfilterRequest, CamfilterR
 from mediafarm.tasks.families.vad.spec import VadResult
 from mediafarm.tasks.families.yolo.spec import MOTION_CLASS, YoloResult
 from mediafarm.tasks.media.intervals import Span
-from mediafarm.tasks.pipeline import collect
 
 CLIPS = "clips"
 
 
 def cut(ctx: EngineContext, request: CamfilterRequest, params: CutParams) -> CamfilterResult:
-    stages = {c.part.family: c.envelope for c in collect(ctx.job_id)}
+    stages = {c.part.family: c.envelope for c in ctx.collect()}
     if set(stages) != {"vad", "yolo"}:
         raise PermanentFailure(f"camfilter {ctx.job_id}: its plan has stages {sorted(stages)}, not vad and yolo")
     vad = VadResult.model_validate(stages["vad"]["output"])

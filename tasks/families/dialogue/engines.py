@@ -3,7 +3,7 @@
 It runs as the fan-in job of the dialogue's pipeline, once every line's TTS job has ended:
 
 1. The plan and each line job's result envelope are read by id, in script order
-   (``pipeline.collect``), whatever order the lines finished in.
+   (``ctx.collect``), whatever order the lines finished in.
 2. Each line's result must be in the script's speaker's voice (a line job's result names its
    speaker); its WAV is read back against the sha256 its job recorded.
 3. Lines go into the encoder one at a time, resampled to the track's rate where theirs differs,
@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.config.settings import get_settings
-from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.dialogue.spec import (
@@ -36,7 +34,7 @@ from mediafarm.tasks.families.dialogue.subtitles import Cue, to_srt, to_webvtt
 from mediafarm.tasks.families.dialogue.track import read_line_audio, resample
 from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder
 from mediafarm.tasks.families.tts.spec import SentenceTiming, TtsResult
-from mediafarm.tasks.pipeline import Collected, collect
+from mediafarm.tasks.plan import Collected
 
 SUBTITLES = ("dialogue.vtt", "dialogue.srt", "dialogue.json")
 
@@ -58,10 +56,9 @@ def _line(collected: Collected) -> tuple[TtsResult, dict[str, Any]]:
 def assemble(ctx: EngineContext, request: DialogueRequest, params: AssembleParams) -> DialogueResult:
     """The pipeline of the module docstring."""
     waiting = ctx.part(0.0, 0.0)  # waiting reports a stage, not a fraction of the work
-    collected = collect(ctx.job_id, timeout=params.wait_s,
-                        on_wait=lambda part: waiting.progress(0.0, stage=f"waiting for {part.label}"))  # fmt: skip
+    collected = ctx.collect(timeout=params.wait_s,
+                            on_wait=lambda part: waiting.progress(0.0, stage=f"waiting for {part.label}"))  # fmt: skip
     lines = [(c, *_line(c)) for c in collected]
-    storage = get_settings().storage_dir
     rate = max(result.sample_rate for _, result, _ in lines)
     pause = np.zeros(int(round(request.pause * rate)), dtype=np.float32)
     name = f"dialogue.{EXTENSION[request.format]}"
@@ -73,7 +70,7 @@ def assemble(ctx: EngineContext, request: DialogueRequest, params: AssembleParam
             ctx.check_cancelled()
             part = collected.part
             sha = next((a["sha256"] for a in envelope.get("artifacts", []) if a["name"] == result.audio), None)
-            path = ArtifactStore(storage, part.job_id).path(result.audio)
+            path = ctx.artifacts.of_job(part.job_id).path(result.audio)
             samples, line_rate = read_line_audio(path, sha, f"{part.label} ({part.job_id})")
             samples = resample(samples, line_rate, rate)
             if number > 1 and pause.size:

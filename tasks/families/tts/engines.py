@@ -1,6 +1,7 @@
 """TTS engines: ChatTTS, Piper and espeak-ng, all through one streaming pipeline (:func:`speak`).
 
-1. The job's speaker is read from the speaker store (a name no one registered is bad input).
+1. The job's speaker is read from the speaker store on the farm's Redis (``ctx.redis``; a name no
+   one registered is bad input).
 2. The text is cut into chunks at sentence boundaries, each small enough for one engine call.
 3. Chunk after chunk, in order: the engine speaks its pieces, the joiner places them in the
    track (short fades, silences between sentences), the samples go to the encoder of the final
@@ -19,10 +20,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mediafarm.tasks.app import app
 from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder, Joiner, encode
-from mediafarm.tasks.families.tts.speakers import Speaker, get_speaker
+from mediafarm.tasks.families.tts.speakers import DEFAULT, Speaker, get_speaker
 from mediafarm.tasks.families.tts.spec import (
     ChatTTSParams,
     EspeakParams,
@@ -47,15 +48,21 @@ class Voice(Protocol):
         ...
 
 
-def _speaker(request: TtsRequest) -> Speaker:
-    return get_speaker(request.speaker, app.backend.client)
+def _speaker(ctx: EngineContext, request: TtsRequest) -> Speaker:
+    if ctx.redis is None and request.speaker != DEFAULT:
+        # A local call given no Redis: never a connection of its own to whatever FARM_* names.
+        raise PermanentFailure(
+            f"speaker {request.speaker!r}: this engine context has no Redis to read the speaker store from "
+            "(EngineContext.local(redis=...)); without one only the built-in 'default' speaks"
+        )
+    return get_speaker(request.speaker, ctx.redis)
 
 
 def chattts(ctx: EngineContext, request: TtsRequest, params: ChatTTSParams) -> Generator[Any, None, TtsResult]:
     """ChatTTS from the models dir on the rung's device; the speaker's embedding, or its seed's."""
     from mediafarm.tasks.families.tts.chattts import ChatTTSVoice, embedding_from_seed, load_chattts
 
-    speaker = _speaker(request)
+    speaker = _speaker(ctx, request)
     model = load_chattts(ctx.model_path(params.model), ctx.device)
     embedding = speaker.embedding or embedding_from_seed(model, speaker.chattts_seed)
     voice = ChatTTSVoice(
@@ -70,7 +77,7 @@ def piper(ctx: EngineContext, request: TtsRequest, params: PiperParams) -> Gener
     """Piper on the CPU: the speaker's voice file (or the rung's), its speaker id, or its pitch."""
     from mediafarm.tasks.families.tts.piper import PiperTTSVoice
 
-    speaker = _speaker(request)
+    speaker = _speaker(ctx, request)
     model = ctx.model_path(speaker.piper_voice or params.voice)
     voice = PiperTTSVoice(
         model, speaker_id=speaker.piper_speaker, speed=request.speed, pitch=speaker.piper_pitch,
@@ -83,7 +90,7 @@ def espeak(ctx: EngineContext, request: TtsRequest, params: EspeakParams) -> Gen
     """espeak-ng: the speaker's voice, or its slot's variant (in the job's language, if given)."""
     from mediafarm.tasks.families.tts.espeak import EspeakVoice
 
-    speaker = _speaker(request)
+    speaker = _speaker(ctx, request)
     name = speaker.espeak
     if speaker.espeak_voice is None and request.language not in (None, "en"):
         name = request.language + name[name.index("+") :] if "+" in name else request.language

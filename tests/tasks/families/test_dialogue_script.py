@@ -23,7 +23,8 @@ from mediafarm.tasks.families.dialogue.script import MAX_LINE_CHARS, MAX_LINES
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
 from mediafarm.tasks.families.dialogue.subtitles import Cue, to_srt, to_webvtt
 from mediafarm.tasks.families.dialogue.track import resample
-from mediafarm.tasks.pipeline import Part, Plan, collect, manifest_key, send_plan
+from mediafarm.tasks.pipeline import send_plan
+from mediafarm.tasks.plan import Part, Plan, collect
 
 QUEUE = f"dialogue-unit-{uuid.uuid4().hex[:6]}"  # no worker consumes it: what is sent stays there
 
@@ -64,7 +65,7 @@ def test_a_bad_script_is_refused_at_submit_naming_its_line(script, message) -> N
     job_id = f"dlg-{uuid.uuid4().hex[:8]}"
     with pytest.raises(InvalidRequest, match=message):
         submit("dialogue", script=script, queue=QUEUE, job_id=job_id)
-    assert queued() == 0 and not app.backend.client.exists(manifest_key(job_id))
+    assert queued() == 0 and not app.backend.client.exists(keys.pipeline_plan(job_id))
     assert not app.backend.client.exists(keys.submitted(job_id))  # the id is free again
 
 
@@ -105,7 +106,7 @@ def test_the_worker_refuses_a_script_and_a_missing_plan() -> None:
         spec.parse_request({"script": "/etc/passwd"}, media_roots=[Path("/")])
     assert spec.parse_request({"pause": 1.0}, media_roots=[Path("/")]).script is None
     with pytest.raises(PermanentFailure, match="no pipeline plan is stored for job nothing-here"):
-        collect("nothing-here", timeout=0)
+        collect(app.backend, "nothing-here", timeout=0)
 
 
 def test_send_plan_checks_every_part_before_sending_anything() -> None:
@@ -116,7 +117,7 @@ def test_send_plan_checks_every_part_before_sending_anything() -> None:
         send_plan(Plan((good, bad), then), queue=QUEUE)
     with pytest.raises(InvalidRequest, match="share an id"):
         send_plan(Plan((good, good), then), queue=QUEUE)
-    assert queued() == 0 and not app.backend.client.exists(manifest_key(then.job_id))
+    assert queued() == 0 and not app.backend.client.exists(keys.pipeline_plan(then.job_id))
 
 
 def test_cues_write_voice_tagged_webvtt_and_prefixed_srt_that_parse_back() -> None:

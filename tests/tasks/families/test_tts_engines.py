@@ -22,6 +22,7 @@ import pytest
 import soundfile as sf
 
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks.app import app
 from mediafarm.tasks.base import drain
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import ResourceFailure, map_exceptions
@@ -62,7 +63,9 @@ def models_dir() -> Path:
 
 
 def run(engine: str, models_dir: Path, tmp: Path, **fields: Any) -> tuple[TtsResult, list[dict], EngineContext]:
-    ctx = EngineContext.local(storage_dir=tmp, models_dir=models_dir, job_id=f"{engine}-{uuid.uuid4().hex[:6]}")
+    # The session's Redis: the speaker store, where the tests register their speakers.
+    ctx = EngineContext.local(storage_dir=tmp, models_dir=models_dir, job_id=f"{engine}-{uuid.uuid4().hex[:6]}",
+                              redis=app.backend.client)  # fmt: skip
     request = TtsRequest(**{"text": TEXT, **fields})
     stream = getattr(engines, engine)(ctx, request, PARAMS[engine])
     partials: list[dict] = []

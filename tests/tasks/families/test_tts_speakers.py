@@ -12,7 +12,7 @@ import pytest
 from mediafarm import list_speakers, register_speaker, remove_speaker
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest, PermanentFailure, RungUnavailable
 from mediafarm.tasks.families.tts.speakers import ESPEAK_VOICES, get_speaker
 from tests.conftest import REPO
 
@@ -98,3 +98,24 @@ def test_farm_speakers_add_list_rm(name: str) -> None:
     assert farm("rm", name).returncode == 0
     missing = farm("rm", name)
     assert missing.returncode == 1 and "no speaker named" in missing.stderr
+
+
+def test_an_engine_reads_the_speaker_store_only_through_its_contexts_redis(name: str, tmp_path) -> None:
+    # A local call (no broker) given no Redis never opens a connection of its own: a registered
+    # speaker is refused by name, the built-in one still speaks (checked by test_tts_engines).
+    from mediafarm.tasks.context import EngineContext
+    from mediafarm.tasks.families.tts import engines
+    from mediafarm.tasks.families.tts.spec import PiperParams, TtsRequest
+
+    register_speaker(name, piper_voice="piper/nowhere.onnx")
+    try:
+        request = TtsRequest(text="Hi.", speaker=name)
+        bare = EngineContext.local(storage_dir=tmp_path, models_dir=tmp_path)
+        with pytest.raises(PermanentFailure, match=f"speaker '{name}': this engine context has no Redis"):
+            next(engines.piper(bare, request, PiperParams()))
+        # Given the farm's Redis, the engine finds the speaker and goes for its voice file.
+        given = EngineContext.local(storage_dir=tmp_path, models_dir=tmp_path, redis=app.backend.client)
+        with pytest.raises(RungUnavailable, match="model 'piper/nowhere.onnx' is not in the models dir"):
+            next(engines.piper(given, request, PiperParams()))
+    finally:
+        remove_speaker(name)
