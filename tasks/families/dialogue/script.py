@@ -57,7 +57,8 @@ def _read_file(path: str) -> Any:
         size = file.stat().st_size
         if size > MAX_FILE_BYTES:
             raise _problem(f"script file {path} is {size:,} bytes; at most {MAX_FILE_BYTES:,}")
-        text = file.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors write one) is skipped, not refused as "not JSON".
+        text = file.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise _problem(f"cannot read the script file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
