@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "submit": "mediafarm.tasks.client",
     "handle": "mediafarm.tasks.client",
-    "JobHandle": "mediafarm.tasks.client",
-    "PipelineHandle": "mediafarm.tasks.pipeline",
+    "JobHandle": "mediafarm.tasks.handles",
+    "PipelineHandle": "mediafarm.tasks.handles",
     "known_families": "mediafarm.tasks.client",
     "FarmError": "mediafarm.tasks.errors",
     "JobFailed": "mediafarm.tasks.errors",
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from mediafarm.tasks.client import JobHandle, handle, known_families, submit
+    from mediafarm.tasks.client import handle, known_families, submit
     from mediafarm.tasks.errors import (
         FarmError,
         InvalidRequest,
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
         PermanentFailure,
     )
     from mediafarm.tasks.families.tts.speakers import list_speakers, register_speaker, remove_speaker
-    from mediafarm.tasks.pipeline import PipelineHandle
+    from mediafarm.tasks.handles import JobHandle, PipelineHandle
     from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, Outcome, Progress
 
 

@@ -118,7 +118,7 @@ def metas(backend: Any, ids: Sequence[str]) -> list[dict[str, Any] | None]:
     return [json.loads(r) if r else None for r in raw]
 
 
-def state(meta: dict[str, Any] | None) -> str:
+def state_of(meta: dict[str, Any] | None) -> str:
     """The Celery state a stored meta says (PENDING when nothing is stored)."""
     return meta.get("status", "PENDING") if meta else "PENDING"
 
@@ -156,17 +156,17 @@ def collect(backend: Any, job_id: str, *, timeout: float = 30.0, poll: float = 0
     deadline = time.monotonic() + timeout
     stored = metas(backend, [p.job_id for p in plan.parts])
     while True:
-        waiting = [i for i, m in enumerate(stored) if state(m) not in READY]
-        failed = [plan.parts[i] for i, m in enumerate(stored) if state(m) in READY and state(m) != "SUCCESS"]
+        waiting = [i for i, m in enumerate(stored) if state_of(m) not in READY]
+        failed = [plan.parts[i] for i, m in enumerate(stored) if state_of(m) in READY and state_of(m) != "SUCCESS"]
         if failed:
-            names = ", ".join(f"{p.label} ({p.job_id}): {state(stored[plan.parts.index(p)])}" for p in failed)
+            names = ", ".join(f"{p.label} ({p.job_id}): {state_of(stored[plan.parts.index(p)])}" for p in failed)
             raise PermanentFailure(f"{len(failed)} of {len(plan.parts)} {plan.parts_stage} failed: {names}")
         if not waiting:
             return [Collected(p, m["result"]) for p, m in zip(plan.parts, stored, strict=True) if m]
         if time.monotonic() > deadline:
-            part = plan.parts[waiting[0]]
+            part, meta = plan.parts[waiting[0]], stored[waiting[0]]
             raise PermanentFailure(
-                f"{part.label} ({part.job_id}) has not finished after {timeout:g} s (state {state(stored[waiting[0]])})"
+                f"{part.label} ({part.job_id}) has not finished after {timeout:g} s (state {state_of(meta)})"
             )
         if on_wait is not None:
             on_wait(plan.parts[waiting[0]])

@@ -27,10 +27,10 @@ from mediafarm import JobRejected, register_speaker, remove_speaker, submit
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle
+from mediafarm.tasks.client import JobHandle, send_plan
 from mediafarm.tasks.families.dialogue.script import line_job_id
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
-from mediafarm.tasks.pipeline import PipelineHandle, send_plan
+from mediafarm.tasks.handles import PipelineHandle
 from mediafarm.tasks.plan import Part, Plan
 from tests.conftest import REPO
 from tests.support.kills import kill_running

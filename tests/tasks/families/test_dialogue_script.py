@@ -23,7 +23,7 @@ from mediafarm.tasks.families.dialogue.script import MAX_LINE_CHARS, MAX_LINES
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
 from mediafarm.tasks.families.dialogue.subtitles import Cue, to_srt, to_webvtt
 from mediafarm.tasks.families.dialogue.track import resample
-from mediafarm.tasks.pipeline import send_plan
+from mediafarm.tasks.client import send_plan
 from mediafarm.tasks.plan import Part, Plan, collect
 
 QUEUE = f"dialogue-unit-{uuid.uuid4().hex[:6]}"  # no worker consumes it: what is sent stays there
