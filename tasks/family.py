@@ -104,18 +104,31 @@ class EngineSpec:
         target: ``module:function``, imported in the pool child on first use.
         params: The model the rung's ``params`` must fit.
         needs: Import names that must be installed on the pool, checked without importing them;
-            a rung whose engine misses one is skipped as unavailable.
+            a rung whose engine misses one is skipped as unavailable. The one place an engine's
+            packages are stated: engines import them without guards (a package that is present
+            but does not import is RungUnavailable at ``map_exceptions``).
+        extra: The ``mediafarm`` extra that installs ``needs`` (``"vad"``), named in the skip
+            message; None for a family installed some other way.
     """
 
     target: str
     params: type[Params] = NoParams
     needs: tuple[str, ...] = ()
+    extra: str | None = None
+
+    def missing(self) -> str | None:
+        """Which package of ``needs`` this pool lacks, and how to install it; None if it has them all."""
+        for module in self.needs:
+            if not _installed(module):
+                install = f": pip install 'mediafarm[{self.extra}]'" if self.extra else ""
+                return f"package {module!r} is not installed on this pool{install}"
+        return None
 
     def unavailable(self, variant: Variant) -> str | None:
         """Why this pool cannot run ``variant`` at all, or None if it can."""
-        for module in self.needs:
-            if not _installed(module):
-                return f"package {module!r} is not installed on this pool"
+        missing = self.missing()
+        if missing:
+            return missing
         if variant.device == "cuda" and not _gpu_visible():
             return "variant needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty, or no NVIDIA device)"
         return None

@@ -15,12 +15,11 @@ def torch_device() -> str:
 
     The pool's ``gpu_memory_fraction`` caps the caching allocator, so a job that wants more gets
     ``torch.cuda.OutOfMemoryError`` (a resource failure: the job moves down its ladder) instead of
-    starving the other children on the same GPU.
+    starving the other children on the same GPU. An engine that calls it declares ``torch`` in its
+    ``EngineSpec.needs``.
     """
-    try:
-        import torch
-    except ImportError as exc:
-        raise RungUnavailable("torch is not installed on this pool") from exc
+    import torch
+
     if not torch.cuda.is_available():
         raise RungUnavailable("CUDA is not available in this child (no GPU, or CUDA_VISIBLE_DEVICES hides it)")
     fraction = get_pool(get_settings().pool).gpu_memory_fraction

@@ -129,6 +129,16 @@ def test_engine_missing_a_package_is_unavailable_naming_it() -> None:
     assert engine.unavailable(variant("r", "e")) == "package 'mediafarm_no_such_package_xyz' is not installed on this pool"
 
 
+def test_the_skip_message_names_the_extra_that_installs_the_package() -> None:
+    engine = EngineSpec("x:y", needs=("json", "mediafarm_no_such_package_xyz"), extra="subtitle")
+    expected = (
+        "package 'mediafarm_no_such_package_xyz' is not installed on this pool: pip install 'mediafarm[subtitle]'"
+    )
+    assert engine.missing() == expected
+    assert engine.unavailable(variant("r", "e")) == expected
+    assert EngineSpec("x:y", needs=("json",), extra="subtitle").missing() is None
+
+
 def test_missing_parent_of_a_dotted_need_is_unavailable_not_a_crash() -> None:
     engine = EngineSpec("x:y", needs=("mediafarm_no_such_package_xyz.sub",))
     assert "mediafarm_no_such_package_xyz.sub" in engine.unavailable(variant("r", "e"))

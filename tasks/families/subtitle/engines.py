@@ -31,7 +31,6 @@ from typing import IO, Any
 import numpy as np
 
 from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import RungUnavailable
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
 from mediafarm.tasks.families.subtitle.recognizers import (
@@ -45,6 +44,7 @@ from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, SubtitleResult, WhisperParams
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
 from mediafarm.tasks.families.vad import engines as vad
+from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
 from mediafarm.tasks.family import NoParams
 from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks
@@ -182,11 +182,11 @@ def _publish(
 
 
 def speech_spans(ctx: EngineContext, path: Path) -> VadResult:
-    """The farm's own streaming VAD: silero, or webrtcvad on a pool without silero."""
-    try:
+    """The farm's own streaming VAD: silero, or webrtcvad on a pool without silero (as the VAD
+    family's own needs for silero say)."""
+    if VAD_FAMILY.engines["silero"].missing() is None:
         return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS)
-    except RungUnavailable:
-        return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250))
+    return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from faster_whisper import WhisperModel
     from pocketsphinx import Decoder
 
-EXTRA = "pip install 'mediafarm[subtitle]'"
 WHISPER_DEVICES = ("cpu", "cuda")
 # Words further apart than this start a new pocketsphinx segment (it has no segments of its own).
 POCKETSPHINX_PAUSE_SECONDS = 0.5
@@ -72,7 +71,7 @@ def load_whisper(
     """A faster-whisper model from a CTranslate2 folder, loaded once per process per arguments.
 
     Raises:
-        RungUnavailable: faster-whisper is not installed; the folder is missing or lacks
+        RungUnavailable: the folder is missing or lacks
             ``model.bin`` or ``tokenizer.json``; CTranslate2 cannot load it (corrupt file,
             compute type the device cannot do); ``device="cuda"`` with no usable CUDA device.
         ResourceFailure: out of memory while loading.
@@ -87,11 +86,9 @@ def load_whisper(
 # rung after an OOM) evicts this one.
 @functools.lru_cache(maxsize=1)
 def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: int) -> WhisperModel:
-    try:
-        import ctranslate2
-        from faster_whisper import WhisperModel
-    except ImportError as exc:
-        raise RungUnavailable(f"faster-whisper is not installed ({exc.name}); {EXTRA}") from exc
+    import ctranslate2
+    from faster_whisper import WhisperModel
+
     if not model_dir.is_dir():
         raise RungUnavailable(f"no Whisper model folder at {model_dir}")
     # Without tokenizer.json faster-whisper fetches one from the hub: refuse before it tries.
@@ -193,12 +190,10 @@ def load_pocketsphinx() -> Decoder:
     """pocketsphinx's decoder with the US English model inside its wheel, once per process.
 
     Raises:
-        RungUnavailable: pocketsphinx is not installed, or its bundled model cannot be loaded.
+        RungUnavailable: its bundled model cannot be loaded.
     """
-    try:
-        from pocketsphinx import Decoder
-    except ImportError as exc:
-        raise RungUnavailable(f"pocketsphinx is not installed ({exc.name}); {EXTRA}") from exc
+    from pocketsphinx import Decoder
+
     try:
         # "ERROR": its INFO log writes hundreds of lines to stderr per load.
         decoder = Decoder(samprate=SAMPLE_RATE, loglevel="ERROR")

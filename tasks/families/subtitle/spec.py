@@ -17,6 +17,10 @@ from mediafarm.tasks.families.subtitle.records import CueRules
 from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
 
 ENGINES = "mediafarm.tasks.families.subtitle.engines"
+# What every recogniser's engine imports besides its model: decoding, the cue writers. Its VAD is
+# silero when the pool has it (the VAD family's needs say so), else webrtcvad, which the VAD
+# family's extra installs: neither is a need of its own.
+WRITING = ("av", "numpy", "webvtt", "srt")
 # Where viewers notice subtitles that are early or late (the subtitle story).
 PERCEPTIBLE_MS = 112.0
 
@@ -152,8 +156,12 @@ FAMILY = FamilySpec(
     request=SubtitleRequest,
     result=SubtitleResult,
     engines={
-        "whisper": EngineSpec(f"{ENGINES}:whisper", WhisperParams, needs=("faster_whisper", "ctranslate2", "av")),
-        "pocketsphinx": EngineSpec(f"{ENGINES}:pocketsphinx", NoParams, needs=("pocketsphinx", "av")),
+        "whisper": EngineSpec(
+            f"{ENGINES}:whisper", WhisperParams, needs=("faster_whisper", "ctranslate2", *WRITING), extra="subtitle"
+        ),
+        "pocketsphinx": EngineSpec(
+            f"{ENGINES}:pocketsphinx", NoParams, needs=("pocketsphinx", *WRITING), extra="subtitle"
+        ),
     },
     ladder=(
         variant(

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mediafarm.config.ladders import variant
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
-from mediafarm.tasks.families.subtitle.spec import TimingReport
+from mediafarm.tasks.families.subtitle.spec import WRITING, TimingReport
 from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, NoParams, Request
 
 
@@ -53,7 +53,11 @@ FAMILY = FamilySpec(
     description="Cue a finished subtitle job's words again with other rules (no recognition)",
     request=RenderRequest,
     result=RenderResult,
-    engines={"render": EngineSpec("mediafarm.tasks.families.subtitle_render.engines:render", NoParams)},
+    engines={
+        "render": EngineSpec(
+            "mediafarm.tasks.families.subtitle_render.engines:render", NoParams, needs=WRITING, extra="subtitle"
+        )
+    },
     ladder=(variant("render", "render"),),
     limits=TimeLimits(soft=300, hard=330),
     cli_argument="source",

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 MANIFEST = "mediafarm-chattts.json"
 SAMPLE_RATE = 24000
-EXTRA = "pip install 'mediafarm[tts]'"
 # ChatTTS logs every stage of every call at INFO.
 _LOG = logging.getLogger("mediafarm.chattts")
 _LOG.setLevel(logging.WARNING)
@@ -69,7 +68,7 @@ def load_chattts(model_dir: Path, device: str) -> ChatTTSModel:
     """The model in ``model_dir`` on ``device``, loaded once per process (the last one asked for).
 
     Raises:
-        RungUnavailable: ChatTTS is not installed, the folder is missing, a file is missing or
+        RungUnavailable: the folder is missing, a file is missing or
             fails its sha256 check, or the weights do not load; ``cuda`` with no usable GPU.
         ResourceFailure: out of (GPU) memory while loading.
     """
@@ -83,11 +82,9 @@ def _load(model_dir: Path, device: str) -> ChatTTSModel:
         raise RungUnavailable(f"no ChatTTS model folder at {model_dir} (FARM_MODELS_DIR)")
     # Set before transformers is imported: the tokenizer must never look for a hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        import ChatTTS
-        import torch
-    except ImportError as exc:
-        raise RungUnavailable(f"ChatTTS is not installed ({exc.name}); {EXTRA}") from exc
+    import ChatTTS
+    import torch
+
     if device == "cuda" and not torch.cuda.is_available():
         raise RungUnavailable("device 'cuda' asked for, but torch sees no CUDA device on this pool")
     chat = ChatTTS.Chat(_LOG)

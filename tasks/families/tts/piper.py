@@ -29,9 +29,6 @@ from mediafarm.tasks.errors import RungUnavailable
 if TYPE_CHECKING:
     from piper import PiperVoice as Loaded
 
-EXTRA = "pip install 'mediafarm[tts]'"
-
-
 def load_piper(model: Path, threads: int = 1) -> Loaded:
     """The voice in ``model`` (with ``model.json``) on ``threads`` onnxruntime threads;
     RungUnavailable if absent or unloadable."""
@@ -41,12 +38,10 @@ def load_piper(model: Path, threads: int = 1) -> Loaded:
 # A child meets few voices; each is ~60 MB of ONNX session.
 @functools.lru_cache(maxsize=2)
 def _load(model: Path, threads: int) -> Loaded:
-    try:
-        import onnxruntime
-        from piper import PiperVoice
-        from piper.config import PiperConfig
-    except ImportError as exc:
-        raise RungUnavailable(f"piper-tts is not installed ({exc.name}); {EXTRA}") from exc
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
     config = Path(f"{model}.json")
     missing = [p.name for p in (model, config) if not p.is_file()]
     if missing:

@@ -124,9 +124,14 @@ FAMILY = FamilySpec(
     request=TtsRequest,
     result=TtsResult,
     engines={
-        "chattts": EngineSpec(f"{ENGINES}:chattts", ChatTTSParams, needs=("ChatTTS", "torch", "av")),
-        "piper": EngineSpec(f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av")),
-        "espeak": EngineSpec(f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile")),
+        "chattts": EngineSpec(
+            f"{ENGINES}:chattts", ChatTTSParams, needs=("ChatTTS", "torch", "av", "numpy"), extra="tts"
+        ),
+        "piper": EngineSpec(
+            f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts"
+        ),
+        # The espeak-ng executable is no package: the engine says when it is not on PATH.
+        "espeak": EngineSpec(f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile", "numpy"), extra="tts"),
     },
     ladder=(
         variant("chattts", "chattts", device="cuda", model="chattts", max_chars=300),

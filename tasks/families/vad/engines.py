@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import RungUnavailable
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
 from mediafarm.tasks.family import NoParams
 from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
@@ -60,11 +59,9 @@ class _Windows:
 @functools.lru_cache(maxsize=1)
 def _silero_model() -> Any:
     """The silero ONNX model, loaded once per child process on first use."""
-    try:
-        import torch
-        from silero_vad import load_silero_vad
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise RungUnavailable(f"silero-vad is not installed ({exc.name}); pip install 'mediafarm[vad]'") from exc
+    import torch
+    from silero_vad import load_silero_vad
+
     # One intra-op thread: a pool runs one child per core, and oversubscription costs more than it gives.
     torch.set_num_threads(1)
     return load_silero_vad(onnx=True)
@@ -128,10 +125,8 @@ def silero(ctx: EngineContext, request: VadRequest, params: SileroParams) -> Vad
 @answers_no_audio
 def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> VadResult:
     """Speech spans by webrtcvad on 30 ms frames, with a silence hangover and a minimum length."""
-    try:
-        import webrtcvad
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise RungUnavailable("webrtcvad is not installed; pip install 'mediafarm[vad]'") from exc
+    import webrtcvad
+
     vad = webrtcvad.Vad(params.aggressiveness)
     frame_s = WEBRTC_FRAME / SAMPLE_RATE
     hangover = max(1, round(params.min_silence_ms / 1000 / frame_s))

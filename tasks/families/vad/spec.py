@@ -100,9 +100,11 @@ FAMILY = FamilySpec(
     request=VadRequest,
     result=VadResult,
     engines={
-        "silero": EngineSpec(f"{ENGINES}:silero", SileroParams, needs=("silero_vad", "onnxruntime", "av")),
-        "webrtc": EngineSpec(f"{ENGINES}:webrtc", WebrtcParams, needs=("webrtcvad", "av")),
-        "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av",)),
+        "silero": EngineSpec(
+            f"{ENGINES}:silero", SileroParams, needs=("silero_vad", "torch", "onnxruntime", "av", "numpy"), extra="vad"
+        ),
+        "webrtc": EngineSpec(f"{ENGINES}:webrtc", WebrtcParams, needs=("webrtcvad", "av", "numpy"), extra="vad"),
+        "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av", "numpy"), extra="vad"),
     },
     ladder=(
         # Streaming silero over PyAV blocks; one ONNX thread per child, so concurrency = cores.

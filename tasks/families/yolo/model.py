@@ -33,9 +33,6 @@ from mediafarm.tasks.errors import InvalidRequest, RungUnavailable, raise_if_out
 
 log = logging.getLogger(__name__)
 
-EXTRA = "pip install 'mediafarm[yolo]'"
-
-
 def _config_dir() -> Path:
     # Not the storage folder: `farm gc` owns what is there. Per user, so two users never share one.
     return Path(tempfile.gettempdir()) / f"mediafarm-ultralytics-{os.getuid()}"
@@ -46,7 +43,6 @@ def ultralytics_offline() -> Any:
     """Import ultralytics with every network path switched off; returns the module.
 
     Raises:
-        RungUnavailable: ultralytics is not installed.
         RuntimeError: ultralytics was imported earlier in this process without the switches (a
             bug: its module-level flags are already set, and could call out).
     """
@@ -59,11 +55,9 @@ def ultralytics_offline() -> Any:
     config = Path(os.environ.setdefault("YOLO_CONFIG_DIR", str(_config_dir())))
     config.mkdir(parents=True, exist_ok=True)
     _place_font(config)
-    try:
-        import ultralytics
-        from ultralytics.utils import SETTINGS
-    except ImportError as exc:
-        raise RungUnavailable(f"ultralytics is not installed ({exc.name}); {EXTRA}") from exc
+    import ultralytics
+    from ultralytics.utils import SETTINGS
+
     SETTINGS.update(sync=False)  # no analytics events, whatever the settings file said
     return ultralytics
 
@@ -169,8 +163,8 @@ def load_detector(weights: Path, device: str, threads: int = 1) -> Detector:
     """The model in ``weights`` on ``device`` (``cpu`` or ``cuda``), loaded once per child.
 
     Raises:
-        RungUnavailable: ultralytics or the runtime is missing, CUDA is not usable here, or the
-            file cannot be loaded (corrupt, wrong format).
+        RungUnavailable: CUDA is not usable here, or the file cannot be loaded (corrupt, wrong
+            format, its runtime missing).
         ResourceFailure: out of (GPU) memory while loading.
     """
     detector = _load(Path(weights).resolve(), device, threads)

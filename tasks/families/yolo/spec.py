@@ -201,8 +201,11 @@ FAMILY = FamilySpec(
     request=YoloRequest,
     result=YoloResult,
     engines={
-        "detect": EngineSpec(f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "av", "numpy")),
-        "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy")),
+        # torch: ultralytics imports it whatever the weights (and .pt rungs run on it).
+        "detect": EngineSpec(
+            f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "torch", "av", "numpy"), extra="yolo"
+        ),
+        "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy"), extra="yolo"),
     },
     ladder=(
         # GPU rungs: torch weights, the pool's GPU memory fraction applied; a CUDA OOM moves down.
