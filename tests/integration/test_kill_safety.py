@@ -129,7 +129,9 @@ def test_main_process_never_imports_torch(cpu_worker, speech_track) -> None:
     assert report["cuda_visible_devices"] == ""  # the cpu pool sees no GPU
 
 
-def test_children_are_the_oom_killers_first_choice(chaos_worker) -> None:
+def test_children_are_marked_the_oom_killers_first_choice(chaos_worker) -> None:
+    # The marks only (oom_score_adj); the kernel choosing a child over the worker in a real memory
+    # cgroup is tests/integration/test_oom_killer.py.
     main = psutil.Process(chaos_worker.main_pid())
     children = main.children()
     assert children
@@ -259,7 +261,7 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(short_worker) -
     assert (lost["worker"], ok["worker"]) == (first.node, second.node)
 
 
-def test_cold_shutdown_hands_a_running_job_back_at_once(start_worker) -> None:
+def test_cold_shutdown_hands_a_running_job_back_before_the_visibility_timeout(start_worker) -> None:
     # What `docker compose stop` does to a worker (stop_signal SIGQUIT): the running job's message
     # must go back to the queue when the soft-shutdown time is up, not after the visibility timeout.
     env = {"FARM_SOFT_SHUTDOWN_TIMEOUT": "1"}  # the default 7200 s visibility timeout stays

@@ -74,7 +74,7 @@ def test_a_child_killed_on_rabbitmq_moves_the_job_down_under_the_same_id(produce
     assert process.poll() is None
 
 
-def test_whole_worker_death_requeues_the_job_at_once(producer: Celery, amqp_worker, redis_url: str) -> None:
+def test_whole_worker_death_requeues_the_job_within_seconds(producer: Celery, amqp_worker, redis_url: str) -> None:
     # On Redis the job comes back after the visibility timeout (plus a sweep); RabbitMQ hands it
     # on as soon as the dead worker's connection drops. The session's visibility timeout is
     # RabbitMQ-irrelevant here: what is asserted is "seconds", against Redis's minimum of
