@@ -69,6 +69,11 @@ class FarmSettings(BaseSettings):
         family_modules: Modules that declare job families beyond the built-in ones (a plugin's,
             a test's), each with a module-level ``FAMILY``; separated like PATH. Every process of
             a farm (workers, producers, CLI) must name the same ones.
+        foreign_queue: Celery's default queue (``celery``), where a client with no farm
+            configuration puts a task it names no queue for. Every worker takes it and sends each
+            farm task on to its family's queue, and fails any other task naming the farm's
+            (``workers.foreign``). Empty: not consumed, for a broker shared with another Celery
+            app that uses its default queue.
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
@@ -90,6 +95,7 @@ class FarmSettings(BaseSettings):
     pool: str = "cpu"
     metrics_port: int = 0
     family_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    foreign_queue: str = "celery"
 
     @field_validator("media_roots", "family_modules", mode="before")
     @classmethod

@@ -2,16 +2,17 @@
 
 It is the farm's one app (``mediafarm.tasks.app``, which producers import as it is) with the
 worker side wired in: the guards (configuration check, memory watchdog, child set-up:
-``workers.guards``) and the metered request class, which counts a finished job's frame counters
-in the worker's main process (``workers.metrics``). The plain app refuses to start a worker
-unless this module was imported.
+``workers.guards``), the metered request class, which counts a finished job's frame counters
+in the worker's main process (``workers.metrics``), and the router that sends farm tasks left on
+Celery's default queue by clients with no farm configuration on to their families' queues
+(``workers.foreign``). The plain app refuses to start a worker unless this module was imported.
 """
 
 from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import guards
+from mediafarm.workers import foreign, guards
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -19,3 +20,5 @@ __all__ = ["app"]
 # Read by each task's strategy as the worker starts consuming, after this module has run.
 FarmTask.Request = MeteredRequest
 guards.install(app)
+# Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
+foreign.install(app)
