@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from celery import bootsteps
-from celery.exceptions import NotRegistered
+from celery.exceptions import ImproperlyConfigured, NotRegistered
 from celery.utils.objects import Bunch
 from kombu import Consumer, Exchange, Queue
 from kombu.message import Message
@@ -55,6 +55,13 @@ class ForeignRouter(bootsteps.ConsumerStep):
         self.app = c.app
         self.queue_name = get_settings().foreign_queue
         self.enabled = bool(self.queue_name)
+        # A queue that farm jobs are sent to on purpose would be emptied into itself forever.
+        taken = {spec.queue for spec in families.load().values()} | set(self.app.amqp.queues.consume_from or ())
+        if self.queue_name in taken:
+            raise ImproperlyConfigured(
+                f"FARM_FOREIGN_QUEUE={self.queue_name!r} is a queue the farm's jobs go to; it must name "
+                "the queue of clients with no farm configuration (Celery's default: celery), or be empty"
+            )
 
     def get_consumers(self, channel: Any) -> list[Consumer]:
         # One message at a time: each is sent on in a millisecond, and on Redis a message held

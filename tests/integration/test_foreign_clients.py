@@ -89,3 +89,18 @@ def test_on_rabbitmq_a_plain_clients_task_goes_on_to_the_family_quorum_queue(
             client.send_task("farm.nope.detect").get(timeout=30)
     finally:
         stop_worker(worker, timeout=20)
+
+
+def test_a_foreign_queue_that_farm_jobs_go_to_stops_the_worker_from_starting(redis_url: str, session_dir: Path) -> None:
+    # Consuming the toy family's queue as the foreign one would send its jobs back to it forever.
+    env = {**os.environ, "FARM_FOREIGN_QUEUE": "toy"}
+    node = f"foreign-bad-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+    log = session_dir / f"{node.split('@')[0]}.log"
+    with log.open("wb") as fh:
+        worker = spawn_worker(get_pool("cpu"), env=env, logfile=fh, concurrency=1, node=node)
+    try:
+        with pytest.raises(RuntimeError, match="exited with code"):
+            wait_ready(farm_app(redis_url), node, worker, timeout=60)
+        assert "FARM_FOREIGN_QUEUE='toy' is a queue the farm's jobs go to" in log.read_text(errors="replace")
+    finally:
+        stop_worker(worker, timeout=20)
