@@ -54,6 +54,13 @@ def open_media(path: Path) -> av.container.InputContainer:
     """``path`` opened for reading, or UnreadableMedia naming it."""
     try:
         return av.open(str(path), mode="r")
+    except av.error.EOFError as exc:
+        # A container header with no packet after it (a recording stopped before its first frame,
+        # or a copy cut inside the header), not a file of another kind.
+        raise UnreadableMedia(
+            f"{path.name} ends before its first audio or video packet: an empty recording, or one cut short "
+            f"({exc.strerror or exc})"
+        ) from exc
     except av.error.FFmpegError as exc:
         raise UnreadableMedia(f"not a media file FFmpeg can read: {path.name} ({exc.strerror or exc})") from exc
     except (UnicodeDecodeError, ValueError) as exc:

@@ -1,5 +1,6 @@
 """Stream parameters FFmpeg opens but no decode can use (``tasks.media.streams``): refused naming the
-problem before the first packet, where PyAV's own exceptions had failed the job as an engine error."""
+problem before the first packet, where PyAV's own exceptions had failed the job as an engine error.
+And a container that ends after its header, named as such rather than as "not a media file"."""
 
 from __future__ import annotations
 
@@ -56,3 +57,10 @@ def test_a_video_codec_ffmpeg_cannot_decode_is_refused_naming_why(tmp_path: Path
 def test_odd_but_valid_wavs_are_read(tmp_path: Path, maker) -> None:
     seconds = decoded_seconds(maker(tmp_path / "odd.wav"))
     assert seconds in (0.0, pytest.approx(1.0, abs=0.01))
+
+
+@pytest.mark.parametrize("kind", ["video", "audio"])
+def test_a_container_with_a_header_and_no_packet_is_named_as_such(tmp_path: Path, kind: str) -> None:
+    path = mk.header_only(tmp_path / f"hollow-{kind}.mkv", kind)
+    with pytest.raises(UnreadableMedia, match=rf"^hollow-{kind}\.mkv ends before its first audio or video packet"):
+        decoded_seconds(path)
