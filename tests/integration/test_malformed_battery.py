@@ -346,6 +346,8 @@ CASES: list[Case] = [
          r"rules\.pad_before: Input should be greater than or equal to 0"),
     Case("rules-unknown-key", "camfilter", fields(media="x.mp4", rules={"padding": 2}), SUBMIT,
          r"rules\.padding: Extra inputs are not permitted"),
+    Case("ok-a-still-image-has-nothing-to-cut", "camfilter", media("still.png", partial(mk.png, width=32, height=24)),
+         ACCEPTED, check=lambda out: out["clips"] == [] and out["stages"]["vad"]["flags"] == ["no_audio"]),
     Case("text-file", "camfilter", media("notes.mp4", text_file), WORKER, r"failed, so cut never ran: .*" + NOT_READ),
     Case("outside-the-roots", "camfilter", lambda folder: {"media": str(folder / ".." / ".." / "etc.mp4")}, WORKER,
          r"failed, so cut never ran: .*outside the media roots"),
