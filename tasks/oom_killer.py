@@ -43,7 +43,7 @@ COUNTER_FILES = {1: "memory.oom_control", 2: "memory.events"}
 
 
 # A job retried after Redis refused its attempt's outcome leaves the attempt open as a lost child
-# does (seen in a RabbitMQ chaos run: 3 of 9): nothing here tells the two apart, so the reason says so.
+# does (seen in a RabbitMQ chaos run: 4 of 9): nothing here tells the two apart, so the reason says so.
 _OR_UNWRITTEN = "; or, if Redis was unreachable as it ended, its outcome was never written"
 
 # How each reason begins, for readers of a history (the chaos suite counts its own kills by them).
