@@ -2,6 +2,9 @@
 
 The Celery app (``mediafarm.tasks.app``, and the client built on it) is imported inside the
 commands on purpose: ``farm up`` and ``farm demo`` set FARM_* variables before the app reads them.
+So is the worker side (``workers.guards``: psutil, prometheus-client), which a producer's core
+install lacks: ``farm submit`` and the other client commands run without it, and the commands
+that start a worker name the extra that brings it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 from contextlib import ExitStack
 from importlib.resources import files
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any
 
 import typer
@@ -32,9 +36,11 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
 from mediafarm.tasks.errors import JobFailed
 from mediafarm.workers.embedded import EmbeddedRedis
-from mediafarm.workers.guards import startup_problems
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
 from mediafarm.workers.retention import WrongBackend, expired, remove
+
+# Imported by the worker side only (the `worker` extra): a producer's install has none of them.
+WORKER_PACKAGES = ("psutil", "prometheus_client")
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console()
@@ -55,6 +61,21 @@ def _settings_env(**values: str) -> None:
     """Set FARM_* variables for this process before the app is imported, and forget cached settings."""
     os.environ.update(values)
     get_settings.cache_clear()
+
+
+def _worker_side() -> ModuleType:
+    """``workers.guards``, what every worker runs; exit naming the extra if this install lacks it."""
+    try:
+        from mediafarm.workers import guards
+    except ModuleNotFoundError as exc:
+        if exc.name not in WORKER_PACKAGES:
+            raise
+        _fail(
+            f"this install cannot run a worker: the Python package {exc.name!r} is missing. Install the "
+            r"worker side with pip install 'mediafarm\[worker]' (or a pool's extra, e.g. 'mediafarm\[vad]', "
+            "which includes it)"
+        )
+    return guards
 
 
 def _need_broker() -> None:
@@ -170,7 +191,7 @@ def worker(
         _fail(f"--name {name!r}: letters, digits, '.', '_' and '-' only (the host is added after '@')")
     try:
         selected = get_pool(pool)
-        problems = startup_problems(celery_config(get_settings()))
+        problems = _worker_side().startup_problems(celery_config(get_settings()))
     except ConfigFileError as exc:
         _fail(str(exc))
     if problems:
@@ -185,6 +206,7 @@ class LocalFarm:
     """An embedded Redis (unless FARM_BROKER_URL is set) and one worker consuming every queue."""
 
     def __init__(self, stack: ExitStack, *, concurrency: int | None, loglevel: str, quiet: bool) -> None:
+        _worker_side()  # before anything starts: the worker would only die of it
         if not get_settings().broker_url:
             redis = stack.enter_context(EmbeddedRedis())
             _settings_env(FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url)

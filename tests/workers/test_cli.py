@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.conftest import REPO
 
@@ -85,6 +87,29 @@ def test_a_worker_of_the_producers_plain_app_refuses_to_start(redis_url: str) ->
 def test_unknown_pool_is_named(redis_url: str) -> None:
     proc = run(["worker", "--pool", "nope"], clean_env(FARM_BROKER_URL=redis_url), timeout=60)
     assert proc.returncode == 2 and "no pool named 'nope'" in proc.stderr
+
+
+def test_a_producer_install_runs_the_client_commands_and_worker_commands_name_the_extra(redis_url: str) -> None:
+    # A producer's core install has neither psutil nor prometheus-client (the `worker` extra): here
+    # they cannot be imported, as if absent (a None in sys.modules fails the import).
+    without = [sys.executable, "-c", "import sys; sys.modules['psutil'] = sys.modules['prometheus_client'] = None; "
+               "from mediafarm.workers.cli import main; main()"]  # fmt: skip
+    queue = f"producer-install-{uuid.uuid4().hex[:6]}"  # no worker consumes it
+
+    def farm(*args: str) -> subprocess.CompletedProcess[str]:
+        env = clean_env(FARM_BROKER_URL=redis_url)
+        return subprocess.run([*without, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    families = farm("families")
+    assert families.returncode == 0 and "farm.vad.detect" in families.stdout, families.stderr
+    sent = farm("submit", "tts", "Hello there.", "--queue", queue)
+    assert sent.returncode == 0 and len(sent.stdout.strip()) == 36, sent.stdout + sent.stderr  # the job's id
+    redis.Redis.from_url(redis_url).delete(queue)
+    for command in (["worker"], ["up"], ["demo"]):
+        refused = farm(*command)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "the Python package 'psutil' is missing" in refused.stderr, refused.stderr
+        assert "pip install 'mediafarm[worker]'" in refused.stderr and "'mediafarm[vad]'" in refused.stderr
 
 
 @pytest.mark.integration

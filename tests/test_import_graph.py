@@ -1,0 +1,145 @@
+"""The package's import graph, read from the source: no cycle anywhere, and tasks/ never imports workers/.
+
+Every ``import`` and ``from ... import`` counts wherever it is written: at module level, inside a
+function (an import deferred to break a cycle is still the cycle) and under ``TYPE_CHECKING``.
+Imports by name at run time (``importlib.import_module``, an engine's ``"module:function"``) are not
+edges: the family registry and the engines are loaded that way on purpose, late.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# Folder in the repository -> the package it installs as (pyproject.toml's package-dir).
+ROOTS = {"mediafarm": "mediafarm", "config": "mediafarm.config", "tasks": "mediafarm.tasks", "workers": "mediafarm.workers"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by its installed name (a package by its ``__init__.py``)."""
+    found = {}
+    for folder, package in ROOTS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = [p for p in path.relative_to(REPO / folder).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imported_names(source: str, module: str, is_package: bool) -> Iterator[str]:
+    """Every dotted name ``source`` imports (relative imports resolved against ``module``).
+
+    ``from a import b`` yields ``a`` and ``a.b``: ``b`` may be a module of ``a`` or a name in it.
+    """
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def graph(known: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a name resolves to its longest known module)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {}
+    for module, path in known.items():
+        names = imported_names(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+        edges[module] = {target for target in map(resolve, names) if target and target != module}
+    return edges
+
+
+def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(edges.get(target, ())))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_walk_sees_function_level_relative_and_type_checking_imports() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from mediafarm.tasks.plan import Plan\n"
+        "def late():\n    from mediafarm.tasks import keys\n    import mediafarm.tasks.app\n"
+        "from .records import Progress\n"
+    )
+    names = set(imported_names(source, "mediafarm.tasks.handles", is_package=False))
+    assert {"mediafarm.tasks.plan.Plan", "mediafarm.tasks.keys", "mediafarm.tasks.app"} <= names
+    assert "mediafarm.tasks.records.Progress" in names  # relative to the module's package
+    in_package = set(imported_names("from ...errors import X\n", "mediafarm.tasks.families.vad", is_package=True))
+    assert "mediafarm.tasks.errors.X" in in_package  # relative to the package itself
+
+
+def test_cycles_finds_a_cycle_through_any_number_of_modules_and_nothing_else() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    known = modules()
+    edges = graph(known)
+    # The walk itself works: edges every farm process has.
+    assert "mediafarm.tasks.handles" in edges["mediafarm.tasks.client"]
+    assert "mediafarm.tasks.app" in edges["mediafarm.workers.app"]
+    assert "mediafarm.tasks.plan" in edges["mediafarm.tasks.context"]
+    found = cycles(edges)
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_tasks_never_import_workers() -> None:
+    edges = graph(modules())
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges.items()
+        if module.startswith("mediafarm.tasks")
+        for target in targets
+        if target.startswith("mediafarm.workers")
+    )
+    assert edges["mediafarm.workers.app"] & {"mediafarm.workers.guards", "mediafarm.workers.metrics"}  # walk works
+    assert upward == [], "tasks/ imports workers/ (the worker entry, workers/app.py, wires them): " + ", ".join(upward)
