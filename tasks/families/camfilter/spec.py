@@ -1,7 +1,7 @@
 """The camera filter: keep only the spans of a recording where someone is heard or seen.
 
 ``submit("camfilter", media=...)`` (or ``farm submit camfilter VIDEO``) sends a pipeline
-(``tasks.pipeline``): a VAD job and a YOLO job on the same video, in parallel, each its own farm
+(``tasks.plan``): a VAD job and a YOLO job on the same video, in parallel, each its own farm
 job with its own ladder and history (``<id>.vad``, ``<id>.yolo``), then, once both have ended, the
 cut ``farm.camfilter.cut`` under the pipeline's own id: it merges the speech and detection spans
 into clips (``plan``) and cuts them into its artifact folder (``cut``). A VAD killed on every
@@ -26,7 +26,7 @@ from mediafarm.tasks.families.camfilter.plan import ClipRules
 from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request
 
 if TYPE_CHECKING:
-    from mediafarm.tasks.pipeline import Plan
+    from mediafarm.tasks.plan import Plan
 
 ENGINES = "mediafarm.tasks.families.camfilter.engines"
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -47,7 +47,7 @@ class CamfilterRequest(Request):
 
     def as_pipeline(self, job_id: str) -> Plan:
         """VAD ∥ YOLO on the media, then the cut under ``job_id`` (which reads both by id)."""
-        from mediafarm.tasks.pipeline import Part, Plan
+        from mediafarm.tasks.plan import Part, Plan
 
         media = str(self.media)
         vad: dict[str, Any] = {"media": media, "if_no_audio": "empty"}

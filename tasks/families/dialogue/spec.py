@@ -1,7 +1,7 @@
 """The dialogue family: lines spoken by TTS jobs in parallel, assembled in order with subtitles.
 
 ``submit("dialogue", script=...)`` (or ``farm submit dialogue script.json``) checks the whole
-script, then sends a pipeline (``tasks.pipeline``): one ``farm.tts.synthesize`` job per line
+script, then sends a pipeline (``tasks.plan``): one ``farm.tts.synthesize`` job per line
 (``<id>.line-0001`` ...; each its own ladder and history) and, once all have ended, the assembly
 ``farm.dialogue.assemble`` under the dialogue's own id. The assembly takes no script: it reads the
 stored plan and every line's result by id, in script order.
@@ -24,7 +24,7 @@ from mediafarm.tasks.families.tts.spec import AudioFormat, SentenceTiming
 from mediafarm.tasks.family import EngineSpec, FamilySpec, Params, Request
 
 if TYPE_CHECKING:
-    from mediafarm.tasks.pipeline import Plan
+    from mediafarm.tasks.plan import Plan
 
 ENGINES = "mediafarm.tasks.families.dialogue.engines"
 
@@ -62,7 +62,7 @@ class DialogueRequest(Request):
         Every speaker must be registered (checked here, once per name, before anything is sent).
         """
         from mediafarm.tasks.families.tts.speakers import get_speaker
-        from mediafarm.tasks.pipeline import Part, Plan
+        from mediafarm.tasks.plan import Part, Plan
 
         if self.script is None:
             raise InvalidRequest("dialogue request: script: a dialogue needs a script (its lines)")
