@@ -1,7 +1,7 @@
-"""Downgrade ladders as the operator declares them: ordered variants, best first, cheapest last.
+"""Downgrade ladders as the operator declares them: ordered rungs, best first, cheapest last.
 
 A job runs on the rung given by the resource failures it has had (``tasks.downgrade``). Each
-variant names an *engine* of its family (``FamilySpec.engines``) and that engine's parameters.
+rung names an *engine* of its family (``FamilySpec.engines``) and that engine's parameters.
 Every family declares a default ladder in its own folder; operators replace it, or add named
 ladders a family can be asked to use, in ``FARM_CONFIG_FILE``::
 
@@ -33,7 +33,7 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class Variant:
+class Rung:
     """One rung of a ladder.
 
     Attributes:
@@ -56,24 +56,24 @@ class Variant:
         return {"name": self.name, "engine": self.engine, "params": dict(self.params), "device": self.device}
 
 
-def variant(name: str, engine: str, device: str = "cpu", **params: Any) -> Variant:
+def rung(name: str, engine: str, device: str = "cpu", **params: Any) -> Rung:
     """A rung, written the short way in a family's default ladder."""
-    return Variant(name=name, engine=engine, params=MappingProxyType(params), device=device)
+    return Rung(name=name, engine=engine, params=MappingProxyType(params), device=device)
 
 
 @dataclass(frozen=True)
 class Ladder:
-    """An ordered list of variants, best first.
+    """An ordered list of rungs, best first.
 
     Attributes:
         name: The ladder's name: its family's name, or a named ladder's own.
         family: The job family whose engines its rungs name.
-        rungs: The variants.
+        rungs: The rungs.
     """
 
     name: str
     family: str
-    rungs: tuple[Variant, ...]
+    rungs: tuple[Rung, ...]
 
     def __post_init__(self) -> None:
         if not self.rungs:
@@ -86,7 +86,7 @@ class Ladder:
         return len(self.rungs)
 
 
-def _variant_from_table(ladder: str, row: Any) -> Variant:
+def _rung_from_table(ladder: str, row: Any) -> Rung:
     if not isinstance(row, dict) or "name" not in row or "engine" not in row:
         raise ConfigFileError(f"[ladders.{ladder}] each rung needs at least name and engine, got {row!r}")
     unknown = set(row) - {"name", "engine", "params", "device"}
@@ -97,7 +97,7 @@ def _variant_from_table(ladder: str, row: Any) -> Variant:
         raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: params must be a table")
     try:
         device = str(row.get("device", "cpu"))
-        return Variant(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), device)
+        return Rung(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), device)
     except ConfigFileError as exc:
         raise ConfigFileError(f"[ladders.{ladder}] {exc}") from None
 
@@ -116,5 +116,5 @@ def declared_ladders() -> Mapping[str, Ladder]:
         family = table.get("family", name)
         if not isinstance(family, str):
             raise ConfigFileError(f"[ladders.{name}] family must be a string")
-        ladders[name] = Ladder(name, family, tuple(_variant_from_table(name, r) for r in rungs))
+        ladders[name] = Ladder(name, family, tuple(_rung_from_table(name, r) for r in rungs))
     return MappingProxyType(ladders)

@@ -20,11 +20,12 @@ from celery.utils.log import get_task_logger
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
+from mediafarm.config.ladders import Rung
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families, soft_time_limit
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.context import EngineContext, JobChannel
-from mediafarm.tasks.downgrade import RetryRequest, run_ladder
+from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
 from mediafarm.tasks.errors import (
     EngineError,
     FarmError,
@@ -100,18 +101,18 @@ class FarmTask(Task):
             ttl = int(self.app.conf.result_expires)
             store = ArtifactStore(settings.storage_dir, request.id)
             channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event)
-            def run_rung(variant: Any, rung: int, attempt: int) -> tuple[dict[str, Any], tuple[ArtifactInfo, ...]]:
+            def run_rung(rung: Rung, index: int, attempt: int) -> tuple[dict[str, Any], tuple[ArtifactInfo, ...]]:
                 if attempt > 0 or not fresh:
                     # Every attempt but a job's very first starts clean: no file and no partial
                     # output of an earlier one (killed, or a rung skipped earlier in this run).
                     store.clear()
                     channel.reset()
-                ctx = EngineContext(request.id, attempt, rung, variant.name, variant.device, store,
+                ctx = EngineContext(request.id, attempt, index, rung.name, rung.device, store,
                                     settings.models_dir, channel, redis=self.backend.client,
                                     backend=self.backend, settings=settings)  # fmt: skip
-                return run_engine(spec, variant, ctx, fields, settings.media_roots), tuple(store.list())
+                return run_engine(spec, rung, ctx, fields, settings.media_roots), tuple(store.list())
 
-            outcome: Envelope | RetryRequest = run_ladder(
+            job = LadderRun(
                 job_id=request.id,
                 ladder=ladder,
                 engines=spec.engines,
@@ -119,11 +120,12 @@ class FarmTask(Task):
                 retries=request.retries,
                 worker=request.hostname or "",
                 transient_budget=settings.transient_retries,
-                run_rung=run_rung,
                 fresh=fresh,
                 result_key=self.backend.get_key_for_task(request.id).decode(),
                 stale_after=_stale_after(settings),
+                models_dir=settings.models_dir,
             )
+            outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
             if isinstance(outcome, Envelope):
                 return outcome.to_json()
         except MemoryError:
@@ -160,20 +162,20 @@ def _stale_after(settings: Any) -> float:
 
 
 def run_engine(
-    spec: FamilySpec, variant: Any, ctx: EngineContext, fields: Mapping[str, Any], media_roots: list[Any]
+    spec: FamilySpec, rung: Rung, ctx: EngineContext, fields: Mapping[str, Any], media_roots: list[Any]
 ) -> dict[str, Any]:
     """One rung: validate the request in the worker (media resolved), call the engine, drain it
     if it is a generator, check and dump its result. Raises what the engine raises."""
     request = spec.parse_request(fields, media_roots)
-    engine = spec.engines[variant.engine]
-    params = engine.parse_params(variant)
+    engine = spec.engines[rung.engine]
+    params = engine.parse_params(rung)
     result = engine.function()(ctx, request, params)
     if inspect.isgenerator(result):
         result = drain(result, ctx)
     if isinstance(result, spec.result):
         return result.model_dump(mode="json")
     if isinstance(result, BaseModel) or not isinstance(result, Mapping):
-        raise EngineError(f"engine {variant.engine!r} returned {type(result).__name__}, not {spec.result.__name__}")
+        raise EngineError(f"engine {rung.engine!r} returned {type(result).__name__}, not {spec.result.__name__}")
     return spec.result.model_validate(dict(result)).model_dump(mode="json")
 
 

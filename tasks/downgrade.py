@@ -18,9 +18,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from mediafarm.config.ladders import Ladder, Variant
+from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.tasks.errors import (
     Cancelled,
     EngineError,
@@ -152,44 +153,62 @@ class _Running:
             )
 
 
-# What the family adapter does for one rung: given the variant, its ladder index and the index of
-# the attempt in the history, run the engine and return the output (JSON) and the artifacts.
-RunRung = Callable[[Variant, int, int], tuple[dict[str, Any], tuple[ArtifactInfo, ...]]]
+# What the family adapter does for one rung: given the rung, its index in the ladder and the index
+# of the attempt in the history, run the engine and return the output (JSON) and the artifacts.
+RunRung = Callable[[Rung, int, int], tuple[dict[str, Any], tuple[ArtifactInfo, ...]]]
 
 
-def run_ladder(
-    *,
-    job_id: str,
-    ladder: Ladder,
-    engines: Mapping[str, EngineSpec],
-    log: AttemptLog,
-    retries: int,
-    worker: str,
-    transient_budget: int,
-    run_rung: RunRung,
-    fresh: bool = False,
-    result_key: str = "",
-    stale_after: float = 0.0,
-) -> Envelope | RetryRequest:
+@dataclass(frozen=True)
+class LadderRun:
+    """One delivery of a job, as :func:`run_ladder` needs it.
+
+    Attributes:
+        job_id: The job (Celery task id), the same on every rung.
+        ladder: The ladder the job runs.
+        engines: The family's engines, by the names its rungs use.
+        log: The job's attempt history.
+        retries: Celery's retry count of this delivery (``request.retries``).
+        worker: The worker's node name, recorded in each attempt.
+        transient_budget: Same-rung retries allowed (``FARM_TRANSIENT_RETRIES``).
+        fresh: The first delivery of a job never retried, so it has no history to read. This
+            saves the common path a Redis round trip.
+        result_key: Where the job's SUCCESS is stored: every conditional write checks it.
+        stale_after: Seconds after which a success is checked like any other outcome (half the
+            visibility timeout; before it no other worker can have been handed the job).
+        models_dir: Where rungs find their weights (``FARM_MODELS_DIR``); a rung whose weights
+            are absent is skipped before it is charged an attempt. None: not checked here.
+    """
+
+    job_id: str
+    ladder: Ladder
+    engines: Mapping[str, EngineSpec]
+    log: AttemptLog
+    retries: int = 0
+    worker: str = ""
+    transient_budget: int = 2
+    fresh: bool = False
+    result_key: str = ""
+    stale_after: float = 0.0
+    models_dir: Path | None = None
+
+
+def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     """Run the job on its current rung. Returns the result envelope, or a RetryRequest.
 
-    ``fresh``: the first delivery of a job never retried, so it has no history to read. This
-    saves the common path a Redis round trip. A successful attempt is completed in the result
-    envelope (another round trip saved): storing the SUCCESS makes the log the envelope's
-    attempts in the same step (``tasks.result_backend``).
+    A successful attempt is completed in the result envelope (a round trip saved): storing the
+    SUCCESS makes the log the envelope's attempts in the same step (``tasks.result_backend``).
 
     Every outcome but a quick success is written conditionally (``AttemptLog.finish``): a process
     whose attempt was settled elsewhere, that is no longer the newest, or whose job already has a
-    stored SUCCESS raises StaleAttempt and writes nothing. ``stale_after``: seconds after which a
-    success is checked the same way (half the visibility timeout; before it no other worker can
-    have been handed the job).
+    stored SUCCESS raises StaleAttempt and writes nothing.
     """
+    log, ladder, retries, worker, result_key = job.log, job.ladder, job.retries, job.worker, job.result_key
     attempts: list[Attempt] = []
-    if not fresh:
+    if not job.fresh:
         attempts, kill = log.read()
         settled = [
             log.settle(i, attempts[i], result_key)
-            for i in settle_open_attempts(attempts, kill, retries, transient_budget)
+            for i in settle_open_attempts(attempts, kill, retries, job.transient_budget)
         ]
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()
@@ -200,31 +219,31 @@ def run_ladder(
             # after writing the outcome but before Celery stored it, and the message came back.
             # Running the same input on the same rung again would only repeat the outcome.
             raise recorded_end(attempts[-1])
-    rung = current_rung(attempts)
-    while rung < len(ladder):
-        variant = ladder.rungs[rung]
-        why_not = engines[variant.engine].unavailable(variant)
+    index = current_rung(attempts)
+    while index < len(ladder):
+        rung = ladder.rungs[index]
+        why_not = job.engines[rung.engine].unavailable(rung, job.models_dir)
         if why_not:
-            attempts.append(Attempt(rung, variant.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
+            attempts.append(Attempt(index, rung.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
             if log.append(attempts[-1], result_key) < 0:
-                raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {variant.name}")
-            rung += 1
+                raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {rung.name}")
+            index += 1
             continue
-        attempt = Attempt(rung, variant.name, retries=retries, worker=worker, oom_counts=snapshot())
-        running = _Running(log, attempt, result_key, stale_after)
+        attempt = Attempt(index, rung.name, retries=retries, worker=worker, oom_counts=snapshot())
+        running = _Running(log, attempt, result_key, job.stale_after)
         attempts.append(running.attempt)
         finish = running.finish
         try:
             with map_exceptions():
-                output, artifacts = run_rung(variant, rung, len(attempts) - 1)
+                output, artifacts = run_rung(rung, index, len(attempts) - 1)
         except ResourceFailure as exc:
             finish(exc.outcome, str(exc))
-            if rung + 1 >= len(ladder):
+            if index + 1 >= len(ladder):
                 break
-            return RetryRequest(f"{variant.name}: {exc.outcome}; next rung {ladder.rungs[rung + 1].name}", exc)
+            return RetryRequest(f"{rung.name}: {exc.outcome}; next rung {ladder.rungs[index + 1].name}", exc)
         except RungUnavailable as exc:
             finish(Outcome.UNAVAILABLE, str(exc))
-            rung += 1
+            index += 1
             continue
         except PermanentFailure as exc:
             finish(Outcome.REJECTED, f"{type(exc).__name__}: {exc}")
@@ -234,20 +253,20 @@ def run_ladder(
             raise
         except TransientFailure as exc:
             finish(Outcome.TRANSIENT, str(exc))
-            if same_rung_retries(attempts) > transient_budget:
+            if same_rung_retries(attempts) > job.transient_budget:
                 raise
-            return RetryRequest(f"{variant.name}: transient failure, same rung", exc)
+            return RetryRequest(f"{rung.name}: transient failure, same rung", exc)
         except Exception as exc:
             finish(Outcome.ERROR, f"{type(exc).__name__}: {exc}")
             # A bug or an unforeseen failure in the engine: no retry, but not "bad input" either.
-            raise EngineError(f"{variant.name}: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(f"{rung.name}: {type(exc).__name__}: {exc}") from exc
         if running.pending.cancelled():
             # Cancelled while queued (a revoke lives only in the memory of the workers that were
             # up) and run by an engine that never checks: the producer asked for it not to finish.
             reason = "cancelled by its producer before it ran; the output is discarded"
             finish(Outcome.CANCELLED, reason)
-            raise Cancelled(f"job {job_id} was {reason}")
+            raise Cancelled(f"job {job.job_id} was {reason}")
         finish(Outcome.OK)
-        return Envelope(job_id, ladder.family, variant.name, rung, output, tuple(attempts), artifacts)
+        return Envelope(job.job_id, ladder.family, rung.name, index, output, tuple(attempts), artifacts)
     tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)
     raise NoRungLeft(f"no rung of the {ladder.name} ladder is left to run ({tried})")

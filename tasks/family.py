@@ -28,7 +28,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from mediafarm.config.file import ConfigFileError
-from mediafarm.config.ladders import Ladder, Variant
+from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.media.paths import resolve_media
@@ -109,12 +109,17 @@ class EngineSpec:
             but does not import is RungUnavailable at ``map_exceptions``).
         extra: The ``mediafarm`` extra that installs ``needs`` (``"vad"``), named in the skip
             message; None for a family installed some other way.
+        weights: The parameter of this engine that names its weights, a file or folder under
+            ``FARM_MODELS_DIR`` (``"model"``); a rung whose weights are absent is skipped as
+            unavailable before it is charged an attempt (or a media check is charged to it).
+            None: the engine has no weights of the operator's.
     """
 
     target: str
     params: type[Params] = NoParams
     needs: tuple[str, ...] = ()
     extra: str | None = None
+    weights: str | None = None
 
     def missing(self) -> str | None:
         """Which package of ``needs`` this pool lacks, and how to install it; None if it has them all."""
@@ -124,22 +129,27 @@ class EngineSpec:
                 return f"package {module!r} is not installed on this pool{install}"
         return None
 
-    def unavailable(self, variant: Variant) -> str | None:
-        """Why this pool cannot run ``variant`` at all, or None if it can."""
+    def unavailable(self, rung: Rung, models_dir: Path | None = None) -> str | None:
+        """Why this pool cannot run ``rung`` at all, or None if it can. With ``models_dir``, the
+        rung's weights (``weights``) must be there too."""
         missing = self.missing()
         if missing:
             return missing
-        if variant.device == "cuda" and not _gpu_visible():
-            return "variant needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty, or no NVIDIA device)"
+        if rung.device == "cuda" and not _gpu_visible():
+            return "rung needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty, or no NVIDIA device)"
+        if models_dir is not None and self.weights is not None:
+            relative = getattr(self.parse_params(rung), self.weights)
+            if not (models_dir / relative).exists():
+                return f"model {relative!r} is not in the models dir {models_dir} (FARM_MODELS_DIR)"
         return None
 
-    def parse_params(self, variant: Variant) -> Params:
+    def parse_params(self, rung: Rung) -> Params:
         """The rung's parameters as the engine's model; ConfigFileError naming the rung if they do not fit."""
         try:
-            return self.params.model_validate(dict(variant.params))
+            return self.params.model_validate(dict(rung.params))
         except ValidationError as exc:
             raise ConfigFileError(
-                f"rung {variant.name!r} (engine {variant.engine!r}): params do not fit: "
+                f"rung {rung.name!r} (engine {rung.engine!r}): params do not fit: "
                 + describe_validation_error(exc)
             ) from None
 
@@ -204,7 +214,7 @@ class FamilySpec:
     request: type[Request]
     result: type[BaseModel]
     engines: Mapping[str, EngineSpec]
-    ladder: tuple[Variant, ...]
+    ladder: tuple[Rung, ...]
     limits: TimeLimits
     queue: str = ""
     summary: Callable[[Any], str] = _no_summary

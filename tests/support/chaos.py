@@ -15,7 +15,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, ConfigDict, Field
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.pools import get_pool
 from mediafarm.config.settings import get_settings
@@ -142,7 +142,7 @@ FAMILY = FamilySpec(
         "cuda_hog": EngineSpec(f"{HERE}:cuda_hog", CudaHogParams, needs=("torch",)),
         "gpu_report": EngineSpec(f"{HERE}:gpu_report", needs=("torch",)),
     },
-    ladder=(variant("ok", "ok"),),
+    ladder=(rung("ok", "ok"),),
     limits=TimeLimits(soft=60, hard=90),
     cli_argument=None,
     ladder_field="ladder",

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from mediafarm.config.file import _read
-from mediafarm.config.ladders import declared_ladders, variant
+from mediafarm.config.ladders import declared_ladders, rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
@@ -38,7 +38,7 @@ def make_spec(**overrides: Any) -> FamilySpec:
         request=EchoRequest,
         result=EchoResult,
         engines={"echo": EngineSpec("tests.tasks.test_family:no_engine", EchoParams)},
-        ladder=(variant("loud", "echo", level=3), variant("quiet", "echo")),
+        ladder=(rung("loud", "echo", level=3), rung("quiet", "echo")),
         limits=TimeLimits(soft=10, hard=20),
     )
     fields.update(overrides)
@@ -50,13 +50,13 @@ def make_spec(**overrides: Any) -> FamilySpec:
 
 def test_default_ladder_naming_an_unknown_engine_is_refused_naming_the_rung() -> None:
     with pytest.raises(ValueError, match=r"rung 'fancy' names an unknown engine 'missing'"):
-        make_spec(ladder=(variant("fancy", "missing"),))
+        make_spec(ladder=(rung("fancy", "missing"),))
 
 
 @pytest.mark.parametrize("params", [{"level": 9}, {"volume": 1}, {"level": "high"}])
 def test_default_ladder_with_params_the_engine_rejects_is_refused_naming_the_rung(params: dict) -> None:
     with pytest.raises(ValueError, match=r"rung 'loud' \(engine 'echo'\): params do not fit"):
-        make_spec(ladder=(variant("loud", "echo", **params),))
+        make_spec(ladder=(rung("loud", "echo", **params),))
 
 
 def test_cli_argument_must_be_a_request_field() -> None:
@@ -126,7 +126,7 @@ def test_worker_side_refuses_missing_media(root: Path) -> None:
 
 def test_engine_missing_a_package_is_unavailable_naming_it() -> None:
     engine = EngineSpec("x:y", needs=("json", "mediafarm_no_such_package_xyz"))
-    assert engine.unavailable(variant("r", "e")) == "package 'mediafarm_no_such_package_xyz' is not installed on this pool"
+    assert engine.unavailable(rung("r", "e")) == "package 'mediafarm_no_such_package_xyz' is not installed on this pool"
 
 
 def test_the_skip_message_names_the_extra_that_installs_the_package() -> None:
@@ -135,35 +135,35 @@ def test_the_skip_message_names_the_extra_that_installs_the_package() -> None:
         "package 'mediafarm_no_such_package_xyz' is not installed on this pool: pip install 'mediafarm[subtitle]'"
     )
     assert engine.missing() == expected
-    assert engine.unavailable(variant("r", "e")) == expected
+    assert engine.unavailable(rung("r", "e")) == expected
     assert EngineSpec("x:y", needs=("json",), extra="subtitle").missing() is None
 
 
 def test_missing_parent_of_a_dotted_need_is_unavailable_not_a_crash() -> None:
     engine = EngineSpec("x:y", needs=("mediafarm_no_such_package_xyz.sub",))
-    assert "mediafarm_no_such_package_xyz.sub" in engine.unavailable(variant("r", "e"))
+    assert "mediafarm_no_such_package_xyz.sub" in engine.unavailable(rung("r", "e"))
 
 
 def test_cuda_rung_without_the_variable_looks_for_nvidia_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     import glob
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    reason = EngineSpec("x:y").unavailable(variant("gpu", "e", device="cuda"))
+    reason = EngineSpec("x:y").unavailable(rung("gpu", "e", device="cuda"))
     assert (reason is None) == bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 @pytest.mark.parametrize("visible", ["", "-1"])
 def test_cuda_rung_is_unavailable_without_visible_gpus(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    reason = EngineSpec("x:y").unavailable(variant("gpu", "e", device="cuda"))
+    reason = EngineSpec("x:y").unavailable(rung("gpu", "e", device="cuda"))
     assert reason is not None and "needs a GPU" in reason
 
 
 def test_rungs_with_their_needs_met_are_available(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert EngineSpec("x:y", needs=("json",)).unavailable(variant("cpu", "e")) is None
+    assert EngineSpec("x:y", needs=("json",)).unavailable(rung("cpu", "e")) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert EngineSpec("x:y").unavailable(variant("gpu", "e", device="cuda")) is None
+    assert EngineSpec("x:y").unavailable(rung("gpu", "e", device="cuda")) is None
 
 
 # --- the registry -----------------------------------------------------------------------------

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import redis
 
-from mediafarm.config.ladders import Ladder, variant
+from mediafarm.config.ladders import Ladder, rung
 from mediafarm.tasks import keys
-from mediafarm.tasks.downgrade import run_ladder
+from mediafarm.tasks.downgrade import LadderRun, run_ladder
 from mediafarm.tasks.errors import Cancelled, EngineError, PermanentFailure
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import Attempt, Outcome
 
-LADDER = Ladder("ended", "ended", (variant("first", "e"), variant("second", "e")))
+LADDER = Ladder("ended", "ended", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}
 
 
@@ -35,12 +35,12 @@ def log(redis_url: str) -> Iterator[AttemptLog]:
 
 
 def rerun(log: AttemptLog, retries: int, ran: list[int]) -> Any:
-    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+    def rung(rung_: Any, index: int, attempt: int) -> Any:
         ran.append(attempt)
         return {}, ()
 
-    return run_ladder(job_id=log.job_id, ladder=LADDER, engines=ENGINES, log=log, retries=retries, worker="cpu@a",
-                      transient_budget=2, run_rung=rung, fresh=False)  # fmt: skip
+    job = LadderRun(log.job_id, LADDER, ENGINES, log, retries=retries, worker="cpu@a", fresh=False)
+    return run_ladder(job, rung)
 
 
 @pytest.mark.parametrize(

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import redis
 
-from mediafarm.config.ladders import Ladder, variant
+from mediafarm.config.ladders import Ladder, rung
 from mediafarm.tasks import keys
-from mediafarm.tasks.downgrade import RetryRequest, run_ladder
+from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
 from mediafarm.tasks.errors import StaleAttempt
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import Outcome
 
-LADDER = Ladder("stale", "stale", (variant("first", "e"), variant("second", "e")))
+LADDER = Ladder("stale", "stale", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}
 
 
@@ -37,9 +37,9 @@ def job(redis_url: str) -> Iterator[tuple[AttemptLog, str]]:
 
 
 def run(log: AttemptLog, result_key: str, rung: Any, stale_after: float = 3600.0) -> Any:
-    return run_ladder(job_id=log.job_id, ladder=LADDER, engines=ENGINES, log=log, retries=0, worker="cpu@a",
-                      transient_budget=2, run_rung=rung, fresh=True, result_key=result_key,
-                      stale_after=stale_after)  # fmt: skip
+    job = LadderRun(log.job_id, LADDER, ENGINES, log, worker="cpu@a", fresh=True, result_key=result_key,
+                    stale_after=stale_after)  # fmt: skip
+    return run_ladder(job, rung)
 
 
 def settled_elsewhere(log: AttemptLog, index: int) -> None:
@@ -51,7 +51,7 @@ def settled_elsewhere(log: AttemptLog, index: int) -> None:
 def test_a_failure_after_the_job_went_on_elsewhere_is_not_written_or_retried(job) -> None:
     log, result_key = job
 
-    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+    def rung(rung_: Any, index: int, attempt: int) -> Any:
         settled_elsewhere(log, attempt)  # while this process was paused
         raise MemoryError("woke up past its limits")
 
@@ -64,7 +64,7 @@ def test_a_failure_after_the_job_went_on_elsewhere_is_not_written_or_retried(job
 def test_without_interference_the_same_failure_moves_the_job_down(job) -> None:
     log, result_key = job
 
-    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+    def rung(rung_: Any, index: int, attempt: int) -> Any:
         raise MemoryError("really out of memory")
 
     assert isinstance(run(log, result_key, rung), RetryRequest)
@@ -74,7 +74,7 @@ def test_without_interference_the_same_failure_moves_the_job_down(job) -> None:
 def test_a_long_success_after_a_stored_success_is_not_stored_again(job) -> None:
     log, result_key = job
 
-    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+    def rung(rung_: Any, index: int, attempt: int) -> Any:
         log.client.set(result_key, json.dumps({"status": "SUCCESS", "result": {"by": "another worker"}}))
         return {"by": "this stale process"}, ()
 
@@ -86,7 +86,7 @@ def test_a_job_that_had_already_succeeded_when_its_attempt_began_is_not_stored_a
     log, result_key = job
     log.client.set(result_key, json.dumps({"status": "SUCCESS", "result": {"by": "another worker"}}))
 
-    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+    def rung(rung_: Any, index: int, attempt: int) -> Any:
         return {"by": "a worker paused before it started"}, ()
 
     with pytest.raises(StaleAttempt, match="already succeeded elsewhere"):
@@ -101,7 +101,7 @@ def test_a_stale_attempt_that_fails_after_a_stored_success_writes_nothing(job, f
     log, result_key = job
     log.client.set(result_key, json.dumps({"status": "SUCCESS", "result": {"by": "another worker"}}))
 
-    def rung(variant_: Any, rung_: int, attempt: int) -> Any:
+    def rung(rung_: Any, index: int, attempt: int) -> Any:
         raise failure
 
     with pytest.raises(StaleAttempt, match="already succeeded elsewhere"):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.camfilter.plan import ClipRules
 from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request
@@ -143,9 +143,9 @@ FAMILY = FamilySpec(
     result=CamfilterResult,
     engines={"cut": EngineSpec(f"{ENGINES}:cut", CutParams, needs=("av",), extra="media")},
     ladder=(
-        variant("copy", "cut", max_lead=1.5),
+        rung("copy", "cut", max_lead=1.5),
         # A cut killed or out of memory mid-copy tries again re-encoding every clip.
-        variant("reencode", "cut", max_lead=0.0),
+        rung("reencode", "cut", max_lead=0.0),
     ),
     # Cutting streams packets (a copy) or decodes only the clips' own frames (a re-encode).
     limits=TimeLimits(soft=3600, hard=3700),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.families.dialogue.script import DialogueLine, line_job_id, load_script
@@ -184,7 +184,7 @@ FAMILY = FamilySpec(
     },
     # The assembly holds one line's audio at a time: a kill is not its own doing (the OOM killer
     # chose it, or an outside kill). The second rung is the same work once more, under the same id.
-    ladder=(variant("assemble", "assemble"), variant("assemble-again", "assemble")),
+    ladder=(rung("assemble", "assemble"), rung("assemble-again", "assemble")),
     # Reading, resampling and encoding 500 lines (~40 minutes of audio) takes well under a minute.
     limits=TimeLimits(soft=600, hard=660),
     cli_argument="script",

@@ -137,7 +137,7 @@ def transcribe(
         language, probability = _language(request, heard_language)
         report = timing_report(cues.all, vad.spans, vad.duration, request.rules, words_in_silence=silent_words.count)
         segments_out.close(
-            language=language, language_probability=probability, model=model_name or "none", variant=ctx.variant,
+            language=language, language_probability=probability, model=model_name or "none", variant=ctx.rung_name,
             duration=round(vad.duration, 3), speech=[s.to_json() for s in vad.spans],
             rules=request.rules.model_dump(mode="json"), cues=[c.model_dump(mode="json") for c in cues.all],
             timing=report.model_dump(mode="json"),

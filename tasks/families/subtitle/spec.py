@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
 from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
@@ -157,14 +157,15 @@ FAMILY = FamilySpec(
     result=SubtitleResult,
     engines={
         "whisper": EngineSpec(
-            f"{ENGINES}:whisper", WhisperParams, needs=("faster_whisper", "ctranslate2", *WRITING), extra="subtitle"
+            f"{ENGINES}:whisper", WhisperParams, needs=("faster_whisper", "ctranslate2", *WRITING), extra="subtitle",
+            weights="model",
         ),
         "pocketsphinx": EngineSpec(
             f"{ENGINES}:pocketsphinx", NoParams, needs=("pocketsphinx", *WRITING), extra="subtitle"
         ),
     },
     ladder=(
-        variant(
+        rung(
             "whisper-large",
             "whisper",
             device="cuda",
@@ -172,10 +173,10 @@ FAMILY = FamilySpec(
             compute_type="float16",
             beam_size=5,
         ),  # fmt: skip
-        variant("whisper-small", "whisper", model="faster-whisper-small", compute_type="int8", cpu_threads=2),
-        variant("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8"),
+        rung("whisper-small", "whisper", model="faster-whisper-small", compute_type="int8", cpu_threads=2),
+        rung("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8"),
         # Its model ships inside the wheel: always there. Poor on synthetic speech, but real.
-        variant("pocketsphinx", "pocketsphinx"),
+        rung("pocketsphinx", "pocketsphinx"),
     ),
     # One attempt. tiny.en measured RTF 0.035 on one CPU thread (bench/subtitle.py): 2 h in ~5 min.
     limits=TimeLimits(soft=3600, hard=3700),

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
 from mediafarm.tasks.families.subtitle.spec import WRITING, TimingReport
@@ -58,7 +58,7 @@ FAMILY = FamilySpec(
             "mediafarm.tasks.families.subtitle_render.engines:render", NoParams, needs=WRITING, extra="subtitle"
         )
     },
-    ladder=(variant("render", "render"),),
+    ladder=(rung("render", "render"),),
     limits=TimeLimits(soft=300, hard=330),
     cli_argument="source",
     summary=summary,

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.tts.speakers import DEFAULT, NAME_PATTERN
 from mediafarm.tasks.families.tts.text import check_text
@@ -125,7 +125,7 @@ FAMILY = FamilySpec(
     result=TtsResult,
     engines={
         "chattts": EngineSpec(
-            f"{ENGINES}:chattts", ChatTTSParams, needs=("ChatTTS", "torch", "av", "numpy"), extra="tts"
+            f"{ENGINES}:chattts", ChatTTSParams, needs=("ChatTTS", "torch", "av", "numpy"), extra="tts", weights="model"
         ),
         "piper": EngineSpec(
             f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts"
@@ -134,11 +134,11 @@ FAMILY = FamilySpec(
         "espeak": EngineSpec(f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile", "numpy"), extra="tts"),
     },
     ladder=(
-        variant("chattts", "chattts", device="cuda", model="chattts", max_chars=300),
+        rung("chattts", "chattts", device="cuda", model="chattts", max_chars=300),
         # ~13x slower than a GPU (RTF > 1 here): shorter calls, so the first audio comes sooner.
-        variant("chattts-cpu", "chattts", model="chattts", max_chars=120, max_new_token=1024),
-        variant("piper", "piper", voice="piper/en_US-joe-medium.onnx"),
-        variant("espeak", "espeak"),
+        rung("chattts-cpu", "chattts", model="chattts", max_chars=120, max_new_token=1024),
+        rung("piper", "piper", voice="piper/en_US-joe-medium.onnx"),
+        rung("espeak", "espeak"),
     ),
     # One attempt. A 100,000-character text is ~95 minutes of speech: espeak-ng and Piper speak
     # it in a few minutes on a CPU; a CPU ChatTTS would not, and moves down at the soft limit.

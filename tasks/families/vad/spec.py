@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
 from mediafarm.tasks.media.intervals import Span
@@ -108,11 +108,11 @@ FAMILY = FamilySpec(
     },
     ladder=(
         # Streaming silero over PyAV blocks; one ONNX thread per child, so concurrency = cores.
-        variant("silero-onnx", "silero", threshold=0.5, min_silence_ms=300, speech_pad_ms=30),
+        rung("silero-onnx", "silero", threshold=0.5, min_silence_ms=300, speech_pad_ms=30),
         # webrtcvad: a few MB, no torch; coarser boundaries.
-        variant("webrtc", "webrtc", aggressiveness=2, min_silence_ms=300, min_speech_ms=150),
+        rung("webrtc", "webrtc", aggressiveness=2, min_silence_ms=300, min_speech_ms=150),
         # The camera filter's --skip-vad: no spans, result flagged, the pipeline goes on.
-        variant("skip", "skip"),
+        rung("skip", "skip"),
     ),
     # One attempt, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
     limits=TimeLimits(soft=1800, hard=1900),

@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request
 from mediafarm.tasks.media.intervals import Span
@@ -203,18 +203,19 @@ FAMILY = FamilySpec(
     engines={
         # torch: ultralytics imports it whatever the weights (and .pt rungs run on it).
         "detect": EngineSpec(
-            f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "torch", "av", "numpy"), extra="yolo"
+            f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "torch", "av", "numpy"), extra="yolo",
+            weights="weights",
         ),
         "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy"), extra="yolo"),
     },
     ladder=(
         # GPU rungs: torch weights, the pool's GPU memory fraction applied; a CUDA OOM moves down.
-        variant("yolo-large", "detect", device="cuda", weights="yolo11l.pt", imgsz=640, stride_s=0.5),
-        variant("yolo-small", "detect", device="cuda", weights="yolo11s.pt", imgsz=640, stride_s=0.5),
+        rung("yolo-large", "detect", device="cuda", weights="yolo11l.pt", imgsz=640, stride_s=0.5),
+        rung("yolo-small", "detect", device="cuda", weights="yolo11s.pt", imgsz=640, stride_s=0.5),
         # ONNX Runtime beats torch on CPU (~80 vs ~115-240 ms a frame for 11n, FACTS.md).
-        variant("yolo-nano", "detect", weights="yolo11n.onnx", stride_s=1.0),
+        rung("yolo-nano", "detect", weights="yolo11n.onnx", stride_s=1.0),
         # No model: motion spans, flagged, so a YOLO that keeps getting killed still yields something.
-        variant("motion", "motion", stride_s=0.5),
+        rung("motion", "motion", stride_s=0.5),
     ),
     # One attempt; under FARM_VISIBILITY_TIMEOUT (7200). Decoding is the floor: 1080p H.264 at a
     # few hundred frames a second on 2 cores is ~1 h of 30 fps video in ~5 min; nano on every

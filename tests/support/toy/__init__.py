@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from mediafarm.config.ladders import variant
+from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.family import EngineSpec, FamilySpec, Params, Request
@@ -64,7 +64,7 @@ FAMILY = FamilySpec(
         "stream": EngineSpec(f"{ENGINES}:stream_words", CountParams),
         "plain": EngineSpec(f"{ENGINES}:count_words", CountParams),
     },
-    ladder=(variant("streaming", "stream", upper=True), variant("plain", "plain")),
+    ladder=(rung("streaming", "stream", upper=True), rung("plain", "plain")),
     limits=TimeLimits(soft=60, hard=90),
     cli_argument="text",
     summary=summary,
