@@ -164,9 +164,12 @@ def _stale_after(settings: Any) -> float:
 def run_engine(
     spec: FamilySpec, rung: Rung, ctx: EngineContext, fields: Mapping[str, Any], media_roots: list[Any]
 ) -> dict[str, Any]:
-    """One rung: validate the request in the worker (media resolved), call the engine, drain it
+    """One rung: validate the request in the worker (media resolved), look at its input
+    (``FamilySpec.probe``) before the engine's module and model load, call the engine, drain it
     if it is a generator, check and dump its result. Raises what the engine raises."""
     request = spec.parse_request(fields, media_roots)
+    if spec.probe is not None:
+        spec.probe(request)
     engine = spec.engines[rung.engine]
     params = engine.parse_params(rung)
     result = engine.function()(ctx, request, params)

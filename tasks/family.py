@@ -207,6 +207,11 @@ class FamilySpec:
             (pipelines and tests choose ladders per job); None: always the family's own.
         in_default_pools: Whether pools that consume ``*`` take this family's queue.
         description: One line for ``farm families`` and the docs.
+        probe: A cheap look at the validated request's input (the file opens, the streams the
+            family needs are there and start to decode), run in the pool child before the engine's
+            module is imported and its model loaded, so a bad file is refused at once on a cold
+            child. Raises a PermanentFailure naming the problem. It imports what it needs inside
+            (a spec module stays light). None: nothing to look at beyond the request model.
     """
 
     name: str
@@ -223,6 +228,7 @@ class FamilySpec:
     ladder_field: str | None = None
     in_default_pools: bool = True
     description: str = ""
+    probe: Callable[[Any], None] | None = None
     _ladder: Ladder = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -149,10 +149,18 @@ def render(result: SubtitleResult) -> Table:
     return table
 
 
+def _probe(request: SubtitleRequest) -> None:
+    # Imported here: PyAV is a pool child's package, and this module is every producer's.
+    from mediafarm.tasks.media.probe import probe_audio
+
+    probe_audio(request.media)
+
+
 FAMILY = FamilySpec(
     name="subtitle",
     task_name="farm.subtitle.transcribe",
     description="Subtitles (WebVTT, SRT, JSON) of an audio or video file: VAD first, then recognition",
+    probe=_probe,
     request=SubtitleRequest,
     result=SubtitleResult,
     engines={

@@ -93,10 +93,18 @@ def render(result: VadResult) -> Table | str:
     return table
 
 
+def _probe(request: VadRequest) -> None:
+    # Imported here: PyAV is a pool child's package, and this module is every producer's.
+    from mediafarm.tasks.media.probe import probe_audio
+
+    probe_audio(request.media, require_audio=request.if_no_audio == "reject")
+
+
 FAMILY = FamilySpec(
     name="vad",
     task_name="farm.vad.detect",
     description="Speech spans of an audio or video file",
+    probe=_probe,
     request=VadRequest,
     result=VadResult,
     engines={

@@ -194,10 +194,18 @@ def render(result: YoloResult) -> Table | str:
     return table
 
 
+def _probe(request: YoloRequest) -> None:
+    # Imported here: PyAV is a pool child's package, and this module is every producer's.
+    from mediafarm.tasks.media.probe import probe_video
+
+    probe_video(request.media)
+
+
 FAMILY = FamilySpec(
     name="yolo",
     task_name="farm.yolo.detect",
     description="Object detection intervals (default: person) in a video or image; YOLO behind a motion gate",
+    probe=_probe,
     request=YoloRequest,
     result=YoloResult,
     engines={
