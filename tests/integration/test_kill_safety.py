@@ -118,6 +118,28 @@ def test_bad_input_fails_once_without_retry(chaos_worker) -> None:
     assert outcomes(job.attempts()) == ["rejected"]
 
 
+def test_a_message_back_after_a_rejection_is_not_run_again(chaos_worker) -> None:
+    # What a kill between the rejection's record and Celery storing the failure leaves (seen from
+    # outside, 0.12 s after a 2 ms rejection): a history ending 'rejected' and the message back
+    # with its retry count moved on (task_retry_on_worker_lost). Made here by hand, so the
+    # redelivery is certain; the worker and its path are the real ones.
+    import uuid
+
+    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.history import AttemptLog
+    from mediafarm.tasks.records import Attempt, Outcome
+
+    job_id = f"rejected-then-killed-{uuid.uuid4()}"
+    reason = "PermanentFailure: chaos: this input is malformed on purpose"
+    AttemptLog(app.backend.client, job_id, ttl=600).append(
+        Attempt(0, "strict", Outcome.REJECTED, reason, retries=0, worker=chaos_worker.node)
+    )
+    app.send_task("farm.test.chaos", kwargs={"ladder": "bad"}, task_id=job_id, queue="chaos", retries=1)
+    with pytest.raises(JobRejected, match="malformed on purpose") as info:
+        handle(job_id).wait(timeout=60)
+    assert outcomes(info.value.attempts) == ["rejected"]  # nothing ran, nothing was appended
+
+
 def test_main_process_never_imports_torch(cpu_worker, speech_track) -> None:
     # A VAD job imports torch in a child ...
     assert submit("vad", media=str(speech_track.path)).wait(timeout=60)["variant"] == "silero-onnx"

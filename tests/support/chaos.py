@@ -94,6 +94,9 @@ def memory_error(ctx: EngineContext, request: ChaosRequest, params: NoParams) ->
 
 
 def bad_input(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
+    # Looked at as long as a steady job runs (``plan.sleep``), so the chaos suite's kills land on
+    # bad inputs too.
+    time.sleep(float(request.plan.get("sleep", 0.0)))
     raise PermanentFailure("chaos: this input is malformed on purpose")
 
 

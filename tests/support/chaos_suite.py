@@ -15,6 +15,8 @@ veth namespace can be made and the broker is reachable through it). Then it coun
   last rung too) (must be 0);
 - history/envelope disagreements: a successful job whose attempt log in Redis is not, record for
   record and field for field, the attempts in its envelope (must be 0);
+- re-runs after the end: an attempt recorded after one that ended the job (rejected, cancelled,
+  error): a message back after its job's end was recorded ran again (must be 0);
 - its own faults: every child kill it planned was made and at least one landed on a running
   attempt (settled as killed from outside), and every fault of the run was reached; a fault this
   machine cannot make (no veth namespace for the network cut) is reported as not made, never as
@@ -45,6 +47,7 @@ import redis
 
 from mediafarm.config.pools import get_pool
 from mediafarm.tasks import keys
+from mediafarm.tasks.downgrade import TERMINAL_OUTCOMES
 from mediafarm.tasks.oom_killer import OUTSIDE_KILL, UNDECIDED
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
@@ -75,6 +78,7 @@ class Report:
     duplicated: list[str] = field(default_factory=list)
     infrastructure_failures: list[str] = field(default_factory=list)
     disagreements: list[str] = field(default_factory=list)
+    reruns_after_end: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)  # faults the run ended too soon for
     unmade: list[str] = field(default_factory=list)  # faults this machine cannot make, and why
@@ -89,6 +93,7 @@ class Report:
             for name, values in (("lost", self.lost), ("duplicated completions", self.duplicated),
                                  ("failed by infrastructure", self.infrastructure_failures),
                                  ("history/envelope disagreements", self.disagreements),
+                                 ("re-runs after the end was recorded", self.reruns_after_end),
                                  ("faults not reached (the run ended first)", self.missed),
                                  ("child kills that hit no running attempt", self._kills_unseen()))  # fmt: skip
             if values
@@ -111,7 +116,8 @@ class Report:
             f"killed from outside: {self.attempts_killed_from_outside}",
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
-            f"history/envelope disagreements: {len(self.disagreements)}",
+            f"history/envelope disagreements: {len(self.disagreements)}  "
+            f"re-runs after the end was recorded: {len(self.reruns_after_end)}",
             *(f"  event: {e}" for e in self.events),
             *(f"  not made here: {u}" for u in self.unmade),
             *(f"  not reached: {m}" for m in self.missed),
@@ -374,6 +380,9 @@ class ChaosSuite:
             attempts = meta["result"]["attempts"] if status == "SUCCESS" else history
             report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
             report.attempts_killed_from_outside += sum(1 for a in attempts if _killed_from_outside(a))
+            ended = next((i for i, a in enumerate(history) if a.get("outcome") in TERMINAL_OUTCOMES), None)
+            if ended is not None and ended < len(history) - 1:
+                report.reruns_after_end.append(f"{job} ({ladder}): {[a.get('outcome') for a in history]}")
             if len(watch.successes.get(job, ())) > 1:
                 report.duplicated.append(f"{job} ({ladder})")
             if status == "SUCCESS":
