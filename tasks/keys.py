@@ -2,11 +2,18 @@
 
 One prefix for all of them, so an operator can find (and a `SCAN mediafarm:*` can count) what the
 farm keeps. Each key lives as long as the job's result (``result_expires``) unless said otherwise.
+Only the farm's own keys are named here; a family names its own with :func:`family_key`, under the
+same prefix and in a space no farm key uses.
 """
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "mediafarm"
+# The first part after the prefix of every key named here: a family's space may not be one of them.
+FARM_SPACES = frozenset({"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline"})
+_SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 def history(job_id: str) -> str:
@@ -39,11 +46,6 @@ def cancel(job_id: str) -> str:
     return f"{PREFIX}:cancel:{job_id}"
 
 
-def speakers() -> str:
-    """The TTS speakers: a hash, name → JSON speaker (``families.tts.speakers``). Never expires."""
-    return f"{PREFIX}:speakers"
-
-
 def pipeline_plan(job_id: str) -> str:
     """The plan of the pipeline whose fan-in job is ``job_id`` (``plan.Plan`` as JSON)."""
     return f"{PREFIX}:pipeline:{job_id}"
@@ -52,3 +54,23 @@ def pipeline_plan(job_id: str) -> str:
 def every_key() -> str:
     """A ``SCAN`` pattern matching every key named here (``farm gc`` checks a backend holds some)."""
     return f"{PREFIX}:*"
+
+
+def family_key(space: str, *parts: str) -> str:
+    """A key of a family's own, ``mediafarm:<space>:<part>:...``, beside the farm's keys.
+
+    ``space`` is the family's name by convention (``family_key("loudness", job_id)``); the TTS
+    speaker hash is ``family_key("speakers")``, the name it had before families named their keys.
+    A family sets its keys' expiry itself (the farm's keys above expire with the job's result).
+
+    Raises:
+        ValueError: ``space`` is not a lowercase name, is one of the farm's own (:data:`FARM_SPACES`),
+            or a part is empty.
+    """
+    if not _SPACE.match(space):
+        raise ValueError(f"key space {space!r} must match {_SPACE.pattern}")
+    if space in FARM_SPACES:
+        raise ValueError(f"key space {space!r} is the farm's own ({sorted(FARM_SPACES)}); name it after the family")
+    if any(not part for part in parts):
+        raise ValueError(f"key {space!r}: every part must be a non-empty string, got {parts!r}")
+    return ":".join((PREFIX, space, *parts))

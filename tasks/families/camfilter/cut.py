@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import av
 
-from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.media.decode import open_media, tolerant_frames
+from mediafarm.tasks.kit import UnreadableMedia
+from mediafarm.tasks.kit.media import open_media, tolerant_frames
 
 Method = Literal["copy", "reencode"]
 _MS = Fraction(1, 1000)

@@ -12,14 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.camfilter.cut import check_clip, choose_cut, clip_suffix, cut_clip, keyframe_times
 from mediafarm.tasks.families.camfilter.plan import Clip, plan_clips
 from mediafarm.tasks.families.camfilter.spec import CamfilterRequest, CamfilterResult, ClipOut, CutParams, StageOut
 from mediafarm.tasks.families.vad.spec import VadResult
 from mediafarm.tasks.families.yolo.spec import MOTION_CLASS, YoloResult
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import EngineContext, PermanentFailure, Span
 
 CLIPS = "clips"
 

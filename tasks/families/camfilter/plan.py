@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import Span
 
 
 class ClipRules(BaseModel):

@@ -15,18 +15,24 @@ Imported by every farm process, producers included: nothing heavy here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.camfilter.plan import ClipRules
-from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request
-
-if TYPE_CHECKING:
-    from mediafarm.tasks.plan import Plan
+from mediafarm.tasks.kit import (
+    CommaList,
+    EngineSpec,
+    FamilySpec,
+    MediaPath,
+    Params,
+    Part,
+    Plan,
+    Request,
+    TimeLimits,
+    rung,
+)
 
 ENGINES = "mediafarm.tasks.families.camfilter.engines"
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -47,8 +53,6 @@ class CamfilterRequest(Request):
 
     def as_pipeline(self, job_id: str) -> Plan:
         """VAD ∥ YOLO on the media, then the cut under ``job_id`` (which reads both by id)."""
-        from mediafarm.tasks.plan import Part, Plan
-
         media = str(self.media)
         vad: dict[str, Any] = {"media": media, "if_no_audio": "empty"}
         yolo: dict[str, Any] = {"media": media, "classes": list(self.classes)}

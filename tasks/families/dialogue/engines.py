@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.dialogue.spec import (
     AssembleParams,
     DialogueLineResult,
@@ -34,7 +32,7 @@ from mediafarm.tasks.families.dialogue.subtitles import Cue, to_srt, to_webvtt
 from mediafarm.tasks.families.dialogue.track import read_line_audio, resample
 from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder
 from mediafarm.tasks.families.tts.spec import SentenceTiming, TtsResult
-from mediafarm.tasks.plan import Collected
+from mediafarm.tasks.kit import Collected, EngineContext, PermanentFailure
 
 SUBTITLES = ("dialogue.vtt", "dialogue.srt", "dialogue.json")
 

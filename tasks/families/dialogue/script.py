@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from mediafarm.tasks.families.tts.speakers import NAME_PATTERN
 from mediafarm.tasks.families.tts.text import check_text
-from mediafarm.tasks.family import describe_validation_error
+from mediafarm.tasks.kit import describe_validation_error
 
 # A dialogue of 500 lines is ~30-40 minutes of speech; each line is a farm job of its own, and the
 # fan-in counts them in Redis. Longer scripts are several dialogues.

@@ -11,20 +11,25 @@ Imported by every farm process, producers included: nothing heavy here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.families.dialogue.script import DialogueLine, line_job_id, load_script
 from mediafarm.tasks.families.tts.spec import AudioFormat, SentenceTiming
-from mediafarm.tasks.family import EngineSpec, FamilySpec, Params, Request
-
-if TYPE_CHECKING:
-    from mediafarm.tasks.plan import Plan
+from mediafarm.tasks.kit import (
+    EngineSpec,
+    FamilySpec,
+    InvalidRequest,
+    Params,
+    Part,
+    PermanentFailure,
+    Plan,
+    Request,
+    TimeLimits,
+    rung,
+)
 
 ENGINES = "mediafarm.tasks.families.dialogue.engines"
 
@@ -62,7 +67,6 @@ class DialogueRequest(Request):
         Every speaker must be registered (checked here, once per name, before anything is sent).
         """
         from mediafarm.tasks.families.tts.speakers import get_speaker
-        from mediafarm.tasks.plan import Part, Plan
 
         if self.script is None:
             raise InvalidRequest("dialogue request: script: a dialogue needs a script (its lines)")

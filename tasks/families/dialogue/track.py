@@ -15,8 +15,7 @@ import av
 import numpy as np
 import soundfile as sf
 
-from mediafarm.tasks.artifacts import sha256_of
-from mediafarm.tasks.errors import PermanentFailure
+from mediafarm.tasks.kit import PermanentFailure, sha256_of
 
 
 def read_line_audio(path: Path, sha256: str | None, label: str) -> tuple[np.ndarray, int]:

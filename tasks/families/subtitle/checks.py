@@ -20,7 +20,7 @@ import numpy as np
 from mediafarm.tasks.families.subtitle.cues import cue_rules_violations
 from mediafarm.tasks.families.subtitle.records import Cue, CueRules, Word
 from mediafarm.tasks.families.subtitle.spec import PERCEPTIBLE_MS, LateCue, TimingReport
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import Span
 
 # Rounding to milliseconds on write must not count as running past the media.
 EPSILON = 0.001

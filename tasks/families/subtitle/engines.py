@@ -30,7 +30,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
 from mediafarm.tasks.families.subtitle.recognizers import (
@@ -46,9 +45,8 @@ from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_
 from mediafarm.tasks.families.vad import engines as vad
 from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
-from mediafarm.tasks.family import NoParams
-from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import EngineContext, NoParams, Span
+from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks
 
 # VAD for subtitles: a shorter silence ends a span than for cam-filter, so cue onsets can follow it.
 VAD_PARAMS = SileroParams(threshold=0.5, min_silence_ms=250, speech_pad_ms=30)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mediafarm.tasks.errors import RungUnavailable, raise_if_out_of_memory
 from mediafarm.tasks.families.subtitle.records import Segment, Word
-from mediafarm.tasks.media.decode import SAMPLE_RATE
+from mediafarm.tasks.kit import RungUnavailable, raise_if_out_of_memory
+from mediafarm.tasks.kit.media import SAMPLE_RATE
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel

@@ -11,10 +11,18 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
-from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
+from mediafarm.tasks.kit import (
+    CommaList,
+    EngineSpec,
+    FamilySpec,
+    MediaPath,
+    NoParams,
+    Params,
+    Request,
+    TimeLimits,
+    rung,
+)
 
 ENGINES = "mediafarm.tasks.families.subtitle.engines"
 # What every recogniser's engine imports besides its model: decoding, the cue writers. Its VAD is
@@ -151,7 +159,7 @@ def render(result: SubtitleResult) -> Table:
 
 def _probe(request: SubtitleRequest) -> None:
     # Imported here: PyAV is a pool child's package, and this module is every producer's.
-    from mediafarm.tasks.media.probe import probe_audio
+    from mediafarm.tasks.kit.media import probe_audio
 
     probe_audio(request.media)
 

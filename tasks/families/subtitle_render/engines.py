@@ -7,16 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, PAD_SECONDS, SRT_NAME, VTT_NAME
 from mediafarm.tasks.families.subtitle.records import Segment
 from mediafarm.tasks.families.subtitle.writers import to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_render.spec import RenderRequest, RenderResult
-from mediafarm.tasks.family import NoParams, describe_validation_error
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import EngineContext, NoParams, PermanentFailure, Span, describe_validation_error
 
 
 class NoSubtitles(PermanentFailure):

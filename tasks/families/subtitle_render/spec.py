@@ -11,11 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.subtitle.records import CueRules
 from mediafarm.tasks.families.subtitle.spec import WRITING, TimingReport
-from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, NoParams, Request
+from mediafarm.tasks.kit import CommaList, EngineSpec, FamilySpec, NoParams, Request, TimeLimits, rung
 
 
 class RenderRequest(Request):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mediafarm.tasks.errors import PermanentFailure, RungUnavailable, raise_if_out_of_memory
+from mediafarm.tasks.kit import PermanentFailure, RungUnavailable, raise_if_out_of_memory
 
 if TYPE_CHECKING:
     from ChatTTS import Chat

@@ -20,8 +20,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder, Joiner, encode
 from mediafarm.tasks.families.tts.speakers import DEFAULT, Speaker, get_speaker
 from mediafarm.tasks.families.tts.spec import (
@@ -33,6 +31,7 @@ from mediafarm.tasks.families.tts.spec import (
     TtsResult,
 )
 from mediafarm.tasks.families.tts.text import plan_chunks
+from mediafarm.tasks.kit import EngineContext, PermanentFailure
 
 CHUNKS = "chunks"
 

@@ -19,7 +19,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 import soundfile as sf
 
-from mediafarm.tasks.errors import RungUnavailable
+from mediafarm.tasks.kit import RungUnavailable
 
 # espeak-ng's own default pace, words a minute.
 WORDS_PER_MINUTE = 175

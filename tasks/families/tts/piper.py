@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mediafarm.tasks.errors import RungUnavailable
+from mediafarm.tasks.kit import RungUnavailable
 
 if TYPE_CHECKING:
     from piper import PiperVoice as Loaded

@@ -1,6 +1,6 @@
 """Named speakers: one fixed voice per engine, kept in Redis where every worker and restart finds it.
 
-A speaker is one hash field (``keys.speakers()``, no expiry) holding a JSON :class:`Speaker`. It
+A speaker is one hash field (:data:`SPEAKERS_KEY`, no expiry) holding a JSON :class:`Speaker`. It
 names its voice on each rung: a ChatTTS embedding (given as a string, or sampled from a seed on
 the model that speaks), a Piper voice file (+ speaker id), an espeak-ng voice. What it does not
 name is derived from its ``slot``, a small number given once at registration (the lowest one no
@@ -23,9 +23,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mediafarm.tasks import keys
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.kit import InvalidRequest, PermanentFailure, family_key, farm_redis
 
+# The hash of every registered speaker: mediafarm:speakers, the name it had before families named
+# their own keys (a new name would lose every speaker already registered).
+SPEAKERS_KEY = family_key("speakers")
 DEFAULT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # espeak-ng voices a speaker without its own gets, by slot: distinct variants of US English.
@@ -95,12 +97,6 @@ class Speaker(BaseModel):
 BUILT_IN = Speaker(name=DEFAULT, slot=0, seed=2)
 
 
-def _client() -> Any:
-    from mediafarm.tasks.app import app
-
-    return app.backend.client
-
-
 def _parse(raw: bytes | str) -> Speaker:
     return Speaker.model_validate_json(raw)
 
@@ -109,7 +105,7 @@ def get_speaker(name: str, client: Any = None) -> Speaker:
     """The speaker called ``name``; PermanentFailure (the job is rejected) if none is registered."""
     if name == DEFAULT:
         return BUILT_IN
-    raw = (client or _client()).hget(keys.speakers(), name)
+    raw = (client or farm_redis()).hget(SPEAKERS_KEY, name)
     if raw is None:
         raise PermanentFailure(f"no speaker named {name!r} is registered (farm speakers add {name} ...)")
     return _parse(raw)
@@ -117,7 +113,7 @@ def get_speaker(name: str, client: Any = None) -> Speaker:
 
 def list_speakers(client: Any = None) -> list[Speaker]:
     """Every speaker, ``default`` first, then by name."""
-    stored = (client or _client()).hgetall(keys.speakers())
+    stored = (client or farm_redis()).hgetall(SPEAKERS_KEY)
     return [BUILT_IN] + sorted((_parse(v) for v in stored.values()), key=lambda s: s.name)
 
 
@@ -129,7 +125,7 @@ def register_speaker(name: str, client: Any = None, **voices: Any) -> Speaker:
         InvalidRequest: a malformed name or voice, or ``name`` is taken (remove it first: a
             registered voice never changes under a job).
     """
-    client = client or _client()
+    client = client or farm_redis()
     if name == DEFAULT:
         raise InvalidRequest(f"speaker {DEFAULT!r} is built in and cannot be registered again")
     if "slot" in voices:
@@ -139,7 +135,7 @@ def register_speaker(name: str, client: Any = None, **voices: Any) -> Speaker:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'speaker'}: {e['msg']}" for e in exc.errors())
         raise InvalidRequest(f"speaker {name!r}: {problems}") from None
-    key = keys.speakers()
+    key = SPEAKERS_KEY
     registered: list[Speaker] = []
 
     def claim(pipe: Any) -> None:
@@ -161,4 +157,4 @@ def remove_speaker(name: str, client: Any = None) -> bool:
     """Remove a registered speaker; False if there was none. ``default`` cannot be removed."""
     if name == DEFAULT:
         raise InvalidRequest(f"speaker {DEFAULT!r} is built in and cannot be removed")
-    return bool((client or _client()).hdel(keys.speakers(), name))
+    return bool((client or farm_redis()).hdel(SPEAKERS_KEY, name))

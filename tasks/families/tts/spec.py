@@ -11,11 +11,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.families.tts.speakers import DEFAULT, NAME_PATTERN
 from mediafarm.tasks.families.tts.text import check_text
-from mediafarm.tasks.family import EngineSpec, FamilySpec, Params, Request
+from mediafarm.tasks.kit import EngineSpec, FamilySpec, Params, Request, TimeLimits, rung
 
 ENGINES = "mediafarm.tasks.families.tts.engines"
 # Light on purpose (every producer imports this module): the encoders are in audio.py.

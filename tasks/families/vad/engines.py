@@ -16,11 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
-from mediafarm.tasks.family import NoParams
-from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import EngineContext, NoParams, Span
+from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
 
 SILERO_WINDOW = 512  # samples at 16 kHz: the only window size silero-vad 5+ accepts
 WEBRTC_FRAME = 480  # 30 ms at 16 kHz, one of the three frame sizes webrtcvad accepts

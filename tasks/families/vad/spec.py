@@ -11,10 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request, Span, TimeLimits, rung
 
 ENGINES = "mediafarm.tasks.families.vad.engines"
 
@@ -95,7 +92,7 @@ def render(result: VadResult) -> Table | str:
 
 def _probe(request: VadRequest) -> None:
     # Imported here: PyAV is a pool child's package, and this module is every producer's.
-    from mediafarm.tasks.media.probe import probe_audio
+    from mediafarm.tasks.kit.media import probe_audio
 
     probe_audio(request.media, require_audio=request.if_no_audio == "reject")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.yolo.frames import Sample, VideoSamples, crop_around
 from mediafarm.tasks.families.yolo.model import Detector, load_detector
 from mediafarm.tasks.families.yolo.motion import Gated, MotionDetector, MotionGate, Region
@@ -26,6 +25,7 @@ from mediafarm.tasks.families.yolo.spec import (
     YoloResult,
 )
 from mediafarm.tasks.families.yolo.tracks import Box, IntervalBuilder
+from mediafarm.tasks.kit import EngineContext
 
 
 def detect(ctx: EngineContext, request: YoloRequest, params: DetectParams) -> YoloResult:

@@ -23,10 +23,9 @@ from types import TracebackType
 import av
 import numpy as np
 
-from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.families.yolo.motion import Region
-from mediafarm.tasks.media.decode import declared_length, open_media, tolerant_frames
-from mediafarm.tasks.media.streams import check_decodable
+from mediafarm.tasks.kit import UnreadableMedia
+from mediafarm.tasks.kit.media import check_decodable, declared_length, open_media, tolerant_frames
 
 # A frame is "at the stride" if it is this close before its slot (timestamps are rounded).
 SLOT_TOLERANCE = 1e-3

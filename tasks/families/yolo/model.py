@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.errors import InvalidRequest, RungUnavailable, raise_if_out_of_memory
+from mediafarm.tasks.kit import InvalidRequest, RungUnavailable, raise_if_out_of_memory, torch_device
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,6 @@ def _load(weights: Path, device: str, threads: int) -> Detector:
     if device == "cuda":
         if runtime == "onnxruntime":
             raise RungUnavailable("ONNX weights run on CPU rungs here; give a cuda rung .pt weights")
-        from mediafarm.tasks.gpu import torch_device
-
         device = torch_device()  # the pool's GPU memory fraction, applied once per child
     try:
         yolo = ultralytics.YOLO(str(weights), task="detect")

@@ -11,10 +11,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks.family import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request
-from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.kit import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request, Span, TimeLimits, rung
 
 ENGINES = "mediafarm.tasks.families.yolo.engines"
 # The class the `motion` rung reports its spans under (no model ran, so no real class).
@@ -196,7 +193,7 @@ def render(result: YoloResult) -> Table | str:
 
 def _probe(request: YoloRequest) -> None:
     # Imported here: PyAV is a pool child's package, and this module is every producer's.
-    from mediafarm.tasks.media.probe import probe_video
+    from mediafarm.tasks.kit.media import probe_video
 
     probe_video(request.media)
 

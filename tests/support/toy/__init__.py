@@ -9,10 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from mediafarm.config.ladders import rung
-from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks.errors import PermanentFailure
-from mediafarm.tasks.family import EngineSpec, FamilySpec, Params, Request
+from mediafarm.tasks.kit import EngineSpec, FamilySpec, Params, PermanentFailure, Request, TimeLimits, rung
 
 ENGINES = "tests.support.toy.engines"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.kit import EngineContext
 from tests.support.toy import CountParams, ToyRejected, ToyRequest, ToyResult
 
 

@@ -1,0 +1,89 @@
+"""A family imports the farm only through the kit (``mediafarm.tasks.kit``), read from the source.
+
+Every import counts, at module level and inside functions (``tests/test_import_graph.py`` walks
+them). A family may also import its own package and another family's (the kit's docstring says
+why); never the registry, the app, the client, nor any other module of the farm.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from mediafarm.tasks import kit
+from mediafarm.tasks.kit import media as kit_media
+from tests.conftest import REPO
+from tests.test_import_graph import imported_names, modules
+from tests.test_producer_import import HEAVY, WORKER_SIDE, loaded_after
+
+KIT = "mediafarm.tasks.kit"
+FAMILIES = "mediafarm.tasks.families"
+TOY = REPO / "tests" / "support" / "toy"
+
+
+def family_modules() -> dict[str, Path]:
+    """Every module of every family (the registry itself is the farm's), and the tests' toy family."""
+    found = {name: path for name, path in modules().items() if name.startswith(FAMILIES + ".")}
+    for path in TOY.glob("*.py"):
+        parts = ["tests", "support", "toy"] + ([] if path.stem == "__init__" else [path.stem])
+        found[".".join(parts)] = path
+    return found
+
+
+def allowed(name: str) -> bool:
+    """May a family import ``name``? Anything outside the farm, the kit, or a family's package."""
+    if name.split(".")[0] != "mediafarm":
+        return True
+    return name == KIT or name.startswith((KIT + ".", FAMILIES + "."))
+
+
+def farm_imports_outside_the_kit(module: str, path: Path) -> list[str]:
+    names = imported_names(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+    return sorted({name for name in names if not allowed(name)})
+
+
+def test_the_rule_tells_the_kit_and_families_from_the_rest_of_the_farm() -> None:
+    assert allowed("mediafarm.tasks.kit") and allowed("mediafarm.tasks.kit.media.audio_blocks")
+    assert allowed("mediafarm.tasks.families.tts.speakers") and allowed("numpy") and allowed("tests.support.toy")
+    assert not allowed("mediafarm.tasks.families")  # the registry
+    assert not allowed("mediafarm.tasks.kitchen") and not allowed("mediafarm")
+    assert not allowed("mediafarm.tasks.app") and not allowed("mediafarm.config.ladders")
+    # A function-level import of the app is caught; the kit's names are not.
+    source = "def f():\n    from mediafarm.tasks.app import app\nfrom mediafarm.tasks.kit import rung\n"
+    names = imported_names(source, "mediafarm.tasks.families.x.y", is_package=False)
+    assert sorted(n for n in names if not allowed(n)) == ["mediafarm.tasks.app", "mediafarm.tasks.app.app"]
+
+
+def test_every_family_module_imports_the_farm_only_through_the_kit() -> None:
+    found = family_modules()
+    # The walk itself works: every built-in family and the toy are read.
+    for family in ("vad", "subtitle", "subtitle_render", "tts", "dialogue", "yolo", "camfilter"):
+        assert f"{FAMILIES}.{family}.spec" in found
+    assert "tests.support.toy" in found and "tests.support.toy.engines" in found
+    outside = {module: names for module, path in found.items() if (names := farm_imports_outside_the_kit(module, path))}
+    assert outside == {}, "family modules importing the farm around the kit: " + "; ".join(
+        f"{module}: {', '.join(names)}" for module, names in sorted(outside.items())
+    )
+
+
+@pytest.mark.parametrize("module", [kit, kit_media], ids=lambda m: m.__name__)
+def test_every_name_the_kit_offers_resolves(module) -> None:
+    assert module.__all__ and len(set(module.__all__)) == len(module.__all__)
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert missing == []
+    # A name is re-exported, never a copy: it is the object of the module that defines it.
+    for name in module.__all__:
+        value = getattr(module, name)
+        home = getattr(value, "__module__", None)
+        if home and home.startswith("mediafarm.") and not home.startswith(KIT):
+            assert getattr(importlib.import_module(home), name, value) is value, name
+
+
+def test_the_light_kit_loads_no_media_model_or_worker_package(tmp_path: Path, redis_url: str) -> None:
+    # Spec modules import the kit and every farm process imports the specs, producers included.
+    loaded = loaded_after("import mediafarm.tasks.kit", tmp_path, redis_url)
+    assert KIT in loaded and "mediafarm.tasks.context" in loaded  # the walk itself works
+    assert [m for m in loaded if m.split(".")[0] in HEAVY + WORKER_SIDE] == []
+    assert "mediafarm.tasks.app" not in loaded  # farm_redis builds the app on first use, not on import
