@@ -32,6 +32,7 @@ from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.media.paths import resolve_media
+from mediafarm.tasks.result_metrics import ResultMetric
 
 TASK_NAME = re.compile(r"^farm\.[a-z0-9_-]+\.[a-z0-9_]+$")
 FAMILY_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -212,6 +213,12 @@ class FamilySpec:
             module is imported and its model loaded, so a bad file is refused at once on a cold
             child. Raises a PermanentFailure naming the problem. It imports what it needs inside
             (a spec module stays light). None: nothing to look at beyond the request model.
+        metrics: Numbers of the result the workers count into Prometheus metrics
+            (:class:`~mediafarm.tasks.result_metrics.ResultMetric`; YOLO's frame counters).
+        cli: The family's own ``farm`` commands: ``module:attribute`` naming a ``typer.Typer``,
+            which the CLI mounts under the Typer's ``name`` (the family's name if it has none) when
+            it is built (``farm speakers``). The module is imported by every ``farm`` command, so
+            it is light like the spec; None: the family has no commands of its own.
     """
 
     name: str
@@ -229,6 +236,8 @@ class FamilySpec:
     in_default_pools: bool = True
     description: str = ""
     probe: Callable[[Any], None] | None = None
+    metrics: tuple[ResultMetric, ...] = ()
+    cli: str | None = None
     _ladder: Ladder = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -245,10 +254,27 @@ class FamilySpec:
         problems = self.rung_problems(self._ladder)
         if problems:  # a mistake in the family's own code, found when it is imported
             raise ValueError(f"family {self.name!r}, default ladder: " + "; ".join(problems))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        declared: dict[str, ResultMetric] = {}
+        for metric in self.metrics:
+            if metric.root_field() not in self.result.model_fields:
+                raise ValueError(f"family {self.name!r}: metric {metric.name!r} reads {metric.path!r}, "
+                                 f"and {metric.root_field()!r} is not a field of {self.result.__name__}")  # fmt: skip
+            if declared.setdefault(metric.name, metric).shape != metric.shape:
+                raise ValueError(f"family {self.name!r}: metric {metric.name!r} is declared twice, differently")
+        if self.cli is not None and not re.match(r"^[\w.]+:\w+$", self.cli):
+            raise ValueError(f"family {self.name!r}: cli {self.cli!r} must be 'module:attribute'")
 
     @property
     def default_ladder(self) -> Ladder:
         return self._ladder
+
+    def commands(self) -> Any:
+        """The family's ``typer.Typer`` of commands (``cli``, imported), or None."""
+        if self.cli is None:
+            return None
+        module, _, name = self.cli.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     @property
     def cli_argument_is_path(self) -> bool:

@@ -87,3 +87,19 @@ def test_the_light_kit_loads_no_media_model_or_worker_package(tmp_path: Path, re
     assert KIT in loaded and "mediafarm.tasks.context" in loaded  # the walk itself works
     assert [m for m in loaded if m.split(".")[0] in HEAVY + WORKER_SIDE] == []
     assert "mediafarm.tasks.app" not in loaded  # farm_redis builds the app on first use, not on import
+
+
+def test_a_familys_keys_live_under_the_farms_prefix_outside_the_farms_own_spaces() -> None:
+    assert kit.family_key("loudness", "job-1", "levels") == "mediafarm:loudness:job-1:levels"
+    assert kit.family_key("speakers") == "mediafarm:speakers"  # the TTS store, where it always was
+    for space, problem in (("attempts", "the farm's own"), ("Loud ness", "must match"), ("", "must match")):
+        with pytest.raises(ValueError, match=problem):
+            kit.family_key(space, "x")
+    with pytest.raises(ValueError, match="non-empty"):
+        kit.family_key("loudness", "")
+    # FARM_SPACES is every space keys.py's own keys use, so no family key can land among them.
+    from mediafarm.tasks import keys
+
+    own = {name for name, value in vars(keys).items() if callable(value) and value.__module__ == keys.__name__}
+    spaces = {getattr(keys, name)("job").split(":")[1] for name in own - {"family_key", "every_key"}}
+    assert len(own) >= 8 and spaces == keys.FARM_SPACES

@@ -4,7 +4,8 @@ The Celery app (``mediafarm.tasks.app``, and the client built on it) is imported
 commands on purpose: ``farm up`` and ``farm demo`` set FARM_* variables before the app reads them.
 So is the worker side (``workers.guards``: psutil, prometheus-client), which a producer's core
 install lacks: ``farm submit`` and the other client commands run without it, and the commands
-that start a worker name the extra that brings it.
+that start a worker name the extra that brings it. A family's own commands (TTS's ``farm speakers``)
+come from its spec and are mounted here when this module is built (``workers/family_commands.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
 from mediafarm.tasks.errors import JobFailed
 from mediafarm.workers.embedded import EmbeddedRedis
+from mediafarm.workers.family_commands import mount
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
 from mediafarm.workers.retention import WrongBackend, expired, remove
 
@@ -370,62 +372,6 @@ def list_families() -> None:
     console.print(table)
 
 
-speakers_cli = typer.Typer(no_args_is_help=True, help="TTS speakers: one fixed voice per engine, kept in Redis.")
-cli.add_typer(speakers_cli, name="speakers")
-
-
-@speakers_cli.command("add")
-def speakers_add(
-    name: str,
-    seed: Annotated[int | None, typer.Option(help="ChatTTS: sample the speaker embedding with this seed")] = None,
-    embedding: Annotated[str | None, typer.Option(help="ChatTTS: the speaker embedding string itself")] = None,
-    piper_voice: Annotated[str | None, typer.Option(help="Piper: voice .onnx under FARM_MODELS_DIR")] = None,
-    piper_speaker: Annotated[int | None, typer.Option(help="Piper: speaker id of a multi-speaker voice")] = None,
-    espeak_voice: Annotated[str | None, typer.Option(help="espeak-ng: voice and variant, e.g. en-us+m3")] = None,
-) -> None:
-    """Register a speaker; the voices it does not name are chosen distinct from every other speaker's."""
-    _need_broker()
-    from mediafarm.tasks.families.tts.speakers import register_speaker
-
-    given = {"seed": seed, "embedding": embedding, "piper_voice": piper_voice, "piper_speaker": piper_speaker,
-             "espeak_voice": espeak_voice}  # fmt: skip
-    try:
-        speaker = register_speaker(name, **{k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        _fail(str(exc))
-    console.print(f"speaker [bold]{speaker.name}[/] registered (slot {speaker.slot})")
-
-
-@speakers_cli.command("list")
-def speakers_list() -> None:
-    """Every speaker and its voice on each engine."""
-    _need_broker()
-    from mediafarm.tasks.families.tts.speakers import list_speakers
-
-    table = Table("speaker", "slot", "ChatTTS", "Piper", "espeak-ng")
-    for s in list_speakers():
-        chattts = "stored embedding" if s.embedding else f"seed {s.chattts_seed}"
-        piper = s.piper_voice or "rung's voice"
-        piper += f" speaker {s.piper_speaker}" if s.piper_speaker is not None else f" pitch {s.piper_pitch:g}"
-        table.add_row(s.name, str(s.slot), chattts, piper, s.espeak)
-    console.print(table)
-
-
-@speakers_cli.command("rm")
-def speakers_rm(name: str) -> None:
-    """Remove a registered speaker (jobs naming it are then rejected)."""
-    _need_broker()
-    from mediafarm.tasks.families.tts.speakers import remove_speaker
-
-    try:
-        removed = remove_speaker(name)
-    except ValueError as exc:
-        _fail(str(exc))
-    if not removed:
-        _fail(f"no speaker named {name!r}", code=1)
-    console.print(f"speaker {name} removed")
-
-
 @cli.command()
 def gc(
     grace: Annotated[float, typer.Option(help="Keep folders changed within this many seconds")] = 3600.0,
@@ -477,6 +423,24 @@ def demo(
     console.print("[green]demo done[/]: farm stopped cleanly")
 
 
+def _mount_family_commands() -> str | None:
+    """Mount each family's own commands (``FamilySpec.cli``: ``farm speakers``); what went wrong, if anything.
+
+    Done as this module is built, so that ``farm --help``, the commands and Typer's command tree
+    agree. A registry that does not load (a module of FARM_FAMILY_MODULES that does not import, a
+    bad FARM_* value) leaves the family commands out: the farm's own commands still run and name
+    the problem, and :func:`main` says why the family commands are missing.
+    """
+    try:
+        mount(cli, families.load().values())
+    except (ConfigFileError, ImportError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+_FAMILY_COMMANDS_PROBLEM = _mount_family_commands()
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -484,6 +448,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main() -> None:
     # SIGTERM (a supervisor, `docker stop`) stops `farm up` the same orderly way as Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
+    if _FAMILY_COMMANDS_PROBLEM:
+        err.print(f"[yellow]warning:[/] the families' own commands are not available: {_FAMILY_COMMANDS_PROBLEM}",
+                  highlight=False)  # fmt: skip
     cli()
 
 

@@ -1,8 +1,9 @@
 """Prometheus metrics of a worker's main process, served on ``FARM_METRICS_PORT`` (0: off).
 
 Task states and runtimes come from Flower's ``/metrics``; these are what only the farm knows:
-which children it killed and why, how close the children run to their cap, and what the motion
-gate of a video family saved.
+which children it killed and why, how close the children run to their cap, and the numbers the
+families declare of their results (``FamilySpec.metrics``: what the motion gate of a video family
+saved), counted from each finished job's output.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery.worker.request import Request
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from mediafarm.tasks import families
+from mediafarm.tasks.family import FamilySpec
 
 log = logging.getLogger("mediafarm.metrics")
 
@@ -26,34 +30,68 @@ CHILD_RSS_MAX = Gauge(
     "mediafarm_child_rss_max_bytes", "Largest RSS among the pool's children at the last watchdog poll", ["pool"]
 )
 CHILD_RSS_CAP = Gauge("mediafarm_child_rss_cap_bytes", "The pool's per-child RSS cap", ["pool"])
-# What a motion gate saved (Frigate publishes the same): counted from each finished job's output.
-FRAMES = Counter(
-    "mediafarm_frames_total", "Video frames of finished jobs, by what became of them", ["family", "variant", "fate"]
-)
-MODEL_MS_PER_FRAME = Histogram(
-    "mediafarm_model_ms_per_frame", "Mean model time per examined frame, one observation per finished job",
-    ["family", "variant"], buckets=(5, 10, 25, 50, 100, 250, 500, 1000, 2500),
-)  # fmt: skip
-FRAME_FATES = ("decoded", "examined", "skipped")
+
+
+class ResultMetrics:
+    """One Prometheus metric per name the families declare (``FamilySpec.metrics``), and the
+    counting of a finished job's output into them.
+
+    Families sharing a name declared it alike (the registry refuses otherwise), so the first
+    declaration makes the metric.
+    """
+
+    def __init__(self, specs: Iterable[FamilySpec], registry: CollectorRegistry = REGISTRY) -> None:
+        self._specs = {spec.name: spec for spec in specs}
+        self._made: dict[str, Counter | Histogram] = {}
+        for spec in self._specs.values():
+            for m in spec.metrics:
+                if m.full_name in self._made:
+                    continue
+                if m.kind == "counter":
+                    self._made[m.full_name] = Counter(m.full_name, m.help, m.label_names, registry=registry)
+                else:
+                    self._made[m.full_name] = Histogram(m.full_name, m.help, m.label_names, buckets=m.buckets,
+                                                        registry=registry)  # fmt: skip
+
+    def counts(self, family: str) -> bool:
+        """Does a job of ``family`` count anything (is its output worth reading back)?"""
+        spec = self._specs.get(family)
+        return spec is not None and bool(spec.metrics)
+
+    def observe(self, envelope: Any) -> None:
+        """Count a finished job's envelope: each declared number of its output into its metric."""
+        if not isinstance(envelope, Mapping):
+            return
+        spec = self._specs.get(str(envelope.get("family", "")))
+        if spec is None:
+            return
+        output = envelope.get("output") or {}
+        job = {"family": spec.name, "variant": str(envelope.get("variant", ""))}
+        for m in spec.metrics:
+            value = m.value(output)
+            if value is None:
+                continue
+            series = self._made[m.full_name].labels(**job, **dict(m.labels))
+            if m.kind == "counter":
+                series.inc(value)
+            else:
+                series.observe(value)
+
+
+@functools.cache
+def result_metrics() -> ResultMetrics:
+    """The worker's metrics of every registered family's results (made once, on the default registry)."""
+    return ResultMetrics(families.load().values())
 
 
 def observe_job(envelope: Any) -> None:
-    """Count a finished job's frame counters (``output.frames``, as the yolo family reports them)."""
-    if not isinstance(envelope, Mapping):
-        return
-    frames = (envelope.get("output") or {}).get("frames")
-    if not isinstance(frames, Mapping):
-        return
-    labels = {"family": str(envelope.get("family", "")), "variant": str(envelope.get("variant", ""))}
-    for fate in FRAME_FATES:
-        FRAMES.labels(fate=fate, **labels).inc(int(frames.get(fate) or 0))
-    if frames.get("model_ms_per_frame") is not None:
-        MODEL_MS_PER_FRAME.labels(**labels).observe(float(frames["model_ms_per_frame"]))
+    """Count a finished job's declared numbers (``FamilySpec.metrics``; YOLO's ``output.frames``)."""
+    result_metrics().observe(envelope)
 
 
-def _counts_frames(task: Any) -> bool:
+def _counts_results(task: Any) -> bool:
     spec = getattr(task, "spec", None)
-    return spec is not None and "frames" in spec.result.model_fields
+    return spec is not None and result_metrics().counts(spec.name)
 
 
 class _OutputReader:
@@ -61,7 +99,7 @@ class _OutputReader:
 
     The main process is told that a job succeeded, but not its output: a pool child sends only a
     short repr of it back (the output itself goes to the backend). Reading it back here, off the
-    worker's event loop, costs one GET per job of a family that counts frames, none for others,
+    worker's event loop, costs one GET per job of a family that declares metrics, none for others,
     and a slow Redis delays only the metrics.
     """
 
@@ -95,12 +133,12 @@ _READER = _OutputReader()
 
 
 def _metered(on_success: Callable[..., Any]) -> Callable[..., Any]:
-    """``on_success`` that also hands a successful job of a frame-counting family to the reader."""
+    """``on_success`` that also hands a successful job of a family that declares metrics to the reader."""
 
     @functools.wraps(on_success)
     def wrapper(self: Request, failed__retval__runtime: Any, **kwargs: Any) -> Any:
         result = on_success(self, failed__retval__runtime, **kwargs)
-        if not failed__retval__runtime[0] and _counts_frames(self.task):
+        if not failed__retval__runtime[0] and _counts_results(self.task):
             _READER.submit(self.task.app, self.id)
         return result
 
@@ -126,5 +164,6 @@ class MeteredRequest(Request):
 
 def serve(port: int) -> None:
     """Expose the metrics over HTTP on loopback-or-all as the operator binds the container."""
+    result_metrics()  # every declared metric listed from the start, before its first job
     if port:
         start_http_server(port)

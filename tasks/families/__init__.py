@@ -38,7 +38,8 @@ _lock = threading.Lock()
 
 def register(spec: FamilySpec) -> FamilySpec:
     """Add a family. Registering the same spec twice is harmless; two families may not share a
-    name, a task name or a queue."""
+    name, a task name or a queue, nor declare one result metric differently (one Prometheus
+    metric counts both)."""
     with _lock:
         known = _families.get(spec.name)
         if known is spec:
@@ -48,6 +49,11 @@ def register(spec: FamilySpec) -> FamilySpec:
         for other in _families.values():
             if other.task_name == spec.task_name or other.queue == spec.queue:
                 raise ValueError(f"family {spec.name!r} shares its task name or queue with {other.name!r}")
+            theirs = {m.name: m.shape for m in other.metrics}
+            for metric in spec.metrics:
+                if theirs.get(metric.name, metric.shape) != metric.shape:
+                    raise ValueError(f"family {spec.name!r} declares metric {metric.full_name} unlike "
+                                     f"{other.name!r} does (kind, help, labels and buckets must agree)")  # fmt: skip
         _families[spec.name] = spec
     return spec
 

@@ -27,6 +27,9 @@ Rules a family follows:
   :func:`farm_redis`; an engine uses ``ctx.redis``. No family module imports the app or the client.
 - **Own keys.** A family names its Redis keys with :func:`family_key`, under the farm's prefix in a
   space of its own; ``tasks/keys.py`` holds only the farm's keys.
+- **Own commands and metrics.** ``FamilySpec.cli`` names a Typer app of the family's commands, which
+  ``farm`` mounts under its name (``farm speakers``); ``FamilySpec.metrics`` lists the numbers of its
+  result the workers count (:class:`ResultMetric`: YOLO's frame counters). Neither edits a shared file.
 - **Root exports.** ``mediafarm/__init__.py`` keeps a static table of what ``from mediafarm import``
   offers: it must resolve a name without importing every family (a producer's ``import mediafarm``
   stays light, type checkers read the table). The TTS speaker functions stay listed there because
@@ -68,6 +71,7 @@ from mediafarm.tasks.keys import family_key
 from mediafarm.tasks.media.intervals import Span, merge_spans
 from mediafarm.tasks.plan import Collected, Part, Plan
 from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome, Progress
+from mediafarm.tasks.result_metrics import ResultMetric
 
 
 def farm_redis() -> Any:
@@ -91,6 +95,7 @@ __all__ = [
     "NoParams",
     "Params",
     "Request",
+    "ResultMetric",
     "Rung",
     "TimeLimits",
     "describe_validation_error",

@@ -144,4 +144,6 @@ FAMILY = FamilySpec(
     cli_argument="text",
     summary=summary,
     render=render,
+    # `farm speakers add/list/rm`: the speaker store's commands.
+    cli="mediafarm.tasks.families.tts.cli:speakers",
 )

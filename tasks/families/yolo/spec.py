@@ -11,7 +11,18 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from rich.table import Table
 
-from mediafarm.tasks.kit import CommaList, EngineSpec, FamilySpec, MediaPath, Params, Request, Span, TimeLimits, rung
+from mediafarm.tasks.kit import (
+    CommaList,
+    EngineSpec,
+    FamilySpec,
+    MediaPath,
+    Params,
+    Request,
+    ResultMetric,
+    Span,
+    TimeLimits,
+    rung,
+)
 
 ENGINES = "mediafarm.tasks.families.yolo.engines"
 # The class the `motion` rung reports its spans under (no model ran, so no real class).
@@ -198,6 +209,17 @@ def _probe(request: YoloRequest) -> None:
     probe_video(request.media)
 
 
+# What the motion gate saved, per finished job (Frigate publishes the same): mediafarm_frames_total
+# by fate and mediafarm_model_ms_per_frame, served by every worker (docs/operating.md).
+FRAME_METRICS = (
+    *(ResultMetric.counter("frames_total", f"frames.{fate}", "Video frames of finished jobs, by what became of them",
+                           fate=fate) for fate in ("decoded", "examined", "skipped")),
+    ResultMetric.histogram("model_ms_per_frame", "frames.model_ms_per_frame",
+                           "Mean model time per examined frame, one observation per finished job",
+                           buckets=(5, 10, 25, 50, 100, 250, 500, 1000, 2500)),
+)  # fmt: skip
+
+
 FAMILY = FamilySpec(
     name="yolo",
     task_name="farm.yolo.detect",
@@ -230,4 +252,5 @@ FAMILY = FamilySpec(
     ladder_field="ladder",
     summary=summary,
     render=render,
+    metrics=FRAME_METRICS,
 )

@@ -66,4 +66,5 @@ FAMILY = FamilySpec(
     cli_argument="text",
     summary=summary,
     render=render,
+    cli="tests.support.toy.commands:commands",
 )

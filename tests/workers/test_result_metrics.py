@@ -1,0 +1,46 @@
+"""The worker counts what a family declares of its results, under the names it always had (YOLO's frames)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from mediafarm.tasks import families
+from mediafarm.workers.metrics import ResultMetrics
+
+
+def test_a_yolo_envelope_counts_its_frames_and_model_time_under_the_old_names() -> None:
+    registry = CollectorRegistry()
+    metrics = ResultMetrics(families.load().values(), registry)
+    assert metrics.counts("yolo") and not metrics.counts("vad") and not metrics.counts("nope")
+    frames = {"decoded": 300, "sampled": 20, "examined": 7, "skipped": 13, "model_ms_per_frame": 42.5}
+    for _ in range(2):
+        metrics.observe({"family": "yolo", "variant": "yolo-nano", "output": {"frames": frames}})
+    # A job without the numbers (the motion rung runs no model) adds nothing to the histogram.
+    no_model = {**frames, "model_ms_per_frame": None}
+    metrics.observe({"family": "yolo", "variant": "motion", "output": {"frames": no_model}})
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    job = {"family": "yolo", "variant": "yolo-nano"}
+    assert value("mediafarm_frames_total", fate="decoded", **job) == 600
+    assert value("mediafarm_frames_total", fate="examined", **job) == 14
+    assert value("mediafarm_frames_total", fate="skipped", **job) == 26
+    assert value("mediafarm_frames_total", fate="sampled", **job) is None  # not declared: not counted
+    assert value("mediafarm_model_ms_per_frame_count", **job) == 2
+    assert value("mediafarm_model_ms_per_frame_sum", **job) == 85.0
+    assert value("mediafarm_model_ms_per_frame_bucket", le="50.0", **job) == 2
+    assert value("mediafarm_frames_total", fate="examined", family="yolo", variant="motion") == 7
+    assert value("mediafarm_model_ms_per_frame_count", family="yolo", variant="motion") is None
+
+
+def test_envelopes_of_other_families_or_other_shapes_count_nothing() -> None:
+    registry = CollectorRegistry()
+    metrics = ResultMetrics(families.load().values(), registry)
+    for envelope in (None, [], {"family": "vad", "output": {"frames": {"examined": 5}}}, {"family": "yolo"},
+                     {"family": "yolo", "output": None}, {"family": "yolo", "output": {"frames": "x"}}):  # fmt: skip
+        metrics.observe(envelope)
+    counted = [s for m in registry.collect() for s in m.samples if s.name == "mediafarm_frames_total"]
+    assert counted == []
+    # ... yet the metrics are listed (a scrape finds them before their first job).
+    assert {m.name for m in registry.collect()} >= {"mediafarm_frames", "mediafarm_model_ms_per_frame"}
