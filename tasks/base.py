@@ -41,6 +41,11 @@ from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome
 
 logger = get_task_logger("mediafarm.task")
 
+# A retry sent on a Redis error carries this header: Celery retry count → the error, for every such
+# delivery of the job so far. That delivery's attempt may have no outcome written, and without the
+# header the next delivery would take the moved-on retry count for a lost child (next rung).
+UNWRITTEN_HEADER = "farm_unwritten"
+
 
 class FarmTask(Task):
     """Base of the farm's tasks. Class attribute ``spec``: the family it runs."""
@@ -86,6 +91,7 @@ class FarmTask(Task):
         request = self.request
         spec = self.spec
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        options: dict[str, Any] = {}  # of the retry, if one is sent
         fresh = not (redelivered or request.retries)
         try:
             if not fresh:
@@ -124,6 +130,7 @@ class FarmTask(Task):
                 result_key=self.backend.get_key_for_task(request.id).decode(),
                 stale_after=_stale_after(settings),
                 models_dir=settings.models_dir,
+                unwritten=_unwritten(request),
             )
             outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
             if isinstance(outcome, Envelope):
@@ -144,11 +151,25 @@ class FarmTask(Task):
             # bounded by max_retries; the retry itself goes through the same Redis, so a Redis that
             # stays down ends the job FAILED rather than looping.
             outcome = RetryRequest(f"Redis error: {exc}", TransientFailure(f"Redis error: {exc}"))
-        raise self.retry(exc=outcome.exc, countdown=settings.retry_delay)
+            # The attempt's outcome may be unwritten: the retry says so, or the next delivery would
+            # judge the open attempt a lost child and move the job down (settle_open_attempts).
+            unwritten = {**_unwritten(request), request.retries: f"Redis error: {exc}"[:300]}
+            # Celery's retry sends this delivery's custom headers on unless given others: keep them.
+            header = {str(retries): why for retries, why in unwritten.items()}
+            options["headers"] = {**(request.headers or {}), UNWRITTEN_HEADER: header}
+        raise self.retry(exc=outcome.exc, countdown=settings.retry_delay, **options)
 
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:
             self.send_event(event, **fields)
+
+
+def _unwritten(request: Any) -> dict[int, str]:
+    """The ``UNWRITTEN_HEADER`` of this delivery: retry count → Redis error (empty if none)."""
+    header = getattr(request, UNWRITTEN_HEADER, None)
+    if not isinstance(header, Mapping):
+        return {}
+    return {int(k): str(v) for k, v in header.items() if str(k).isdigit()}
 
 
 def _stale_after(settings: Any) -> float:

@@ -6,6 +6,7 @@
     cancelled by the producer                         → FAILURE now, no retry
     redelivered after a terminal outcome was recorded → that outcome again, nothing run, nothing appended
     transient failure / worker died under the job     → same rung, at most FARM_TRANSIENT_RETRIES times
+    Redis error in the bookkeeping, outcome unwritten → same rung, bounded by Celery's max_retries
     anything else (a bug)                             → FAILURE now, no retry
     no rung left                                      → FAILURE, with the whole history
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +42,32 @@ from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord,
 
 
 def settle_open_attempts(
-    attempts: list[Attempt], kill: KillRecord | None, retries: int, transient_budget: int
+    attempts: list[Attempt],
+    kill: KillRecord | None,
+    retries: int,
+    transient_budget: int,
+    unwritten: Mapping[int, str] | None = None,
 ) -> list[int]:
     """Give an outcome to attempts that never finished; returns the indexes it changed.
 
-    Evidence, strongest first: the watchdog's kill record for that child; Celery's retry count
-    having moved on (it retries only a task whose child was lost; the kernel's OOM-kill counts
-    then tell its OOM killer from an outside kill, ``tasks.oom_killer``); otherwise the message was
-    redelivered because the worker itself died, which is not the job's fault, until it
-    happens more than ``transient_budget`` times.
+    Evidence, strongest first: the word of the attempt's own delivery that it retried the job
+    itself on a Redis error (``unwritten``: Celery retry count → the error), so the outcome it
+    could not write is a transient failure; the watchdog's kill record for that child; Celery's
+    retry count having moved on (otherwise it retries only a task whose child was lost; the
+    kernel's OOM-kill counts then tell its OOM killer from an outside kill, ``tasks.oom_killer``);
+    otherwise the message was redelivered because the worker itself died, which is not the job's
+    fault, until it happens more than ``transient_budget`` times.
     """
+    unwritten = unwritten or {}
     changed = []
     for i, att in enumerate(attempts):
         if att.outcome is not None:
             continue
-        if kill is not None and kill.is_about(att):
+        if att.retries in unwritten:
+            # Its child was not lost: it sent the retry itself, Redis refusing the outcome's write.
+            att.outcome = Outcome.TRANSIENT
+            att.reason = f"{unwritten[att.retries]} as it ended; its outcome was not written, the same rung runs again"
+        elif kill is not None and kill.is_about(att):
             att.outcome, att.reason = kill.outcome, kill.reason
             att.peak_rss_mb = kill.rss_mb
             att.duration = round(kill.at - att.started, 3)
@@ -177,6 +189,10 @@ class LadderRun:
             visibility timeout; before it no other worker can have been handed the job).
         models_dir: Where rungs find their weights (``FARM_MODELS_DIR``); a rung whose weights
             are absent is skipped before it is charged an attempt. None: not checked here.
+        unwritten: Celery retry counts of earlier deliveries that retried the job themselves on a
+            Redis error, each with that error (``FarmTask`` carries them in the retry's headers):
+            such a delivery's attempt may still be open, its outcome unwritten, and it is settled
+            as a transient failure (same rung), not as a lost child (next rung).
     """
 
     job_id: str
@@ -190,6 +206,7 @@ class LadderRun:
     result_key: str = ""
     stale_after: float = 0.0
     models_dir: Path | None = None
+    unwritten: Mapping[int, str] = field(default_factory=dict)
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -208,7 +225,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         attempts, kill = log.read()
         settled = [
             log.settle(i, attempts[i], result_key)
-            for i in settle_open_attempts(attempts, kill, retries, job.transient_budget)
+            for i in settle_open_attempts(attempts, kill, retries, job.transient_budget, job.unwritten)
         ]
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()

@@ -144,3 +144,38 @@ def test_a_paused_worker_that_wakes_up_rewrites_nothing(own_redis: EmbeddedRedis
         for _, process in workers.values():
             os.killpg(process.pid, signal.SIGCONT) if process.poll() is None else None
             stop_worker(process, timeout=30)
+
+
+def test_a_redis_error_as_an_attempt_ends_runs_the_same_rung_again(
+    own_redis: EmbeddedRedis, amqp_url: str, session_dir: Path
+) -> None:
+    """Found in a RabbitMQ chaos run: Redis (results, histories) restarting as an attempt ended.
+    The outcome's write failed, the attempt's own delivery retried the job (RabbitMQ was up), and
+    the next delivery, seeing Celery's retry count moved on past an open attempt, took it for a
+    lost child and moved the job one rung down. The retry now says why it was sent."""
+    config = session_dir / f"unwritten-{uuid.uuid4().hex[:6]}.toml"
+    config.write_text(SHORT)  # slow: `only` (4 s), then `fallback`
+    env = {**os.environ, "FARM_BROKER_URL": amqp_url, "FARM_RESULT_BACKEND": own_redis.url,
+           "FARM_CONFIG_FILE": str(config)}  # fmt: skip
+    node = f"unwritten-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+    producer = farm_app(amqp_url, own_redis.url)
+    log = session_dir / f"{node.split('@')[0]}.log"
+    with log.open("wb") as fh:
+        worker = spawn_worker(get_pool("chaos"), env=env, logfile=fh, queues=["chaos"], concurrency=1, node=node)
+    try:
+        wait_ready(producer, node, worker, timeout=90)
+        job = producer.send_task("farm.test.chaos", kwargs={"ladder": "slow"}, queue="chaos")
+        running_jobs(producer, [job], count=1, timeout=60)
+        # Down from just after the attempt began until after its 4 s are over: its outcome's write fails.
+        own_redis.restart(down_for=6.0)
+        envelope = AsyncResult(job.id, app=producer).get(timeout=180)
+        text = log.read_text(errors="replace")
+        assert "Redis error" in text and "retry" in text, text[-4000:]  # the outage did land on the attempt's end
+        history = [(a["variant"], a["outcome"]) for a in envelope["attempts"]]
+        assert history == [("only", "transient"), ("only", "ok")], (envelope["attempts"], text[-4000:])
+        unwritten = envelope["attempts"][0]["reason"]
+        assert unwritten.startswith("Redis error") and "not written" in unwritten
+        assert worker.poll() is None
+    finally:
+        stop_worker(worker, timeout=30)
+        producer.close()

@@ -57,3 +57,29 @@ def test_finished_attempts_are_left_alone_and_counted() -> None:
     attempts = [Attempt(0, "v0", Outcome.OOM), Attempt(1, "v1", Outcome.UNAVAILABLE), Attempt(2, "v2", Outcome.TRANSIENT)]
     assert settle_open_attempts(attempts, kill_record(attempts[0].pid), retries=3, transient_budget=2) == []
     assert current_rung(attempts) == 2
+
+
+def test_an_attempt_whose_delivery_retried_on_a_redis_error_is_transient_not_a_lost_child() -> None:
+    # Found in a RabbitMQ chaos run: the attempt of delivery 0 could not write its outcome (Redis
+    # was restarting), its delivery sent the retry itself; retries moved on all the same.
+    attempts = [open_attempt(retries=0)]
+    unwritten = {0: "Redis error: Error 111 connecting to 127.0.0.1:6390. Connection refused."}
+    assert settle_open_attempts(attempts, None, retries=1, transient_budget=2, unwritten=unwritten) == [0]
+    assert attempts[0].outcome == "transient" and current_rung(attempts) == 0
+    assert attempts[0].reason.startswith("Redis error: Error 111") and "not written" in attempts[0].reason
+    # Without that word from the delivery, the same evidence is a lost child: one rung down.
+    attempts = [open_attempt(retries=0)]
+    settle_open_attempts(attempts, None, retries=1, transient_budget=2)
+    assert (attempts[0].outcome, attempts[0].reason) == ("killed", CHILD_LOST) and current_rung(attempts) == 1
+
+
+def test_the_redis_error_word_is_about_its_own_delivery_only() -> None:
+    # Delivery 0 retried on a Redis error (its attempt was settled since); delivery 1's child was
+    # then lost: the header, carried on by every later retry, must not excuse delivery 1's attempt.
+    attempts = [Attempt(0, "v0", Outcome.TRANSIENT, retries=0), open_attempt(retries=1, pid=43)]
+    settle_open_attempts(attempts, None, retries=2, transient_budget=2, unwritten={0: "Redis error: x"})
+    assert attempts[1].outcome == "killed" and current_rung(attempts) == 1
+    # A watchdog record for that child still names the kill.
+    attempts = [open_attempt(retries=1, pid=43)]
+    settle_open_attempts(attempts, kill_record(43), retries=2, transient_budget=2, unwritten={0: "Redis error: x"})
+    assert attempts[0].outcome == "killed" and "watchdog" in attempts[0].reason
