@@ -103,3 +103,17 @@ def test_a_familys_keys_live_under_the_farms_prefix_outside_the_farms_own_spaces
     own = {name for name, value in vars(keys).items() if callable(value) and value.__module__ == keys.__name__}
     spaces = {getattr(keys, name)("job").split(":")[1] for name in own - {"family_key", "every_key"}}
     assert len(own) >= 8 and spaces == keys.FARM_SPACES
+
+
+def test_the_worked_family_of_the_docs_imports_the_farm_only_through_the_kit() -> None:
+    # What a newcomer copies from docs/adding-a-family.md must pass the rule the real families do.
+    from tests.support.docs import code_blocks
+
+    files = {b.marker.removeprefix("file: "): b.text for b in code_blocks(REPO / "docs" / "adding-a-family.md")
+             if (b.marker or "").startswith("file: tasks/families/")}  # fmt: skip
+    assert set(files) == {f"tasks/families/loudness/{name}" for name in ("spec.py", "engines.py", "__init__.py")}
+    for path, text in files.items():
+        module = f"{FAMILIES}.loudness" + ("" if path.endswith("__init__.py") else "." + Path(path).stem)
+        names = list(imported_names(text, module, path.endswith("__init__.py")))
+        assert sorted({n for n in names if not allowed(n)}) == [], path
+        assert any(n.startswith(KIT) for n in names) or path.endswith("__init__.py"), path  # the walk works
