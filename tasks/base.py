@@ -27,9 +27,11 @@ from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.context import EngineContext, JobChannel
 from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
 from mediafarm.tasks.errors import (
+    Cancelled,
     EngineError,
     FarmError,
     InvalidRequest,
+    PermanentFailure,
     ResourceFailure,
     StaleAttempt,
     TransientFailure,
@@ -62,13 +64,22 @@ class FarmTask(Task):
     # Enforced by the worker's watchdog with a SIGKILL, so an overrun moves the job down a rung
     # (``workers.guards``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None
+    # Celery logs these as "raised expected" at INFO, without a traceback: a rejection is the
+    # input's fault (logged in one WARNING line of ours, run_job) and a cancel the producer's will.
+    # ERROR with a traceback stays for engine errors and the farm's own bugs.
+    throws = (PermanentFailure, Cancelled)
     # Request: Celery's own here. The worker entry (``workers.app``) sets the metered one, which
     # counts a finished job's frame counters in the worker's main process (``workers.metrics``).
 
-    def run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """Run this job on its rung and return the envelope (JSON)."""
+    def run_job(self, fields: Mapping[str, Any], positional: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """Run this job on its rung and return the envelope (JSON). ``positional``: arguments
+        the message had beside its fields, which refuse the job."""
         soft_time_limit.arm()
         try:
+            if positional:
+                raise InvalidRequest(
+                    f"{self.spec.name} request: farm jobs take keyword arguments only, got {len(positional)} positional"
+                )
             return self._run_job(fields)
         except StaleAttempt as exc:
             # Celery stores nothing and retries nothing for Ignore: the job's state is another
@@ -76,6 +87,9 @@ class FarmTask(Task):
             logger.warning("job %s: %s", self.request.id, exc)
             raise Ignore() from exc
         except FarmError as exc:
+            if isinstance(exc, PermanentFailure):
+                logger.warning("job %s rejected: family %s, rung %s: %s: %s", self.request.id, self.spec.name,
+                               exc.rung or "-", type(exc).__name__, exc)  # fmt: skip
             wired = wire_exception(exc)
             if wired is exc:
                 raise
@@ -227,11 +241,7 @@ def make_task(app: Celery, spec: FamilySpec) -> Task:
     longest = max(len(ladder) for ladder in families.ladders_of(spec))
 
     def run(self: FarmTask, *args: Any, **fields: Any) -> dict[str, Any]:
-        if args:
-            raise InvalidRequest(
-                f"{spec.name} request: farm jobs take keyword arguments only, got {len(args)} positional"
-            )
-        return self.run_job(fields)
+        return self.run_job(fields, args)
 
     # Celery builds a signature checker from the function's name: it must be an identifier.
     run.__name__ = run.__qualname__ = spec.name.replace("-", "_")

@@ -92,11 +92,15 @@ TERMINAL_OUTCOMES = frozenset({Outcome.REJECTED, Outcome.CANCELLED, Outcome.ERRO
 def recorded_end(attempt: Attempt) -> FarmError:
     """The failure a job ends with when its newest attempt already recorded a terminal outcome."""
     reason = f"{attempt.reason} (recorded by attempt {attempt.variant} before its message came back)"
+    end: FarmError
     if attempt.outcome == Outcome.REJECTED:
-        return PermanentFailure(reason)
-    if attempt.outcome == Outcome.CANCELLED:
-        return Cancelled(reason)
-    return EngineError(f"{attempt.variant}: {reason}")
+        end = PermanentFailure(reason)
+    elif attempt.outcome == Outcome.CANCELLED:
+        end = Cancelled(reason)
+    else:
+        end = EngineError(f"{attempt.variant}: {reason}")
+    end.rung = attempt.variant
+    return end
 
 
 def current_rung(attempts: list[Attempt]) -> int:
@@ -264,9 +268,11 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             continue
         except PermanentFailure as exc:
             finish(Outcome.REJECTED, f"{type(exc).__name__}: {exc}")
+            exc.rung = rung.name
             raise
         except Cancelled as exc:
             finish(Outcome.CANCELLED, str(exc))
+            exc.rung = rung.name
             raise
         except TransientFailure as exc:
             finish(Outcome.TRANSIENT, str(exc))
@@ -282,7 +288,9 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             # up) and run by an engine that never checks: the producer asked for it not to finish.
             reason = "cancelled by its producer before it ran; the output is discarded"
             finish(Outcome.CANCELLED, reason)
-            raise Cancelled(f"job {job.job_id} was {reason}")
+            cancelled = Cancelled(f"job {job.job_id} was {reason}")
+            cancelled.rung = rung.name
+            raise cancelled
         finish(Outcome.OK)
         return Envelope(job.job_id, ladder.family, rung.name, index, output, tuple(attempts), artifacts)
     tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)

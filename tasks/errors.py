@@ -45,7 +45,15 @@ from mediafarm.tasks.records import Outcome
 
 
 class FarmError(Exception):
-    """Root of every error the farm raises on purpose."""
+    """Root of every error the farm raises on purpose.
+
+    Attributes:
+        rung: Worker side: the name of the rung whose attempt ended the job this way, set by the
+            ladder as it passes a terminal failure on (``tasks.downgrade.run_ladder``); None when
+            the job ended before any rung ran. Read by the worker's log line, never sent.
+    """
+
+    rung: str | None = None
 
 
 class ResourceFailure(FarmError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import foreign, guards
+from mediafarm.workers import foreign, guards, logs
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -22,3 +22,5 @@ FarmTask.Request = MeteredRequest
 guards.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
 foreign.install(app)
+# A pipeline ended by a refused or cancelled part is logged as such, not as an error (``workers.logs``).
+logs.install()
