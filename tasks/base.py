@@ -65,7 +65,7 @@ class FarmTask(Task):
     # (``workers.guards``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None
     # Celery logs these as "raised expected" at INFO, without a traceback: a rejection is the
-    # input's fault (logged in one WARNING line of ours, run_job) and a cancel the producer's will.
+    # input's fault and a cancel the producer's will, each logged in one line of ours (run_job).
     # ERROR with a traceback stays for engine errors and the farm's own bugs.
     throws = (PermanentFailure, Cancelled)
     # Request: Celery's own here. The worker entry (``workers.app``) sets the metered one, which
@@ -86,6 +86,12 @@ class FarmTask(Task):
             # worker's now, and this process's message is acked and forgotten.
             logger.warning("job %s: %s", self.request.id, exc)
             raise Ignore() from exc
+        except Cancelled as exc:
+            soft_time_limit.disarm()  # what is left is storing the state (see finally)
+            logger.info("job %s cancelled: family %s, rung %s: %s", self.request.id, self.spec.name,
+                        exc.rung or "-", exc)  # fmt: skip
+            self._store_revoked(str(exc))
+            raise Ignore() from exc
         except FarmError as exc:
             if isinstance(exc, PermanentFailure):
                 logger.warning("job %s rejected: family %s, rung %s: %s: %s", self.request.id, self.spec.name,
@@ -99,6 +105,16 @@ class FarmTask(Task):
             # retry), which may wait out a broker outage. A soft limit firing there would turn a
             # finished job into a FAILURE of SoftTimeLimitExceeded (found by the chaos suite).
             soft_time_limit.disarm()
+
+    def _store_revoked(self, reason: str) -> None:
+        """Store the cancelled job as REVOKED, as Celery stores one revoked before it ran, so that
+        the client, ``farm status`` and Flower all read it as cancelled (a raised Cancelled would be
+        stored FAILURE). Celery stores nothing over it: the caller raises Ignore."""
+        # mark_as_revoked also counts a pipeline's part in its chord (on_chord_part_return), as a
+        # FAILURE would be: the fan-in job then fails naming this part instead of waiting forever.
+        self.backend.mark_as_revoked(self.request.id, reason, request=self.request)
+        # Flower's state machine takes REVOKED from this event (the worker sends none for Ignore).
+        self._progress_event("task-revoked", terminated=False, signum=None, expired=False)
 
     def _run_job(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         settings = get_settings()

@@ -3,7 +3,7 @@
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
     rung unavailable on this pool                     → next rung, no attempt spent
     permanent failure (bad input)                     → FAILURE now, no retry
-    cancelled by the producer                         → FAILURE now, no retry
+    cancelled by the producer                         → REVOKED now, no retry
     redelivered after a terminal outcome was recorded → that outcome again, nothing run, nothing appended
     transient failure / worker died under the job     → same rung, at most FARM_TRANSIENT_RETRIES times
     Redis error in the bookkeeping, outcome unwritten → same rung, bounded by Celery's max_retries

@@ -187,6 +187,7 @@ def test_a_running_job_can_be_cancelled(cpu_worker, ten_minutes: Path) -> None:
         time.sleep(0.1)
         attempts = job.attempts()
     assert outcomes(attempts) == ["cancelled"]
+    assert job.state() == "REVOKED"  # cancelled, for the client and `farm status`, not FAILURE
     assert job.progress().fraction < 1
     assert cpu_worker.process.poll() is None
 
