@@ -36,6 +36,9 @@ _EXPORTS = {
     "ArtifactInfo": "mediafarm.tasks.records",
     "Progress": "mediafarm.tasks.records",
     "Outcome": "mediafarm.tasks.records",
+    # The TTS family's producer API, listed because producers import it from here. The table is
+    # static so that a name resolves without importing every family; a new family's helpers are
+    # imported from its own package (tasks/kit/__init__.py, "Root exports").
     "register_speaker": "mediafarm.tasks.families.tts.speakers",
     "list_speakers": "mediafarm.tasks.families.tts.speakers",
     "remove_speaker": "mediafarm.tasks.families.tts.speakers",
