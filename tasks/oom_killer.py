@@ -42,10 +42,6 @@ COUNTER_FILES = {1: "memory.oom_control", 2: "memory.events"}
 
 
 
-# A job retried after Redis refused its attempt's outcome leaves the attempt open as a lost child
-# does (seen in a RabbitMQ chaos run: 4 of 9): nothing here tells the two apart, so the reason says so.
-_OR_UNWRITTEN = "; or, if Redis was unreachable as it ended, its outcome was never written"
-
 # How each reason begins, for readers of a history (the chaos suite counts its own kills by them).
 OOM_KILL = "killed by the kernel OOM killer"
 OUTSIDE_KILL = "SIGKILLed from outside"
@@ -239,7 +235,7 @@ def lost_child_cause(counts: dict[str, Any] | None, proc: Path = PROC) -> tuple[
             )
         return Outcome.KILLED, (
             f"{OUTSIDE_KILL}: not by the watchdog (no record) nor the kernel OOM killer (its memory "
-            f"cgroup {directory} counted no OOM kill while it ran: oom_kill {now}){_OR_UNWRITTEN}"
+            f"cgroup {directory} counted no OOM kill while it ran: oom_kill {now})"
         )
     vmstat = _read(proc / "vmstat")
     now = parse_count(vmstat) if vmstat else None
@@ -253,5 +249,5 @@ def lost_child_cause(counts: dict[str, Any] | None, proc: Path = PROC) -> tuple[
         )
     return Outcome.KILLED, (
         f"{OUTSIDE_KILL}: not by the watchdog (no record) nor the kernel OOM killer (the kernel counted no "
-        f"OOM kill while it ran: /proc/vmstat oom_kill {now}){_OR_UNWRITTEN}"
+        f"OOM kill while it ran: /proc/vmstat oom_kill {now})"
     )
