@@ -68,10 +68,24 @@ class JobHandle:
         Farm tasks do not write Celery's STARTED state (``FarmTask.track_started``); a job whose
         attempt is running is STARTED.
         """
-        state = self._result.state
+        result = self._result
+        state = result.state
         if state == "PENDING" and any(a.get("outcome") is None for a in read_attempts(app.backend.client, self.id)):
             return "STARTED"
+        if state == "FAILURE" and isinstance(result.result, ChordError):
+            return self._fan_in_state()
         return state
+
+    def _fan_in_state(self) -> str:
+        """A pipeline's fan-in job that never ran (Celery stores its ChordError as a FAILURE): REVOKED
+        when every part that ended without success was cancelled, as the producer asked; else FAILURE."""
+        plan = read_plan(app.backend, self.id)
+        if plan is None:
+            return "FAILURE"
+        ended = [state_of(m) for m in metas(app.backend, [p.job_id for p in plan.parts])]
+        unsuccessful = [s for s in ended if s in READY and s != "SUCCESS"]
+        return "REVOKED" if unsuccessful and all(s == "REVOKED" for s in unsuccessful) else "FAILURE"
+
 
     def attempts(self) -> list[dict[str, Any]]:
         """Every attempt so far, oldest first (see ``records.Attempt``)."""

@@ -192,6 +192,8 @@ def test_a_pipeline_part_cancelled_as_it_ran_ends_the_pipeline_as_cancelled(work
     with pytest.raises(JobCancelled, match="part 1"):
         job.wait(timeout=60)
     assert JobHandle(parts[0].job_id, "chaos").state() == "REVOKED"
+    # The pipeline itself reads cancelled too (Celery stored its fan-in job's ChordError as a FAILURE).
+    assert job.state() == "REVOKED" and JobHandle(pipeline, "").state() == "REVOKED"
     assert [a["outcome"] for a in JobHandle(parts[0].job_id, "chaos").attempts()] == ["cancelled"]
     assert JobHandle(parts[1].job_id, "chaos").state() == "SUCCESS"
     assert JobHandle(pipeline, "chaos").attempts() == []  # the fan-in job never ran
@@ -207,6 +209,7 @@ def test_a_pipeline_part_rejected_logs_one_warning_and_no_traceback(worker) -> N
     job = send_plan(Plan(parts, Part("chaos", pipeline, {"ladder": "steady"}, "fan-in")), queue=QUEUE)
     with pytest.raises(JobRejected, match="part 1"):
         job.wait(timeout=60)
+    assert job.state() == "FAILURE"  # a refused part is no cancel
     log_since(worker, start, parts[0].job_id, "raised expected")
     log = log_since(worker, start, parts[1].job_id, "succeeded in")
     [line] = lines_at(log, "WARNING")
