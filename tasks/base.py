@@ -31,6 +31,7 @@ from mediafarm.tasks.errors import (
     EngineError,
     FarmError,
     InvalidRequest,
+    NoRungLeft,
     PermanentFailure,
     ResourceFailure,
     StaleAttempt,
@@ -65,9 +66,10 @@ class FarmTask(Task):
     # (``workers.guards``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None
     # Celery logs these as "raised expected" at INFO, without a traceback: a rejection is the
-    # input's fault and a cancel the producer's will, each logged in one line of ours (run_job).
-    # ERROR with a traceback stays for engine errors and the farm's own bugs.
-    throws = (PermanentFailure, Cancelled)
+    # input's fault, a cancel the producer's will and an exhausted ladder the pool's lack of
+    # resources (its history says which), each logged in one line of ours (run_job). ERROR with a
+    # traceback stays for engine errors and the farm's own bugs.
+    throws = (PermanentFailure, Cancelled, NoRungLeft)
     # Request: Celery's own here. The worker entry (``workers.app``) sets the metered one, which
     # counts a finished job's frame counters in the worker's main process (``workers.metrics``).
 
@@ -96,6 +98,8 @@ class FarmTask(Task):
             if isinstance(exc, PermanentFailure):
                 logger.warning("job %s rejected: family %s, rung %s: %s: %s", self.request.id, self.spec.name,
                                exc.rung or "-", type(exc).__name__, exc)  # fmt: skip
+            elif isinstance(exc, NoRungLeft):
+                logger.warning("job %s failed: family %s: %s", self.request.id, self.spec.name, exc)
             wired = wire_exception(exc)
             if wired is exc:
                 raise

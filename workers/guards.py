@@ -33,6 +33,7 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
 from mediafarm.tasks.history import record_kill
 from mediafarm.tasks.records import KillRecord, Outcome
+from mediafarm.workers.logs import killed_by_watchdog
 from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
 
 log = logging.getLogger("mediafarm.watchdog")
@@ -190,6 +191,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         except psutil.Error:
             return
         self._killed.add(child)
+        killed_by_watchdog(child.pid)  # billiard's own ERROR for its exit becomes INFO (workers.logs)
         log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
         CHILD_KILLS.labels(pool=self.pool.name, reason=outcome.value).inc()
 

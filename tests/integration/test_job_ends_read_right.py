@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from mediafarm import JobCancelled, JobFailed, JobRejected, submit
+from mediafarm import JobCancelled, JobFailed, JobRejected, LadderExhausted, submit
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from mediafarm.tasks.client import JobHandle, handle, send_plan
@@ -85,6 +85,19 @@ def test_a_job_refused_before_any_rung_names_no_rung(worker, args: tuple, kwargs
     log = log_since(worker, start, job_id, "raised expected")
     [line] = lines_at(log, "WARNING")
     assert job_id in line and "family chaos, rung -:" in line and reason in line
+    assert "Traceback" not in log and not lines_at(log, "ERROR"), log
+
+
+def test_an_exhausted_ladder_logs_one_warning_and_no_traceback(worker) -> None:
+    # Every rung killed for its memory: the pool's lack of resources, no bug; the history says why.
+    start = log_size(worker)
+    job = submit("chaos", queue=QUEUE, ladder="kill_all")
+    with pytest.raises(LadderExhausted):
+        job.wait(timeout=90)
+    log = log_since(worker, start, job.id, "raised expected")
+    # The watchdog's kill lines are WARNINGs of their own, one a kill; the job's end is one more.
+    [line] = [w for w in lines_at(log, "WARNING") if "watchdog" not in w]
+    assert job.id in line and "family chaos" in line and "no rung of the kill_all ladder is left" in line
     assert "Traceback" not in log and not lines_at(log, "ERROR"), log
 
 
