@@ -62,7 +62,8 @@ class AttemptLog:
         return PendingAppend(self.client.connection_pool, connection)
 
     def _append_command(self, attempt: Attempt, result_key: str) -> tuple[Any, ...]:
-        return (_APPEND_UNLESS_SUCCEEDED, 3, self._key, keys.cancel(self.job_id), result_key or self._key,
+        return (_APPEND_UNLESS_SUCCEEDED, 5, self._key, keys.cancel(self.job_id), result_key or self._key,
+                keys.partials(self.job_id), keys.progress(self.job_id),
                 json.dumps(attempt.to_json()), self.ttl, int(bool(result_key)))  # fmt: skip
 
     def clear_kill(self) -> None:
@@ -113,12 +114,16 @@ return 1
 
 
 # Appends an attempt record (RPUSH + EXPIRE) unless the job has a stored SUCCESS; answers
-# {list length or -1 when not appended, cancel flag, 1 when a SUCCESS was stored}.
+# {list length or -1 when not appended, cancel flag, 1 when a SUCCESS was stored}. The partial
+# outputs and progress of the attempt before go in the same step, so whoever reads the history and
+# the partials together knows whose they are: the newest attempt's (the gateway's event ids rely on
+# it). The new attempt's own reset (``JobChannel.reset``) comes a moment later, too late for that.
 _APPEND_UNLESS_SUCCEEDED = LUA_STORED_SUCCESS + """
 local cancelled = redis.call('EXISTS', KEYS[2])
 if ARGV[3] == '1' and stored_success(KEYS[3]) then return {-1, cancelled, 1} end
 local length = redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('DEL', KEYS[4], KEYS[5])
 return {length, cancelled, 0}
 """
 

@@ -84,3 +84,21 @@ def test_after_a_stored_success_nothing_is_appended_or_settled(log: AttemptLog) 
     # Without a result key (a caller that knows no SUCCESS can exist) the same calls write.
     assert log.append(mine(rung=1, pid=5151)) == 1
     assert log.settle(index, finished(mine(), Outcome.WORKER_LOST))
+
+
+def test_a_new_attempt_takes_the_partials_and_progress_of_the_one_before_in_the_same_step(log: AttemptLog) -> None:
+    # The gateway reads the history and the partial outputs together and takes the partials as the
+    # newest attempt's: a new attempt's record must never stand beside the partials of the one before.
+    client, job_id = log.client, log.job_id
+    result_key = f"result-{job_id}"
+    log.append(mine())
+    client.rpush(keys.partials(job_id), json.dumps({"word": "ONE"}), json.dumps({"word": "TWO"}))
+    client.set(keys.progress(job_id), json.dumps({"fraction": 0.5}))
+    log.append(mine(rung=1, pid=5151), result_key)
+    assert client.lrange(keys.partials(job_id), 0, -1) == [] and client.get(keys.progress(job_id)) is None
+    # Not when the append is refused (a SUCCESS stored): the partials are the job's result's then.
+    client.rpush(keys.partials(job_id), json.dumps({"word": "THREE"}))
+    client.set(result_key, json.dumps({"status": "SUCCESS", "result": {}}))
+    assert log.append(mine(rung=1, pid=6161), result_key) == -1
+    assert len(client.lrange(keys.partials(job_id), 0, -1)) == 1
+    client.delete(keys.partials(job_id))
