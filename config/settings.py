@@ -74,6 +74,19 @@ class FarmSettings(BaseSettings):
             farm task on to its family's queue, and fails any other task naming the farm's
             (``workers.foreign``). Empty: not consumed, for a broker shared with another Celery
             app that uses its default queue.
+        api_tokens: Bearer tokens the HTTP gateway accepts (``farm gateway``), comma-separated.
+            Empty: the gateway serves loopback clients only, without a token, and refuses to listen
+            on any other address.
+        gateway_host: Where ``farm gateway`` listens (``farm up`` always uses loopback).
+        gateway_port: Its port (``farm up`` takes a free one if this one is taken).
+        cors_origins: Origins a browser page may call the gateway from, comma-separated; empty
+            (the default) sends no CORS headers at all.
+        uploads_dir: Where the gateway keeps uploaded media (``POST /v1/uploads``). Default:
+            ``<storage_dir>/.uploads`` (a name no job folder can have). Always one of the input
+            roots (:attr:`input_roots`), so a worker reads an upload like any media file.
+        upload_max_mb: The largest upload the gateway takes, in MB (10^6 bytes).
+        upload_max_count: Uploads one token (or, without tokens, all loopback clients) may hold at
+            once; an upload goes when the results of its jobs expire (``farm gc``).
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
@@ -96,6 +109,13 @@ class FarmSettings(BaseSettings):
     metrics_port: int = 0
     family_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     foreign_queue: str = "celery"
+    api_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(8000, ge=0, le=65535)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    uploads_dir: Path | None = None
+    upload_max_mb: float = Field(512.0, gt=0)
+    upload_max_count: int = Field(100, ge=1)
 
     @field_validator("media_roots", "family_modules", mode="before")
     @classmethod
@@ -105,12 +125,31 @@ class FarmSettings(BaseSettings):
             return [p.strip() for p in value.split(os.pathsep) if p.strip()]
         return value
 
-    @field_validator("storage_dir", mode="after")
+    @field_validator("api_tokens", "cors_origins", mode="before")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
+    def _split_commas(cls, value: object) -> object:
+        # Comma-separated: tokens and origins hold no commas, while origins hold colons.
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("storage_dir", "uploads_dir", mode="after")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
         # Fixed now: a relative path read again later, or by another process started elsewhere,
         # would name another folder (a job's files "missing" after it succeeded).
-        return value.expanduser().absolute()
+        return None if value is None else value.expanduser().absolute()
+
+    @property
+    def uploads_folder(self) -> Path:
+        """The uploads folder: FARM_UPLOADS_DIR, or ``.uploads`` in the storage folder."""
+        return self.uploads_dir or self.storage_dir / ".uploads"
+
+    @property
+    def input_roots(self) -> list[Path]:
+        """Where a job's media may be: the media roots and the uploads folder (which the gateway
+        fills; a job naming ``upload:<id>`` is sent with its path there)."""
+        return [*self.media_roots, self.uploads_folder]
 
     @property
     def backend_url(self) -> str:

@@ -150,7 +150,7 @@ class FarmTask(Task):
                 ctx = EngineContext(request.id, attempt, index, rung.name, rung.device, store,
                                     settings.models_dir, channel, redis=self.backend.client,
                                     backend=self.backend, settings=settings)  # fmt: skip
-                return run_engine(spec, rung, ctx, fields, settings.media_roots), tuple(store.list())
+                return run_engine(spec, rung, ctx, fields, settings.input_roots), tuple(store.list())
 
             job = LadderRun(
                 job_id=request.id,

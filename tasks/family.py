@@ -279,12 +279,16 @@ class FamilySpec:
     @property
     def cli_argument_is_path(self) -> bool:
         """Is the CLI's positional argument a file path (a ``MediaPath`` field)?"""
-        if self.cli_argument is None:
-            return False
-        field_info = self.request.model_fields[self.cli_argument]
-        return field_info.annotation is Path and any(
-            getattr(m, "func", None) is _media_resolved for m in field_info.metadata
-        )
+        return self.cli_argument is not None and self.cli_argument in self.media_fields
+
+    @property
+    def media_fields(self) -> tuple[str, ...]:
+        """The request fields that name an input file (``MediaPath``), which the worker resolves
+        inside the media roots."""
+        return tuple(
+            name for name, info in self.request.model_fields.items()
+            if info.annotation is Path and any(getattr(m, "func", None) is _media_resolved for m in info.metadata)
+        )  # fmt: skip
 
     def rung_problems(self, ladder: Ladder) -> list[str]:
         """What is wrong with ``ladder``'s rungs for this family (unknown engine, params that do not fit)."""

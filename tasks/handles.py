@@ -86,7 +86,6 @@ class JobHandle:
         unsuccessful = [s for s in ended if s in READY and s != "SUCCESS"]
         return "REVOKED" if unsuccessful and all(s == "REVOKED" for s in unsuccessful) else "FAILURE"
 
-
     def attempts(self) -> list[dict[str, Any]]:
         """Every attempt so far, oldest first (see ``records.Attempt``)."""
         return read_attempts(app.backend.client, self.id, self._envelope())
@@ -131,6 +130,23 @@ class JobHandle:
         finally:
             temp.unlink(missing_ok=True)
         return target
+
+    def envelope(self) -> dict[str, Any] | None:
+        """The result envelope of a job that succeeded, or None (waits for nothing)."""
+        return self._envelope()
+
+    def failure(self) -> JobFailed | None:
+        """How a job that ended without success failed, as the typed failure :meth:`wait` would
+        raise (``JobRejected`` ...); None while it runs or once it succeeded. Waits for nothing:
+        unlike ``wait``, it never subscribes to the result, so any thread may call it."""
+        result = self._result
+        if result.state not in ("FAILURE", "REVOKED"):
+            return None
+        try:
+            self._raise_failure(result)
+        except JobFailed as exc:
+            return exc
+        return None  # pragma: no cover - _raise_failure always raises
 
     def output(self) -> BaseModel:
         """The finished job's output as its family's result model (waits for nothing: SUCCESS only)."""

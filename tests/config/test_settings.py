@@ -130,3 +130,20 @@ def test_a_relative_storage_dir_is_made_absolute_once_as_the_process_reads_it(
     monkeypatch.setenv("FARM_STORAGE_DIR", "~/jobs")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert FarmSettings().storage_dir == tmp_path / "home" / "jobs"
+
+
+def test_gateway_settings_split_on_commas_and_uploads_are_an_input_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_API_TOKENS", "abc, def ,")
+    monkeypatch.setenv("FARM_CORS_ORIGINS", "https://a.example:8443,http://localhost:3000")
+    monkeypatch.setenv("FARM_MEDIA_ROOTS", "/srv/cam")
+    monkeypatch.setenv("FARM_STORAGE_DIR", "/srv/farm")
+    monkeypatch.delenv("FARM_UPLOADS_DIR", raising=False)
+    settings = FarmSettings()
+    assert settings.api_tokens == ["abc", "def"]
+    assert settings.cors_origins == ["https://a.example:8443", "http://localhost:3000"]
+    # The uploads live in the storage folder under a name no job folder can have (ids encode '.').
+    assert settings.uploads_folder == Path("/srv/farm/.uploads")
+    assert settings.media_roots == [Path("/srv/cam")]
+    assert settings.input_roots == [Path("/srv/cam"), Path("/srv/farm/.uploads")]
+    monkeypatch.setenv("FARM_UPLOADS_DIR", "/srv/uploads")
+    assert FarmSettings().input_roots == [Path("/srv/cam"), Path("/srv/uploads")]

@@ -73,6 +73,19 @@ def test_a_familys_own_permanent_failure_reaches_the_producer_as_rejected(cpu_wo
     assert outcomes(info.value.attempts) == ["rejected"]
 
 
+def test_an_ended_jobs_envelope_or_failure_is_read_without_waiting(cpu_worker) -> None:
+    good, bad = submit("toy", text="two words"), submit("toy", text="a forbidden word")
+    envelope = good.wait(timeout=60)
+    assert good.envelope() == envelope and good.failure() is None
+    with pytest.raises(JobRejected) as raised:
+        bad.wait(timeout=60)
+    failure = bad.failure()
+    assert isinstance(failure, JobRejected) and failure.reason == raised.value.reason and bad.envelope() is None
+    running = submit("toy", text="slow words here", word_pause=1.0)
+    assert running.envelope() is None and running.failure() is None
+    running.cancel()
+
+
 def test_cli_renders_the_toy_family_and_lists_it(cpu_worker, tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
     farm = [sys.executable, "-m", "mediafarm.workers.cli"]

@@ -20,11 +20,14 @@ class ToyRejected(PermanentFailure):
 
 class ToyRequest(Request):
     """Attributes: text (words to count), fail_after (the streaming engine runs out of memory after
-    that many words), forbidden (a word the family rejects as bad input)."""
+    that many words), forbidden (a word the family rejects as bad input), write_pause (seconds
+    between the two halves of words.txt), word_pause (seconds the streaming engine waits before each
+    word after the first, checking for a cancel: a job that streams for as long as a test needs)."""
 
     text: str = Field(min_length=1, max_length=10_000)
     fail_after: int | None = Field(None, ge=0)
     write_pause: float = Field(0.0, ge=0, le=30)
+    word_pause: float = Field(0.0, ge=0, le=5)
 
 
 class ToyResult(BaseModel):

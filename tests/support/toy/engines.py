@@ -21,6 +21,9 @@ def stream_words(ctx: EngineContext, request: ToyRequest, params: CountParams) -
     words = _check(request)
     done = []
     for i, word in enumerate(words):
+        if i and request.word_pause:
+            time.sleep(request.word_pause)
+            ctx.check_cancelled()
         if request.fail_after is not None and i >= request.fail_after:
             raise MemoryError(f"toy: out of memory after {i} words")
         done.append(word.upper() if params.upper else word)
