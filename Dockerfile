@@ -29,6 +29,7 @@ COPY mediafarm ./mediafarm
 COPY config ./config
 COPY tasks ./tasks
 COPY workers ./workers
+COPY gateway ./gateway
 RUN pip install --no-cache-dir ".[${EXTRAS}]"
 
 # Glibc arenas multiply RSS in threaded children (the TTS story's saw-tooth).

@@ -15,7 +15,13 @@ from pathlib import Path
 from tests.conftest import REPO
 
 # Folder in the repository -> the package it installs as (pyproject.toml's package-dir).
-ROOTS = {"mediafarm": "mediafarm", "config": "mediafarm.config", "tasks": "mediafarm.tasks", "workers": "mediafarm.workers"}
+ROOTS = {
+    "mediafarm": "mediafarm",
+    "config": "mediafarm.config",
+    "tasks": "mediafarm.tasks",
+    "workers": "mediafarm.workers",
+    "gateway": "mediafarm.gateway",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -143,3 +149,26 @@ def test_tasks_never_import_workers() -> None:
     )
     assert edges["mediafarm.workers.app"] & {"mediafarm.workers.guards", "mediafarm.workers.metrics"}  # walk works
     assert upward == [], "tasks/ imports workers/ (the worker entry, workers/app.py, wires them): " + ", ".join(upward)
+
+
+def test_the_gateway_is_a_producer_it_never_imports_workers_and_nothing_but_the_cli_imports_it() -> None:
+    edges = graph(modules())
+    assert "mediafarm.tasks.client" in edges["mediafarm.gateway.jobs"]  # the walk sees the gateway
+    gateway, workers = "mediafarm.gateway", "mediafarm.workers"
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges.items()
+        for target in targets
+        if (module.startswith(gateway) and target.startswith(workers))
+        or (target.startswith(gateway) and not module.startswith((gateway, workers)))
+    )
+    assert wrong == [], "the gateway submits with the producer API; only the CLI starts it: " + ", ".join(wrong)
+    # JSON only on the wire, as in the Celery configuration: no pickle, marshal or shelve.
+    unsafe = sorted(
+        f"{module} imports {name}"
+        for module, path in modules().items()
+        if module.startswith("mediafarm.gateway")
+        for name in imported_names(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+        if name.split(".")[0] in ("pickle", "marshal", "shelve", "dill", "cloudpickle")
+    )
+    assert unsafe == []

@@ -11,7 +11,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Folder in the repository -> the package it installs as.
-ROOTS = {"mediafarm": "mediafarm", "config": "mediafarm.config", "tasks": "mediafarm.tasks", "workers": "mediafarm.workers"}
+ROOTS = {
+    "mediafarm": "mediafarm",
+    "config": "mediafarm.config",
+    "tasks": "mediafarm.tasks",
+    "workers": "mediafarm.workers",
+    "gateway": "mediafarm.gateway",
+}
 
 
 def _setuptools() -> dict:

@@ -8,6 +8,11 @@ keeps its folder). Hidden partial files left by killed writers are
 removed from any job folder once they are older than ``grace``. Nothing else in the storage folder
 is touched, and ``farm gc`` refuses to run against a backend that holds no farm keys at all (a
 wrong database number would otherwise make every job look expired).
+
+Uploads (the gateway's, ``gateway.upload_store``) live as long as the jobs that named them: an
+upload goes once no job that named it has a result, a history or a remembered submission left,
+or, if no job ever named it, ``result_expires`` after it was made; one that never finished goes
+after ``grace``. Nothing changed within ``grace`` goes in any case.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mediafarm.gateway.upload_store import META, is_finished, jobs_naming, upload_folders
 from mediafarm.tasks import keys
 from mediafarm.tasks.artifacts import MARKER, PARTIAL_MARK, job_id_of
 
@@ -65,6 +71,33 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
         for partial in folder.rglob(f".*{PARTIAL_MARK}*"):
             if now - partial.stat().st_mtime >= grace:
                 yield Removal(partial, "partial file of an attempt that never finished", _size(partial))
+
+
+def expired_uploads(
+    uploads_dir: Path, backend: Any, *, ttl: float, grace: float = 3600.0, now: float | None = None
+) -> Iterator[Removal]:
+    """The uploads ``farm gc`` removes (the rule is in the module's docstring). ``ttl``: the
+    backend's ``result_expires``."""
+    now = time.time() if now is None else now
+    folders = list(upload_folders(uploads_dir))
+    if any(jobs_naming(f) for f in folders) and not _holds_farm_keys(backend.client):
+        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    for folder in folders:
+        if now - _newest_change(folder) < grace:
+            continue
+        if not is_finished(folder):
+            yield Removal(folder, "an upload that never finished", _size(folder))
+            continue
+        jobs = jobs_naming(folder)
+        if jobs:
+            if not any(_job_known(backend, job_id) for job_id in jobs):
+                yield Removal(folder, "upload whose jobs' results expired", _size(folder))
+        elif now - (folder / META).stat().st_mtime >= ttl:
+            yield Removal(folder, "upload no job named within result_expires", _size(folder))
+
+
+def _job_known(backend: Any, job_id: str) -> bool:
+    return bool(backend.client.exists(backend.get_key_for_task(job_id), keys.history(job_id), keys.submitted(job_id)))
 
 
 def _holds_farm_keys(client: Any) -> bool:

@@ -1,0 +1,13 @@
+"""The HTTP gateway: one more producer of the farm's jobs, for clients in any language and browsers.
+
+``farm gateway`` serves it (``farm up`` starts one on loopback). Its routes come from the family
+registry: every family gets ``POST /v1/jobs/<family>`` with its own request model as the body, and
+every job can be followed (``GET /v1/jobs/<id>``, Server-Sent Events at ``/events``), fetched
+(``/artifacts/<name>``) and cancelled (``DELETE``). Media may be uploaded first (``POST
+/v1/uploads``) and named as ``upload:<id>`` by a job. docs/gateway.md is the manual.
+
+The gateway submits and follows jobs with the producer API (``tasks.client``, ``tasks.handles``)
+and never imports the worker side. Nothing here is imported by ``import mediafarm``: the FastAPI
+app needs the ``gateway`` extra; :mod:`mediafarm.gateway.upload_store` (what ``farm gc`` reads)
+needs nothing beyond the core.
+"""

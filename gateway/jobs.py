@@ -1,0 +1,231 @@
+"""Job routes: submit one of a family (a route per family, from the registry), follow it, fetch
+its files, cancel it.
+
+Every call into the farm (Redis, Celery) blocks, so each runs in a worker thread
+(``anyio.to_thread``); the event loop only waits on the network.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from functools import partial
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from mediafarm.gateway.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
+from mediafarm.gateway.intake import prepare
+from mediafarm.gateway.security import Caller, caller
+from mediafarm.gateway.settings import MAX_JSON_BYTES, GatewayConfig
+from mediafarm.tasks import keys
+from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.artifacts import MAX_JOB_ID, ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.client import submit
+from mediafarm.tasks.errors import InvalidRequest
+from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.handles import JobHandle, PipelineHandle
+
+# An Idempotency-Key becomes the job's id, so it must be one a URL path and a storage folder hold.
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(caller)])
+
+
+def job_url(job_id: str, tail: str = "") -> str:
+    return f"/v1/jobs/{quote(job_id, safe='')}{tail}"
+
+
+def find_job(job_id: str) -> JobHandle | None:
+    """The job called ``job_id`` if the farm knows it: submitted with an id (every gateway job is),
+    started, or ended and not yet expired. A pipeline's handle for a pipeline."""
+    if not job_id or len(job_id) > MAX_JOB_ID:
+        return None
+    client = celery_app.backend.client
+    pipe = client.pipeline(transaction=False)
+    pipe.get(keys.submitted(job_id))
+    pipe.exists(keys.pipeline_plan(job_id))
+    pipe.exists(keys.history(job_id), celery_app.backend.get_key_for_task(job_id))
+    submitted, is_pipeline, known = pipe.execute()
+    if not (submitted or is_pipeline or known):
+        return None
+    family = json.loads(submitted).get("family", "") if submitted else ""
+    return (PipelineHandle if is_pipeline else JobHandle)(id=job_id, family=family)
+
+
+async def _job(job_id: str) -> JobHandle:
+    job = await anyio.to_thread.run_sync(find_job, job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id!r} (unknown, or its result expired)")
+    return job
+
+
+def _view(job: JobHandle, snapshot: Snapshot) -> dict[str, Any]:
+    family = job.family or (snapshot.envelope or {}).get("family", "")
+    view: dict[str, Any] = {
+        "id": job.id, "family": family, "state": snapshot.state, "progress": snapshot.progress,
+        "attempts": list(snapshot.attempts), "partials": list(snapshot.partials),
+        "result": snapshot.envelope, "failure": snapshot.failure,
+        "links": {"self": job_url(job.id), "events": job_url(job.id, "/events")},
+    }  # fmt: skip
+    if snapshot.stages is not None:
+        view["stages"] = snapshot.stages
+    if snapshot.envelope:
+        view["links"]["artifacts"] = {a["name"]: job_url(job.id, "/artifacts/" + quote(a["name"]))
+                                      for a in snapshot.envelope.get("artifacts", [])}  # fmt: skip
+    return view
+
+
+async def _json_body(request: Request) -> Any:
+    """The body as JSON, read to at most MAX_JSON_BYTES (413 past it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_JSON_BYTES:
+        raise HTTPException(413, f"a job's body may hold at most {MAX_JSON_BYTES:,} bytes; upload media instead")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_JSON_BYTES:
+            raise HTTPException(413, f"a job's body may hold at most {MAX_JSON_BYTES:,} bytes; upload media instead")
+    try:
+        return json.loads(body or b"null")
+    except ValueError as exc:
+        raise HTTPException(422, f"the body is not JSON: {exc}") from None
+
+
+def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
+    async def submit_job(
+        request: Request,
+        who: Annotated[Caller, Depends(caller)],
+        idempotency_key: Annotated[str | None, Header(description="The job's id: the same key twice is the "
+                                                      "same job (letters, digits, . _ : -; up to 200)")] = None,
+    ) -> JSONResponse:
+        if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
+            raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
+                                     "starting with a letter or digit")  # fmt: skip
+        body = await _json_body(request)
+        config: GatewayConfig = request.app.state.config
+        job_id = idempotency_key or str(uuid.uuid4())
+
+        def send() -> JobHandle:
+            intake = prepare(spec, body, who.owner, request.app.state.uploads, config.input_roots)
+            for upload in intake.uploads:  # before the job exists, so gc never sees it without them
+                request.app.state.uploads.attach(upload, job_id)
+            return submit(spec.name, job_id=job_id, **intake.fields)
+
+        try:
+            job = await anyio.to_thread.run_sync(send)
+        except InvalidRequest as exc:
+            raise HTTPException(422, str(exc)) from None
+        except ValueError as exc:
+            if idempotency_key is None:
+                raise HTTPException(422, str(exc)) from None
+            # The key was used before for another family or other fields.
+            raise HTTPException(409, f"Idempotency-Key {idempotency_key!r}: {exc}") from None
+        except (RedisError, OperationalError) as exc:
+            raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
+        body = {"id": job.id, "family": spec.name, "pipeline": isinstance(job, PipelineHandle),
+                "links": {"self": job_url(job.id), "events": job_url(job.id, "/events")}}  # fmt: skip
+        return JSONResponse(body, status_code=202, headers={"Location": job_url(job.id)})
+
+    submit_job.__name__ = f"submit_{spec.name.replace('-', '_')}"
+    return submit_job
+
+
+def add_family_routes(app: FastAPI, specs: Iterable[FamilySpec]) -> None:
+    """``POST /v1/jobs/<family>`` for every family; the body's schema is the family's request model
+    (put into the OpenAPI document by ``app.family_openapi``)."""
+    for spec in specs:
+        result = spec.result.__name__
+        app.add_api_route(
+            f"/v1/jobs/{spec.name}", _submit_route(spec), methods=["POST"], status_code=202, tags=["jobs"],
+            summary=f"Submit a {spec.name} job", name=f"submit_{spec.name}",
+            description=(f"{spec.description or spec.name}. The body is the family's request "
+                         f"({spec.request.__name__}); the finished job's `result.output` is a {result}."),
+        )  # fmt: skip
+
+
+@router.post("/{family}", include_in_schema=False)
+async def unknown_family(family: str) -> None:
+    raise HTTPException(404, f"unknown job family {family!r}; GET /openapi.json lists the families' routes")
+
+
+@router.get("/{job_id}", summary="A job: state, progress, attempts, partial outputs, result or failure")
+async def get_job(job_id: str) -> dict[str, Any]:
+    job = await _job(job_id)
+    return _view(job, await anyio.to_thread.run_sync(read_snapshot, job))
+
+
+@router.delete("/{job_id}", status_code=202, summary="Cancel a job (it ends cancelled)")
+async def cancel_job(job_id: str) -> dict[str, Any]:
+    job = await _job(job_id)
+    await anyio.to_thread.run_sync(job.cancel)
+    return {"id": job.id, "cancel": "requested", "links": {"self": job_url(job.id)}}
+
+
+@router.get(
+    "/{job_id}/events", summary="Server-Sent Events of a job; Last-Event-ID resumes",
+    response_class=EventSourceResponse, responses={204: {"description": "the stream had already ended"}},
+)  # fmt: skip
+async def job_events(
+    job_id: str, request: Request, last_event_id: Annotated[str | None, Header()] = None
+) -> Response:
+    job = await _job(job_id)
+    if last_event_id is not None and last_event_id.strip() == END_ID:
+        return Response(status_code=204)  # the client had the end: EventSource stops reconnecting
+    try:
+        cursor = Cursor() if last_event_id is None else Cursor.parse(last_event_id)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    config: GatewayConfig = request.app.state.config
+    return EventSourceResponse(_stream(job, Follower(cursor, time.monotonic), config.poll_interval),
+                               ping=config.heartbeat, headers={"Cache-Control": "no-store"})  # fmt: skip
+
+
+async def _stream(job: JobHandle, follower: Follower, poll: float) -> AsyncIterator[ServerSentEvent]:
+    while not follower.done:
+        snapshot = await anyio.to_thread.run_sync(read_snapshot, job)
+        for event in follower.feed(snapshot):
+            yield _sse(event)
+        if not follower.done:
+            await anyio.sleep(poll)
+
+
+def _sse(event: Event) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(event.data, separators=(",", ":")), event=event.kind, id=event.id)
+
+
+@router.get("/{job_id}/artifacts/{name:path}", summary="A file the job made; Range and If-None-Match work")
+async def get_artifact(job_id: str, name: str, request: Request) -> Response:
+    job = await _job(job_id)
+    infos = await anyio.to_thread.run_sync(job.artifacts)
+    info = next((a for a in infos if a.name == name), None)
+    if info is None:
+        raise HTTPException(404, f"job {job_id} has no artifact {name!r} (artifacts are listed once it succeeded)")
+    config: GatewayConfig = request.app.state.config
+    try:
+        path = ArtifactStore(config.storage_dir, job.id).path(name)
+    except UnsafeArtifactName as exc:
+        raise HTTPException(404, str(exc)) from None
+    if not await anyio.to_thread.run_sync(path.is_file):
+        raise HTTPException(404, f"artifact {name!r} of job {job_id} is not in this gateway's storage folder "
+                                 "(FARM_STORAGE_DIR must be the workers' shared one)")  # fmt: skip
+    etag = f'"{info.sha256}"'
+    if _matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    return FileResponse(path, media_type=info.media_type, headers={"ETag": etag, "Cache-Control": "private"})
+
+
+def _matches(if_none_match: str | None, etag: str) -> bool:
+    if not if_none_match:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags

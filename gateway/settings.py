@@ -1,0 +1,74 @@
+"""What one gateway process serves by, read once from the farm's settings (``FARM_*``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from mediafarm.config.settings import FarmSettings
+
+# A job's JSON body is small (the largest request field, a TTS text, is bounded by its model): a
+# bound here keeps a client from making the gateway hold an arbitrary body in memory.
+MAX_JSON_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """How the gateway authenticates, what it takes in, and where uploads go.
+
+    Attributes:
+        tokens: Bearer tokens accepted (``FARM_API_TOKENS``); empty: loopback clients only, no token.
+        cors_origins: Origins allowed by CORS (``FARM_CORS_ORIGINS``); empty: no CORS headers.
+        uploads_dir: Where uploads are kept (``FARM_UPLOADS_DIR``, default ``<storage>/.uploads``).
+        storage_dir: Where the workers write artifacts (``FARM_STORAGE_DIR``), read for downloads.
+        input_roots: Where a job's media may be: the media roots and the uploads folder.
+        upload_max_bytes: The largest upload (``FARM_UPLOAD_MAX_MB``).
+        upload_max_count: Uploads one token holds at once (``FARM_UPLOAD_MAX_COUNT``).
+        poll_interval: Seconds between two looks at a followed job (events, one Redis read each).
+        heartbeat: Seconds between two comment lines on a quiet event stream, so that proxies and
+            load balancers keep the connection.
+    """
+
+    tokens: tuple[str, ...]
+    cors_origins: tuple[str, ...]
+    uploads_dir: Path
+    storage_dir: Path
+    input_roots: tuple[Path, ...]
+    upload_max_bytes: int
+    upload_max_count: int
+    poll_interval: float = 0.1
+    heartbeat: float = 15.0
+
+    @classmethod
+    def from_settings(cls, settings: FarmSettings) -> GatewayConfig:
+        return cls(
+            tokens=tuple(settings.api_tokens),
+            cors_origins=tuple(settings.cors_origins),
+            uploads_dir=settings.uploads_folder,
+            storage_dir=settings.storage_dir,
+            input_roots=tuple(settings.input_roots),
+            upload_max_bytes=int(settings.upload_max_mb * 1_000_000),
+            upload_max_count=settings.upload_max_count,
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Is ``host`` (an address, or ``localhost``) a loopback address?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_problem(host: str, config: GatewayConfig) -> str | None:
+    """Why the gateway must not listen on ``host``, or None. Without tokens it serves anyone who can
+    reach it with no check at all, so only loopback is allowed then."""
+    if config.tokens or is_loopback(host):
+        return None
+    return (
+        f"refusing to listen on {host}: without FARM_API_TOKENS the gateway serves anyone who reaches it. "
+        "Set FARM_API_TOKENS (comma-separated bearer tokens) to serve other hosts, or listen on 127.0.0.1"
+    )
