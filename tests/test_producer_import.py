@@ -68,3 +68,5 @@ def test_the_farm_cli_loads_no_worker_side_until_a_worker_command_runs(tmp_path:
     assert found["worker side"] == [] and found["Celery's worker control"] == []
     assert found["media and model packages"] == []
     assert "mediafarm.workers.guards" not in loaded and "mediafarm.workers.metrics" not in loaded
+    # Nor the HTTP gateway (the `gateway` extra), which `farm gateway` and `farm up` import when they run.
+    assert not [m for m in loaded if m.split(".")[0] in ("fastapi", "starlette", "uvicorn", "sse_starlette")]

@@ -19,7 +19,9 @@ import socket
 import sys
 import tempfile
 from contextlib import ExitStack
+from functools import partial
 from importlib.resources import files
+from itertools import chain
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any
@@ -39,10 +41,12 @@ from mediafarm.tasks.errors import JobFailed
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.family_commands import mount
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
-from mediafarm.workers.retention import WrongBackend, expired, remove
+from mediafarm.workers.retention import WrongBackend, expired, expired_uploads, remove
 
 # Imported by the worker side only (the `worker` extra): a producer's install has none of them.
 WORKER_PACKAGES = ("psutil", "prometheus_client")
+# Imported by the HTTP gateway only (the `gateway` extra).
+GATEWAY_PACKAGES = ("fastapi", "starlette", "uvicorn", "sse_starlette", "python_multipart")
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 console = Console()
@@ -78,6 +82,34 @@ def _worker_side() -> ModuleType:
             "which includes it)"
         )
     return guards
+
+
+def _gateway_side() -> ModuleType | None:
+    """``gateway.server``, or None if this install lacks the ``gateway`` extra."""
+    try:
+        from mediafarm.gateway import server
+    except ModuleNotFoundError as exc:
+        if exc.name not in GATEWAY_PACKAGES:
+            raise
+        return None
+    return server
+
+
+def _start_gateway(stack: ExitStack, port: int | None) -> str | None:
+    """``farm up``'s gateway on loopback, on a thread of this process; its URL (None: not installed)."""
+    server = _gateway_side()
+    if server is None:
+        console.print(r"no HTTP gateway: pip install 'mediafarm\[gateway]' to have `farm up` start one")
+        return None
+    wanted = get_settings().gateway_port if port is None else port
+    try:
+        sock = server.bind("127.0.0.1", wanted)
+    except OSError as exc:
+        sock = server.bind("127.0.0.1", 0)
+        console.print(f"port {wanted} is taken ({exc.strerror}); the gateway took {sock.getsockname()[1]}")
+    gateway = server.GatewayThread(sock).start()
+    stack.callback(gateway.stop)
+    return gateway.url
 
 
 def _need_broker() -> None:
@@ -242,15 +274,28 @@ class LocalFarm:
 def up(
     concurrency: Annotated[int | None, typer.Option(help="Children (default: the pool's)")] = None,
     loglevel: str = "INFO",
+    gateway: Annotated[bool, typer.Option("--gateway/--no-gateway", help="Serve the HTTP gateway on loopback")] = True,
+    gateway_port: Annotated[
+        int | None, typer.Option(help="The gateway's port (default FARM_GATEWAY_PORT; a free one if it is taken)")
+    ] = None,
 ) -> None:
-    """A local farm: embedded Redis if no broker is configured, one worker on every queue. Ctrl-C stops it."""
+    """A local farm: embedded Redis if no broker is configured, one worker on every queue, the HTTP
+    gateway on loopback. Ctrl-C stops it."""
     with ExitStack() as stack:
         farm = LocalFarm(stack, concurrency=concurrency, loglevel=loglevel, quiet=False)
+        url = _start_gateway(stack, gateway_port) if gateway else None
         queues = expand_queues(farm.pool.queues, families.default_queues())
+        broker = os.environ.get("FARM_BROKER_URL", "")
         console.print(
             f"[green]farm up[/]: worker {farm.node} on {', '.join(queues)}; "
-            f"broker {os.environ.get('FARM_BROKER_URL')}; storage {get_settings().storage_dir}. Ctrl-C to stop."
+            f"broker {broker}; storage {get_settings().storage_dir}. Ctrl-C to stop."
         )
+        if url:
+            console.print(f"gateway {url} (API docs at {url}/docs)", highlight=False)
+        backend = get_settings().result_backend
+        also = f" FARM_RESULT_BACKEND={backend}" if backend and backend != broker else ""
+        console.print(f"farm commands in another shell: export FARM_BROKER_URL={broker}{also}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
         try:
             code = farm.process.wait()
         except KeyboardInterrupt:
@@ -259,6 +304,39 @@ def up(
     if code:
         _fail(f"the worker exited with code {code}; farm stopped", code=1)
     console.print("farm stopped")
+
+
+@cli.command(name="gateway")
+def serve_gateway(
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default FARM_GATEWAY_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default FARM_GATEWAY_PORT, 8000; 0 takes a free one)")] = None,
+) -> None:
+    """Serve the HTTP gateway: jobs over HTTP, events as they happen (docs/gateway.md). Ctrl-C stops it."""
+    _need_broker()
+    server = _gateway_side()
+    if server is None:
+        _fail(r"this install has no HTTP gateway: pip install 'mediafarm\[gateway]'")
+    from mediafarm.gateway.settings import GatewayConfig, bind_problem
+
+    settings = get_settings()
+    host = settings.gateway_host if host is None else host
+    port = settings.gateway_port if port is None else port
+    config = GatewayConfig.from_settings(settings)
+    problem = bind_problem(host, config)
+    if problem:
+        _fail(problem)
+    try:
+        sock = server.bind(host, port)
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    url = server.url_of(sock)
+    access = f"bearer tokens ({len(config.tokens)})" if config.tokens else "loopback clients, no token"
+    console.print(f"gateway on {url} (API docs at {url}/docs); serving {access}. Ctrl-C to stop.", highlight=False)
+    try:
+        server.serve(sock, config)
+    except KeyboardInterrupt:  # uvicorn stops in order, then raises the signal again: that was the plan
+        pass
+    console.print("gateway stopped")
 
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -377,14 +455,16 @@ def gc(
     grace: Annotated[float, typer.Option(help="Keep folders changed within this many seconds")] = 3600.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would go")] = False,
 ) -> None:
-    """Remove artifacts of jobs whose results have expired (see workers/retention.py for the rule)."""
+    """Remove artifacts and uploads of jobs whose results have expired (see workers/retention.py for the rule)."""
     _need_broker()
     from mediafarm.tasks.app import app
 
     freed = 0
     count = 0
+    settings = get_settings()
+    uploads = partial(expired_uploads, settings.uploads_folder, app.backend, ttl=float(app.conf.result_expires))
     try:
-        for removal in expired(get_settings().storage_dir, app.backend, grace=grace):
+        for removal in chain(expired(settings.storage_dir, app.backend, grace=grace), uploads(grace=grace)):
             console.print(f"{'would remove' if dry_run else 'removed'} {removal.path} ({removal.reason})")
             if not dry_run:
                 remove(removal)

@@ -119,6 +119,7 @@ def test_up_serves_jobs_and_ctrl_c_stops_everything_it_started() -> None:
     import socket
     import time
 
+    import httpx
     import psutil
 
     proc = subprocess.Popen(
@@ -128,10 +129,15 @@ def test_up_serves_jobs_and_ctrl_c_stops_everything_it_started() -> None:
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 120
-        while not any(line.startswith("farm up:") for line in lines):
+        while not any(line.startswith("farm commands in another shell") for line in lines):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
             lines.append(proc.stdout.readline())
         port = int(re.search(r"127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
+        # What a second shell needs is printed: the broker URL, and the HTTP gateway on loopback.
+        assert f"export FARM_BROKER_URL=redis://127.0.0.1:{port}/0" in lines[-1], "".join(lines)
+        gateway = re.search(r"^gateway (http://127\.0\.0\.1:(\d+)) ", "".join(lines), re.MULTILINE)
+        assert gateway, "".join(lines)
+        assert httpx.get(gateway.group(1) + "/healthz", timeout=10).json() == {"status": "ok"}
         started = psutil.Process(proc.pid).children(recursive=True)
         assert len(started) >= 2  # the embedded Redis and the worker (with its child)
         # A producer elsewhere submits to it; the media root defaults to the working directory.
@@ -145,8 +151,9 @@ def test_up_serves_jobs_and_ctrl_c_stops_everything_it_started() -> None:
     assert proc.returncode == 0, "".join(lines) + out
     assert "farm stopped" in out
     assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        pass
+    for stopped in (port, int(gateway.group(2))):
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", stopped), timeout=1):
+            pass
 
 
 @pytest.mark.integration

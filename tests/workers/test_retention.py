@@ -158,3 +158,34 @@ def test_farm_gc_lists_then_removes_only_expired_folders(storage: Path, backend:
     removed = farm_gc()
     assert f"removed {gone}" in removed and "1 removed" in removed
     assert not gone.exists() and kept.exists()
+
+
+def test_farm_gc_removes_uploads_whose_jobs_results_expired(storage: Path, backend: Any, new_job: Any) -> None:
+    import subprocess
+    import sys
+
+    from mediafarm.gateway.upload_store import UploadStore
+    from tests.conftest import REPO
+
+    store = UploadStore(storage / ".uploads", max_bytes=1000, max_count=10)  # the default FARM_UPLOADS_DIR
+
+    def uploaded(job_id: str) -> Path:
+        writer = store.begin("local", "clip.wav")
+        writer.write(b"RIFF....")
+        upload = writer.finish()
+        store.attach(upload, job_id)
+        return upload.path.parent
+
+    forgotten = uploaded(str(uuid.uuid4()))  # a job whose result and history are gone
+    living = new_job()  # its job still has a result
+    backend.store_result(living.name, {"ok": True}, "SUCCESS")
+    kept = uploaded(living.name)
+    for folder in (forgotten, kept, living):
+        _age(folder, 2 * GRACE)
+    env = {**os.environ, "FARM_STORAGE_DIR": str(storage), "COLUMNS": "400"}
+    env.pop("FARM_UPLOADS_DIR", None)
+    proc = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "gc"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"removed {forgotten} (upload whose jobs' results expired)" in proc.stdout, proc.stdout
+    assert not forgotten.exists() and kept.exists() and living.exists()
