@@ -97,7 +97,7 @@ def prepare(spec: FamilySpec, body: Any, owner: str, store: UploadStore, roots: 
         named_upload = value.startswith(UPLOAD_PREFIX)
         if named_upload:
             try:
-                upload = store.get(owner, value[len(UPLOAD_PREFIX):])
+                upload = store.get(owner, value[len(UPLOAD_PREFIX) :])
             except UnknownUpload as exc:
                 raise InvalidRequest(f"{name} request: {field}: {exc}") from None
             uploads.append(upload)

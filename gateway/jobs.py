@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from functools import partial
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -105,8 +105,12 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
     async def submit_job(
         request: Request,
         who: Annotated[Caller, Depends(caller)],
-        idempotency_key: Annotated[str | None, Header(description="The job's id: the same key twice is the "
-                                                      "same job (letters, digits, . _ : -; up to 200)")] = None,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                description="The job's id: the same key twice is the same job (letters, digits, . _ : -; up to 200)"
+            ),
+        ] = None,
     ) -> JSONResponse:
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
@@ -175,9 +179,7 @@ async def cancel_job(job_id: str) -> dict[str, Any]:
     "/{job_id}/events", summary="Server-Sent Events of a job; Last-Event-ID resumes",
     response_class=EventSourceResponse, responses={204: {"description": "the stream had already ended"}},
 )  # fmt: skip
-async def job_events(
-    job_id: str, request: Request, last_event_id: Annotated[str | None, Header()] = None
-) -> Response:
+async def job_events(job_id: str, request: Request, last_event_id: Annotated[str | None, Header()] = None) -> Response:
     job = await _job(job_id)
     if last_event_id is not None and last_event_id.strip() == END_ID:
         return Response(status_code=204)  # the client had the end: EventSource stops reconnecting
@@ -211,11 +213,16 @@ async def get_artifact(job_id: str, name: str, request: Request) -> Response:
     if info is None:
         raise HTTPException(404, f"job {job_id} has no artifact {name!r} (artifacts are listed once it succeeded)")
     config: GatewayConfig = request.app.state.config
-    try:
+
+    def locate() -> Path | None:  # resolves symlinks: file system calls, off the event loop
         path = ArtifactStore(config.storage_dir, job.id).path(name)
+        return path if path.is_file() else None
+
+    try:
+        path = await anyio.to_thread.run_sync(locate)
     except UnsafeArtifactName as exc:
         raise HTTPException(404, str(exc)) from None
-    if not await anyio.to_thread.run_sync(path.is_file):
+    if path is None:
         raise HTTPException(404, f"artifact {name!r} of job {job_id} is not in this gateway's storage folder "
                                  "(FARM_STORAGE_DIR must be the workers' shared one)")  # fmt: skip
     etag = f'"{info.sha256}"'

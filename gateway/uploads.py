@@ -44,7 +44,8 @@ class _Sink:
                429: {"description": "FARM_UPLOAD_MAX_COUNT uploads held already"}},
 )  # fmt: skip
 async def upload(
-    request: Request, who: Annotated[Caller, Depends(caller)],
+    request: Request,
+    who: Annotated[Caller, Depends(caller)],
     filename: Annotated[str | None, Query(description="The file's name, for a raw body")] = None,
 ) -> JSONResponse:
     store: UploadStore = request.app.state.uploads

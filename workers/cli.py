@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import tempfile
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from functools import partial
 from importlib.resources import files
 from itertools import chain
@@ -332,10 +332,8 @@ def serve_gateway(
     url = server.url_of(sock)
     access = f"bearer tokens ({len(config.tokens)})" if config.tokens else "loopback clients, no token"
     console.print(f"gateway on {url} (API docs at {url}/docs); serving {access}. Ctrl-C to stop.", highlight=False)
-    try:
+    with suppress(KeyboardInterrupt):  # uvicorn stops in order, then raises the signal again: the plan
         server.serve(sock, config)
-    except KeyboardInterrupt:  # uvicorn stops in order, then raises the signal again: that was the plan
-        pass
     console.print("gateway stopped")
 
 

@@ -85,7 +85,6 @@ def test_partials_of_an_older_attempt_than_the_clients_are_not_sent_again() -> N
 # --- over HTTP -----------------------------------------------------------------------------------
 
 
-
 def stream(client: httpx.Client, job_id: str, last_id: str | None = None, stop: Any = None) -> SseStream:
     headers = {"Last-Event-ID": last_id} if last_id else {}
     with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response:

@@ -67,9 +67,11 @@ def test_a_job_through_the_gateway_is_the_same_kind_of_thing_as_one_sent_with_su
     assert {k: v for k, v in through.items() if k not in ("job_id", "attempts", "artifacts")} == {
         k: v for k, v in direct.items() if k not in ("job_id", "attempts", "artifacts")
     }
-    assert [(a["rung"], a["variant"], a["outcome"]) for a in through["attempts"]] == [
-        (a["rung"], a["variant"], a["outcome"]) for a in direct["attempts"]
-    ] == [(0, "streaming", "oom"), (1, "plain", "ok")]
+    assert (
+        [(a["rung"], a["variant"], a["outcome"]) for a in through["attempts"]]
+        == [(a["rung"], a["variant"], a["outcome"]) for a in direct["attempts"]]
+        == [(0, "streaming", "oom"), (1, "plain", "ok")]
+    )
     assert [a.keys() for a in through["attempts"]] == [a.keys() for a in direct["attempts"]]
     assert [(a["name"], a["size"], a["sha256"]) for a in through["artifacts"]] == [
         (a["name"], a["size"], a["sha256"]) for a in direct["artifacts"]
