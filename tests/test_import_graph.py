@@ -13,15 +13,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.test_packaging import ROOTS
 
-# Folder in the repository -> the package it installs as (pyproject.toml's package-dir).
-ROOTS = {
-    "mediafarm": "mediafarm",
-    "config": "mediafarm.config",
-    "tasks": "mediafarm.tasks",
-    "workers": "mediafarm.workers",
-    "gateway": "mediafarm.gateway",
-}
 
 
 def modules() -> dict[str, Path]:

@@ -7,12 +7,10 @@ transient failure on the same rung, not a lost child (found in a RabbitMQ chaos 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-import redis
 
 from mediafarm.config.ladders import Ladder, rung
 from mediafarm.tasks import keys
@@ -24,14 +22,6 @@ from mediafarm.tasks.records import Attempt, Envelope, Outcome
 
 LADDER = Ladder("ends", "ends", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}
-
-
-@pytest.fixture()
-def log(redis_url: str) -> Iterator[AttemptLog]:
-    client = redis.Redis.from_url(redis_url)
-    job_id = f"ends-test-{uuid.uuid4()}"
-    yield AttemptLog(client, job_id, ttl=60)
-    client.delete(keys.history(job_id), keys.cancel(job_id))
 
 
 def run(log: AttemptLog, engine: Callable[[], Any], *, retries: int = 0, fresh: bool = True,

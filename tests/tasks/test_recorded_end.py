@@ -7,15 +7,11 @@ and the same bad input ran again on the same rung. ``run_ladder`` against the se
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks import keys
 from mediafarm.tasks.downgrade import LadderRun, run_ladder
 from mediafarm.tasks.errors import Cancelled, EngineError, PermanentFailure
 from mediafarm.tasks.family import EngineSpec
@@ -24,14 +20,6 @@ from mediafarm.tasks.records import Attempt, Outcome
 
 LADDER = Ladder("ended", "ended", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}
-
-
-@pytest.fixture()
-def log(redis_url: str) -> Iterator[AttemptLog]:
-    client = redis.Redis.from_url(redis_url)
-    job_id = f"ended-test-{uuid.uuid4()}"
-    yield AttemptLog(client, job_id, ttl=60)
-    client.delete(keys.history(job_id))
 
 
 def rerun(log: AttemptLog, retries: int, ran: list[int]) -> Any:

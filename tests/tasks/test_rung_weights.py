@@ -6,16 +6,12 @@ small model — the media check failed the job against a rung that could never h
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks import keys
 from mediafarm.tasks.downgrade import LadderRun, run_ladder
 from mediafarm.tasks.errors import MediaNotFound, PermanentFailure
 from mediafarm.tasks.family import EngineSpec, Params
@@ -39,14 +35,6 @@ def test_a_rung_without_its_weights_is_unavailable_naming_them(tmp_path: Path) -
     assert "'default-model'" in ENGINE.unavailable(rung("plain", "e"), tmp_path)
     # Without a models dir (a producer's check) the weights are not looked for.
     assert ENGINE.unavailable(rung("large", "e", model="large")) is None
-
-
-@pytest.fixture()
-def log(redis_url: str) -> Iterator[AttemptLog]:
-    client = redis.Redis.from_url(redis_url)
-    job_id = f"weights-test-{uuid.uuid4()}"
-    yield AttemptLog(client, job_id, ttl=60)
-    client.delete(keys.history(job_id))
 
 
 def test_a_bad_file_is_charged_to_the_first_rung_that_can_run(log: AttemptLog, tmp_path: Path) -> None:
