@@ -20,7 +20,7 @@ from celery.result import AsyncResult
 from mediafarm.config.pools import get_pool
 from mediafarm.tasks.history import read_attempts
 from mediafarm.workers.embedded import EmbeddedRedis
-from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
+from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready, worker_argv
 from tests.support.farm_app import farm_app
 
 pytestmark = pytest.mark.integration
@@ -65,10 +65,23 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         deadline = time.monotonic() + 10
         while log.read_text().count("succeeded in") < len(jobs) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert log.read_text().count("succeeded in") == len(jobs)
+        text = log.read_text(errors="replace")
+        assert text.count("succeeded in") == len(jobs)
         assert worker.poll() is None
+        # Quiet (issue #18 item 7): Celery's gossip step failed on this reconnection of a worker
+        # holding jobs ('Error on restarting Gossip: AttributeError' and a traceback, every time in
+        # two runs with it on); the farm uses neither gossip nor mingle, and its workers start
+        # without both.
+        assert "Connection to broker lost" in text  # the restart did reach the worker
+        assert "Gossip" not in text and "AttributeError" not in text and "Traceback" not in text, text[-4000:]
+        assert "mingle:" not in text  # no second lost at start searching for neighbours
     finally:
         stop_worker(worker, timeout=30)
+
+
+def test_workers_start_without_gossip_and_mingle() -> None:
+    argv = worker_argv(get_pool("cpu"))
+    assert "--without-gossip" in argv and "--without-mingle" in argv
 
 
 def running_jobs(producer: Any, jobs: list[Any], *, count: int, timeout: float) -> list[str]:
