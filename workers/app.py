@@ -5,7 +5,8 @@ worker side wired in: the guards (configuration check, memory watchdog, child se
 ``workers.guards``), the metered request class, which counts a finished job's frame counters
 in the worker's main process (``workers.metrics``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
-(``workers.foreign``). The plain app refuses to start a worker unless this module was imported.
+(``workers.foreign``). A worker started on the plain app imports this module too (the plain app
+names it in Celery's ``imports``, which only a worker reads).
 """
 
 from __future__ import annotations
