@@ -16,7 +16,9 @@ veth namespace can be made and the broker is reachable through it). Then it coun
 - history/envelope disagreements: a successful job whose attempt log in Redis is not, record for
   record and field for field, the attempts in its envelope (must be 0);
 - re-runs after the end: an attempt recorded after one that ended the job (rejected, cancelled,
-  error): a message back after its job's end was recorded ran again (must be 0);
+  error): a message back after its job's end was recorded ran again (must be 0). The suite's
+  kills land on running attempts, bad inputs' included; the narrow window between a rejection's
+  record and Celery storing it is made on purpose by test_kill_safety's hand-made redelivery;
 - its own faults: every child kill it planned was made and at least one landed on a running
   attempt (settled as killed from outside), and every fault of the run was reached; a fault this
   machine cannot make (no veth namespace for the network cut) is reported as not made, never as
