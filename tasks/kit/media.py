@@ -11,6 +11,8 @@ from mediafarm.tasks.media.decode import (
     BLOCK_SECONDS,
     SAMPLE_RATE,
     audio_blocks,
+    checked_audio_stream,
+    checked_video_stream,
     declared_length,
     has_audio_stream,
     open_media,
@@ -32,6 +34,8 @@ __all__ = [
     "tolerant_frames",
     # Checks: a stream FFmpeg can decode; a file's first packets, before a model loads (FamilySpec.probe).
     "check_audio_stream",
+    "checked_audio_stream",
+    "checked_video_stream",
     "check_decodable",
     "probe_audio",
     "probe_video",

@@ -27,7 +27,7 @@ import av
 import numpy as np
 
 from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.media.streams import check_audio_stream
+from mediafarm.tasks.media.streams import check_audio_stream, check_decodable
 from mediafarm.tasks.media.wav import check_wav_length
 
 SAMPLE_RATE = 16000
@@ -183,6 +183,34 @@ def _tolerance(stream: av.stream.Stream) -> float:
     return TRUNCATION_TOLERANCE_S + (1 / float(rate) if rate else 0.0)
 
 
+def checked_audio_stream(container: av.container.InputContainer, path: Path) -> av.stream.Stream:
+    """The first audio stream of ``path`` (open as ``container``), checked from the header alone:
+    UnreadableMedia when there is none, when it cannot be decoded or declares channels or a rate no
+    audio has (``media.streams``), or when a WAV header declares more audio than the file holds
+    (``media.wav``). The decode and the input probe (``media.probe``) both start here."""
+    streams = container.streams.audio
+    if not streams:
+        raise UnreadableMedia(f"{path.name} has no audio stream")
+    check_audio_stream(streams[0], path.name)
+    if "wav" in container.format.name.split(","):
+        check_wav_length(path, TRUNCATION_TOLERANCE_S)
+    return streams[0]
+
+
+def checked_video_stream(container: av.container.InputContainer, path: Path) -> av.stream.Stream:
+    """The first video stream of ``path`` (open as ``container``), checked from the header alone:
+    UnreadableMedia when there is none, when FFmpeg has no decoder for it or when it declares no
+    frame size. The frame loop and the input probe (``media.probe``) both start here."""
+    streams = container.streams.video
+    if not streams:
+        raise UnreadableMedia(f"{path.name} has no video stream")
+    check_decodable(streams[0], path.name)
+    context = streams[0].codec_context
+    if not context.width or not context.height:
+        raise UnreadableMedia(f"{path.name}: the video stream declares no frame size")
+    return streams[0]
+
+
 def has_audio_stream(path: Path) -> bool:
     """Does ``path`` carry an audio stream? (From the header; UnreadableMedia if it does not open.)"""
     with open_media(path) as container:
@@ -222,13 +250,7 @@ def audio_blocks(
     if block <= 0:
         raise ValueError("block_seconds too small")
     with open_media(path) as container:
-        streams = [s for s in container.streams if s.type == "audio"]
-        if not streams:
-            raise UnreadableMedia(f"{path.name} has no audio stream")
-        stream = streams[0]
-        check_audio_stream(stream, path.name)
-        if "wav" in container.format.name.split(","):
-            check_wav_length(path, TRUNCATION_TOLERANCE_S)
+        stream = checked_audio_stream(container, path)
         verbatim_floats = stream.codec_context.name.startswith("pcm_f")
         resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
         pending: list[np.ndarray] = []

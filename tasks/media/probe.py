@@ -25,10 +25,7 @@ from pathlib import Path
 
 import av
 
-from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.media.decode import TRUNCATION_TOLERANCE_S, open_media, tolerant_frames
-from mediafarm.tasks.media.streams import check_audio_stream, check_decodable
-from mediafarm.tasks.media.wav import check_wav_length
+from mediafarm.tasks.media.decode import checked_audio_stream, checked_video_stream, open_media, tolerant_frames
 
 
 def probe_audio(path: Path, *, require_audio: bool = True) -> None:
@@ -37,28 +34,17 @@ def probe_audio(path: Path, *, require_audio: bool = True) -> None:
     ``require_audio=False``: a file without an audio stream passes (the VAD's ``if_no_audio="empty"``).
     """
     with open_media(path) as container:
-        streams = container.streams.audio
-        if not streams:
-            if require_audio:
-                raise UnreadableMedia(f"{path.name} has no audio stream")
+        if not container.streams.audio and not require_audio:
             return
-        check_audio_stream(streams[0], path.name)
-        if "wav" in container.format.name.split(","):
-            check_wav_length(path, TRUNCATION_TOLERANCE_S)
-        _first_frame(container, streams[0], f"{path.name}: audio stream")
+        stream = checked_audio_stream(container, path)
+        _first_frame(container, stream, f"{path.name}: audio stream")
 
 
 def probe_video(path: Path) -> None:
     """UnreadableMedia unless ``path``'s first video stream looks decodable from its first packets."""
     with open_media(path) as container:
-        streams = container.streams.video
-        if not streams:
-            raise UnreadableMedia(f"{path.name} has no video stream")
-        check_decodable(streams[0], path.name)
-        context = streams[0].codec_context
-        if not context.width or not context.height:
-            raise UnreadableMedia(f"{path.name}: the video stream declares no frame size")
-        _first_frame(container, streams[0], f"{path.name}: video stream")
+        stream = checked_video_stream(container, path)
+        _first_frame(container, stream, f"{path.name}: video stream")
 
 
 def _first_frame(container: av.container.InputContainer, stream: av.stream.Stream, label: str) -> None:

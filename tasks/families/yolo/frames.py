@@ -25,7 +25,7 @@ import numpy as np
 
 from mediafarm.tasks.families.yolo.motion import Region
 from mediafarm.tasks.kit import UnreadableMedia
-from mediafarm.tasks.kit.media import check_decodable, declared_length, open_media, tolerant_frames
+from mediafarm.tasks.kit.media import checked_video_stream, declared_length, open_media, tolerant_frames
 
 # A frame is "at the stride" if it is this close before its slot (timestamps are rounded).
 SLOT_TOLERANCE = 1e-3
@@ -89,13 +89,8 @@ class VideoSamples:
 
     def __enter__(self) -> VideoSamples:
         self._container = open_media(self.path)
-        streams = self._container.streams.video
-        if not streams:
-            self._container.close()
-            raise UnreadableMedia(f"{self.path.name} has no video stream")
-        stream = streams[0]
         try:
-            check_decodable(stream, self.path.name)
+            stream = checked_video_stream(self._container, self.path)
         except UnreadableMedia:
             self._container.close()
             raise
@@ -103,9 +98,6 @@ class VideoSamples:
         stream.thread_type = "AUTO"
         self._stream = stream
         self.width, self.height = stream.codec_context.width, stream.codec_context.height
-        if not self.width or not self.height:
-            self._container.close()
-            raise UnreadableMedia(f"{self.path.name}: the video stream declares no frame size")
         self.duration = self._declared_duration()
         gop = keyframe_interval(self.path)
         if gop is not None and gop <= self.stride + SLOT_TOLERANCE:
