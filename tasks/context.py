@@ -28,6 +28,7 @@ from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks import keys
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
+from mediafarm.tasks.family import missing_model
 from mediafarm.tasks.plan import Collected, Part, collect
 from mediafarm.tasks.records import Progress
 
@@ -208,7 +209,7 @@ class EngineContext:
 
     def model_path(self, relative: str) -> Path:
         """A model file or folder under the models dir; RungUnavailable (recorded, skipped) if absent."""
-        path = self.models_dir / relative
-        if not path.exists():
-            raise RungUnavailable(f"model {relative!r} is not in the models dir {self.models_dir} (FARM_MODELS_DIR)")
-        return path
+        missing = missing_model(self.models_dir, relative)
+        if missing:
+            raise RungUnavailable(missing)
+        return self.models_dir / relative

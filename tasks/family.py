@@ -139,9 +139,7 @@ class EngineSpec:
         if rung.device == "cuda" and not _gpu_visible():
             return "rung needs a GPU and this pool has none (CUDA_VISIBLE_DEVICES is empty, or no NVIDIA device)"
         if models_dir is not None and self.weights is not None:
-            relative = getattr(self.parse_params(rung), self.weights)
-            if not (models_dir / relative).exists():
-                return f"model {relative!r} is not in the models dir {models_dir} (FARM_MODELS_DIR)"
+            return missing_model(models_dir, getattr(self.parse_params(rung), self.weights))
         return None
 
     def parse_params(self, rung: Rung) -> Params:
@@ -158,6 +156,14 @@ class EngineSpec:
         """The engine function (imports its module: call it in the pool child)."""
         module, _, name = self.target.partition(":")
         return getattr(importlib.import_module(module), name)
+
+
+def missing_model(models_dir: Path, relative: str) -> str | None:
+    """Why the model file or folder ``relative`` cannot be had from ``models_dir``; None if it is there.
+    (Both the rung's check before an attempt and ``EngineContext.model_path`` in the engine say so.)"""
+    if (models_dir / relative).exists():
+        return None
+    return f"model {relative!r} is not in the models dir {models_dir} (FARM_MODELS_DIR)"
 
 
 def _installed(module: str) -> bool:
