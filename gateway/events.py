@@ -24,8 +24,8 @@ from typing import Any
 
 from mediafarm.tasks.errors import JobCancelled, JobFailed, JobRejected, LadderExhausted
 from mediafarm.tasks.handles import JobHandle, PipelineHandle
+from mediafarm.tasks.plan import READY
 
-TERMINAL = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 END_ID = "end"
 _CURSOR = re.compile(r"^(\d{1,6})\.([01])\.(\d{1,6})\.(\d{1,9})$")
 # Tried in this order: a subclass before JobFailed itself.
@@ -102,7 +102,7 @@ class Snapshot:
     def settled(self) -> bool:
         """Has the job ended with its history complete? (A cancelled job can read REVOKED a
         moment before its running attempt is recorded as cancelled.)"""
-        return self.state in TERMINAL and not (self.attempts and self.attempts[-1].get("outcome") is None)
+        return self.state in READY and not (self.attempts and self.attempts[-1].get("outcome") is None)
 
 
 def describe_failure(failure: JobFailed | None) -> dict[str, Any] | None:
@@ -130,7 +130,7 @@ def read_snapshot(job: JobHandle) -> Snapshot:
         except RuntimeError:  # the plan expired with the job's result
             stages = None
     envelope = failure = None
-    if state in TERMINAL:
+    if state in READY:
         envelope = job.envelope()
         failure = describe_failure(job.failure())
     return Snapshot(state, tuple(attempts), tuple(partials), progress.to_json() if progress else None, stages,
@@ -197,10 +197,10 @@ class Follower:
         events = self._changed("state", {"state": snapshot.state})
         told, self.cursor = advance(self.cursor, snapshot)
         events += told
-        if snapshot.state not in TERMINAL:
+        if snapshot.state not in READY:
             events += self._changed("progress", snapshot.progress)
         events += self._changed("stages", snapshot.stages)
-        if snapshot.state in TERMINAL:
+        if snapshot.state in READY:
             now = self.clock()
             self._ended_at = now if self._ended_at is None else self._ended_at
             if snapshot.settled or now - self._ended_at >= self.settle_for:

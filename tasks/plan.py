@@ -47,11 +47,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery.states import READY_STATES
+
 from mediafarm.tasks import keys
 from mediafarm.tasks.errors import PermanentFailure
 
-# Celery states after which a job changes no more.
-READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+# Celery states after which a job changes no more (SUCCESS, FAILURE, REVOKED).
+READY = READY_STATES
 
 
 @dataclass(frozen=True)
