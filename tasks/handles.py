@@ -51,6 +51,11 @@ _FAILURES: tuple[tuple[tuple[type[BaseException], ...], type[JobFailed]], ...] =
 )
 
 
+def part_states(plan: Plan) -> list[str]:
+    """The Celery state of each part of ``plan``, in plan order (one MGET)."""
+    return [state_of(m) for m in metas(app.backend, [p.job_id for p in plan.parts])]
+
+
 @dataclass(frozen=True)
 class JobHandle:
     """A submitted job. Attributes: ``id`` (the Celery task id, stable across rungs), ``family``."""
@@ -82,8 +87,7 @@ class JobHandle:
         plan = read_plan(app.backend, self.id)
         if plan is None:
             return "FAILURE"
-        ended = [state_of(m) for m in metas(app.backend, [p.job_id for p in plan.parts])]
-        unsuccessful = [s for s in ended if s in READY and s != "SUCCESS"]
+        unsuccessful = [s for s in part_states(plan) if s in READY and s != "SUCCESS"]
         return "REVOKED" if unsuccessful and all(s == "REVOKED" for s in unsuccessful) else "FAILURE"
 
     def attempts(self) -> list[dict[str, Any]]:
@@ -238,7 +242,7 @@ class PipelineHandle(JobHandle):
     def stages(self) -> dict[str, Any]:
         """``{"parts": {"total", "done", "failed"}, "then": state}``: where the pipeline stands."""
         plan = self.plan()
-        states = [state_of(m) for m in metas(app.backend, [p.job_id for p in plan.parts])]
+        states = part_states(plan)
         return {
             "parts": {"total": len(states), "done": sum(s == "SUCCESS" for s in states),
                       "failed": sum(s in READY and s != "SUCCESS" for s in states)},
@@ -248,8 +252,8 @@ class PipelineHandle(JobHandle):
     def cancel(self) -> None:
         """Cancel every part not finished, and the fan-in job."""
         plan = self.plan()
-        for part, meta in zip(plan.parts, metas(app.backend, [p.job_id for p in plan.parts]), strict=True):
-            if state_of(meta) not in READY:
+        for part, state in zip(plan.parts, part_states(plan), strict=True):
+            if state not in READY:
                 JobHandle(part.job_id, part.family).cancel()
         super().cancel()
 
@@ -285,8 +289,8 @@ class PipelineHandle(JobHandle):
         if isinstance(result.result, ChordError):
             # The fan-in job never ran: a part failed. Raise that part's own failure.
             plan = self.plan()
-            for part, meta in zip(plan.parts, metas(app.backend, [p.job_id for p in plan.parts]), strict=True):
-                if state_of(meta) in READY and state_of(meta) != "SUCCESS":
+            for part, state in zip(plan.parts, part_states(plan), strict=True):
+                if state in READY and state != "SUCCESS":
                     try:
                         JobHandle(part.job_id, part.family)._raise_failure(AsyncResult(part.job_id, app=app))
                     except JobFailed as exc:
