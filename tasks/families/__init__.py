@@ -120,14 +120,22 @@ def ladders_of(spec: FamilySpec) -> list[Ladder]:
 
 
 def ladder_for(spec: FamilySpec, name: str | None = None) -> Ladder:
-    """The ladder a job runs: the family's own, or a named one of this family (``ladder_field``)."""
+    """The ladder a job runs: the family's own, a named one of this family (``ladder_field``), or
+    the family's own from one of its rungs down (a rung's name: a client that asks for a cheaper
+    voice or model skips the rungs above it and keeps the ones below)."""
+    own = declared_ladders().get(spec.name, spec.default_ladder)
     if name is None or name == spec.name:
-        return declared_ladders().get(spec.name, spec.default_ladder)
+        return own
     ladder = declared_ladders().get(name)
-    if ladder is None or ladder.family != spec.name:
-        known = sorted(ladder.name for ladder in ladders_of(spec))
-        raise InvalidRequest(f"{spec.name} request: no ladder {name!r} is declared for this family; known: {known}")
-    return ladder
+    if ladder is not None and ladder.family == spec.name:
+        return ladder
+    start = next((i for i, rung in enumerate(own.rungs) if rung.name == name), None)
+    if start is not None:
+        return Ladder(f"{own.name} from {name}", spec.name, own.rungs[start:])
+    known = sorted(ladder.name for ladder in ladders_of(spec))
+    rungs = [rung.name for rung in own.rungs]
+    raise InvalidRequest(f"{spec.name} request: no ladder {name!r} is declared for this family, nor is it a rung "
+                         f"of its own; ladders: {known}, rungs: {rungs}")  # fmt: skip
 
 
 def ladder_problems() -> list[str]:

@@ -221,6 +221,15 @@ def test_ladder_for_a_ladder_of_another_family_is_an_invalid_request() -> None:
     assert families.ladder_for(families.get("chaos"), "kill_once").family == "chaos"
 
 
+def test_ladder_for_a_rung_of_the_familys_own_ladder_starts_there_and_keeps_the_rungs_below() -> None:
+    tts = families.get("tts")
+    ladder = families.ladder_for(tts, "piper")
+    assert [r.name for r in ladder.rungs] == ["piper", "espeak"] and ladder.family == "tts"
+    assert ladder.name == "tts from piper"
+    with pytest.raises(InvalidRequest, match=r"nor is it a rung of its own; .*rungs: \['chattts'"):
+        families.ladder_for(tts, "alloy")
+
+
 # --- operator file mistakes -------------------------------------------------------------------
 
 

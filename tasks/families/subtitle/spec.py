@@ -38,7 +38,10 @@ SubtitleFormat = Literal["vtt", "srt", "json"]
 class SubtitleRequest(Request):
     """Attributes: media (audio or video inside FARM_MEDIA_ROOTS), formats (files besides the
     canonical JSON, which is always written), language (ISO 639-1 code; detected when absent),
-    rules (how words become cues), chunk_seconds (window of the chunked WebVTT segments)."""
+    rules (how words become cues), chunk_seconds (window of the chunked WebVTT segments),
+    ladder (a declared ladder of the subtitle family, or a rung of its own ladder to start from:
+    ``whisper-tiny`` recognises with tiny.en and falls back to pocketsphinx; default: the whole
+    ladder)."""
 
     media: MediaPath
     # `format` too: `farm submit subtitle talk.mp4 --format vtt,srt`.
@@ -48,6 +51,7 @@ class SubtitleRequest(Request):
     language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
     rules: CueRules = Field(default_factory=CueRules)
     chunk_seconds: float = Field(10.0, ge=2.0, le=600.0)
+    ladder: str | None = None
 
 
 class LateCue(BaseModel):
@@ -197,6 +201,7 @@ FAMILY = FamilySpec(
     # One attempt. tiny.en measured RTF 0.035 on one CPU thread (bench/subtitle.py): 2 h in ~5 min.
     limits=TimeLimits(soft=3600, hard=3700),
     cli_argument="media",
+    ladder_field="ladder",
     summary=summary,
     render=render,
 )

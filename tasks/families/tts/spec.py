@@ -25,13 +25,16 @@ class TtsRequest(Request):
     characters but newlines and tabs, not only punctuation), speaker (a registered name; ``default`` always exists),
     speed (0.5-2, 1 is the voice's own pace), language (ISO 639-1 hint: espeak-ng's language
     when the speaker names no voice, ChatTTS's en/zh; Piper's voice decides its own), format
-    (wav, opus in Ogg, mp3)."""
+    (wav, opus in Ogg, mp3), ladder (a declared ladder of the tts family, or a rung of its own
+    ladder to start from: ``piper`` speaks with Piper and falls back to espeak-ng; default: the
+    whole ladder)."""
 
     text: Annotated[str, AfterValidator(check_text)]
     speaker: str = Field(DEFAULT, pattern=NAME_PATTERN)
     speed: float = Field(1.0, ge=0.5, le=2.0)
     language: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
     format: AudioFormat = "wav"
+    ladder: str | None = None
 
 
 class SentenceTiming(BaseModel):
@@ -142,6 +145,7 @@ FAMILY = FamilySpec(
     # it in a few minutes on a CPU; a CPU ChatTTS would not, and moves down at the soft limit.
     limits=TimeLimits(soft=1800, hard=1900),
     cli_argument="text",
+    ladder_field="ladder",
     summary=summary,
     render=render,
     # `farm speakers add/list/rm`: the speaker store's commands.
