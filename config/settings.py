@@ -87,6 +87,8 @@ class FarmSettings(BaseSettings):
         upload_max_mb: The largest upload the gateway takes, in MB (10^6 bytes).
         upload_max_count: Uploads one token (or, without tokens, all loopback clients) may hold at
             once; an upload goes when the results of its jobs expire (``farm gc``).
+        room_max_lines: Lines one dialogue room of the gateway holds in flight (accepted, audio not
+            yet wholly sent); a line past it is answered ``busy`` (docs/gateway.md, rooms).
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
@@ -116,6 +118,7 @@ class FarmSettings(BaseSettings):
     uploads_dir: Path | None = None
     upload_max_mb: float = Field(512.0, gt=0)
     upload_max_count: int = Field(100, ge=1)
+    room_max_lines: int = Field(8, ge=1, le=1000)
 
     @field_validator("media_roots", "family_modules", mode="before")
     @classmethod

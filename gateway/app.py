@@ -14,7 +14,7 @@ from pydantic.json_schema import models_json_schema
 
 from mediafarm import __version__
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway import jobs, uploads
+from mediafarm.gateway import jobs, rooms, uploads
 from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.upload_store import UploadStore
@@ -38,6 +38,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     jobs.add_family_routes(app, specs)  # before the routers: /v1/jobs/<family> ahead of /v1/jobs/{family}
     app.include_router(jobs.router)
     app.include_router(uploads.router)
+    app.include_router(rooms.router)  # WebSocket /v1/rooms/{room}: dialogue rooms
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["farm"], summary="Is the farm's Redis reachable?")
     if config.cors_origins:  # no CORS header at all unless the operator names the origins
         app.add_middleware(

@@ -28,6 +28,9 @@ class GatewayConfig:
         poll_interval: Seconds between two looks at a followed job (events, one Redis read each).
         heartbeat: Seconds between two comment lines on a quiet event stream, so that proxies and
             load balancers keep the connection.
+        room_max_lines: Lines a dialogue room holds in flight, accepted and not yet wholly sent
+            (``FARM_ROOM_MAX_LINES``, default 8); a line past it is answered ``busy``.
+        room_queue: Where a room's line jobs go; None: the TTS family's queue.
     """
 
     tokens: tuple[str, ...]
@@ -39,6 +42,8 @@ class GatewayConfig:
     upload_max_count: int
     poll_interval: float = 0.1
     heartbeat: float = 15.0
+    room_max_lines: int = 8
+    room_queue: str | None = None
 
     @classmethod
     def from_settings(cls, settings: FarmSettings) -> GatewayConfig:
@@ -50,6 +55,7 @@ class GatewayConfig:
             input_roots=tuple(settings.input_roots),
             upload_max_bytes=int(settings.upload_max_mb * 1_000_000),
             upload_max_count=settings.upload_max_count,
+            room_max_lines=settings.room_max_lines,
         )
 
 

@@ -1,0 +1,320 @@
+"""Dialogue rooms: ``WebSocket /v1/rooms/{room}``, lines in, each line's audio out in seq order.
+
+Each line a client sends becomes a TTS job at once (``submit``, the speaker's voice, id
+``room:<owner>:<room>:<seq>``), so every accepted line is synthesised concurrently by the farm's
+workers, on its own ladder. One sender per room follows only the line at the head of the room:
+it sends that line's chunks as its job announces them (``room_feed``), then its ``line_end``, then
+moves to the next line, whose audio, made meanwhile, is waiting in the farm's storage and Redis:
+nothing of a later line is held in the gateway's memory. A line that fails for good gets an error
+frame in its place and the room moves on.
+
+Two coroutines per connection: the reader (frames in: lines, end) and the sender (the head line's
+chunks out); a lock keeps each chunk's announcement and its audio frame adjacent. Every farm call
+blocks, so each runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+from starlette.websockets import WebSocketState
+
+from mediafarm.gateway.events import read_snapshot
+from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart, Step
+from mediafarm.gateway.room_frames import (
+    CLOSE_BAD_ROOM,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    PROTOCOL,
+    ROOM_NAME,
+    TOKEN_PROTOCOL_PREFIX,
+    End,
+    FrameError,
+    Line,
+    error,
+    parse_frame,
+    room_job_id,
+)
+from mediafarm.gateway.security import LOCAL, known_token, owner_of
+from mediafarm.gateway.settings import GatewayConfig
+from mediafarm.tasks import keys
+from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.client import submit
+from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.families.tts.speakers import get_speaker
+from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.plan import READY
+
+router = APIRouter()
+_ROOM = re.compile(ROOM_NAME)
+# A text frame longer than this is refused unread: a line's text is bounded by the TTS request model
+# (100,000 characters, up to 4 bytes each in UTF-8) and the rest of a line is small.
+MAX_FRAME_CHARS = 500_000
+# How long the sender waits out an unreachable Redis before it tries again.
+REDIS_RETRY_S = 1.0
+
+
+@dataclass
+class _Accepted:
+    line: Line
+    job: JobHandle
+
+
+@dataclass
+class _Room:
+    websocket: WebSocket
+    config: GatewayConfig
+    owner: str
+    name: str
+    send_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    pending: list[_Accepted] = field(default_factory=list)  # accepted, not yet wholly sent; seq order
+    next_seq: int | None = None
+    track: float = 0.0  # seconds of the room's track sent so far
+    sent: list[int] = field(default_factory=list)
+    finishing: bool = False
+    wake: anyio.Event = field(default_factory=anyio.Event)
+
+    async def send_json(self, frame: dict[str, Any]) -> None:
+        async with self.send_lock:
+            await self.websocket.send_json(frame)
+
+
+def _credentials(websocket: WebSocket) -> str | None:
+    """The token a client gave: ``Authorization: Bearer`` or a ``bearer.<token>`` subprotocol."""
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    for offered in websocket.scope.get("subprotocols", []):
+        if offered.startswith(TOKEN_PROTOCOL_PREFIX) and len(offered) > len(TOKEN_PROTOCOL_PREFIX):
+            return offered[len(TOKEN_PROTOCOL_PREFIX) :]
+    return None
+
+
+@router.websocket("/v1/rooms/{room}")
+async def room_socket(websocket: WebSocket, room: str) -> None:
+    config: GatewayConfig = websocket.app.state.config
+    # Accepted before any check, so that a refusal reaches a browser as a close code and a reason
+    # (a refused handshake is only an HTTP status it does not show). The token subprotocol is never
+    # echoed back: only ``farm.v1``, when offered.
+    await websocket.accept(subprotocol=PROTOCOL if PROTOCOL in websocket.scope.get("subprotocols", []) else None)
+    owner = LOCAL
+    if config.tokens:
+        token = _credentials(websocket)
+        if token is None:
+            await websocket.close(CLOSE_POLICY, "this gateway needs a bearer token: an Authorization header, "
+                                                f"or the subprotocol {TOKEN_PROTOCOL_PREFIX}<token>")  # fmt: skip
+            return
+        if not known_token(config, token):
+            await websocket.close(CLOSE_POLICY, "the bearer token is not one this gateway accepts")
+            return
+        owner = owner_of(token)
+    if not _ROOM.match(room):
+        await websocket.close(CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
+        return
+    state = _Room(websocket, config, owner, room)
+    await state.send_json({"type": "ready", "room": room, "protocol": PROTOCOL, "max_lines": config.room_max_lines})
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_sender, state, tasks.cancel_scope.cancel)
+            await _reader(state)
+            tasks.cancel_scope.cancel()
+    finally:
+        # Leaving, however it happens (end, disconnect, a server stop): no line job left running
+        # for a client that will not take its audio.
+        with anyio.CancelScope(shield=True):
+            cancelled = await anyio.to_thread.run_sync(_cancel_unfinished, state.pending)
+        if websocket.client_state is WebSocketState.CONNECTED:
+            try:
+                await websocket.send_json({"type": "end", "sent": state.sent, "cancelled": cancelled})
+                await websocket.close(CLOSE_NORMAL)
+            except (WebSocketDisconnect, RuntimeError):  # the client left first
+                pass
+
+
+def _cancel_unfinished(pending: list[_Accepted]) -> list[int]:
+    cancelled = []
+    for accepted in pending:
+        try:
+            if accepted.job.state() not in READY:
+                accepted.job.cancel()
+                cancelled.append(accepted.line.seq)
+        except (RedisError, OperationalError):  # the jobs run to their end; nothing else is lost
+            pass
+    return cancelled
+
+
+async def _reader(room: _Room) -> None:
+    """Frames in until the client ends the room or leaves."""
+    while True:
+        message = await room.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        text = message.get("text")
+        if text is None:
+            await room.send_json(error("a room takes JSON text frames, not binary ones", code="invalid"))
+            continue
+        if len(text) > MAX_FRAME_CHARS:
+            await room.send_json(error(f"a frame may hold at most {MAX_FRAME_CHARS:,} characters", code="invalid"))
+            continue
+        try:
+            frame = parse_frame(text)
+        except FrameError as exc:
+            await room.send_json(error(str(exc), code="invalid", seq=exc.seq, field=exc.field))
+            continue
+        if isinstance(frame, End):
+            if not frame.finish:
+                return
+            room.finishing = True
+            room.wake.set()
+            continue
+        if room.finishing:
+            await room.send_json(error("the room is finishing (end with finish): it takes no more lines",
+                                       code="invalid", seq=frame.seq))  # fmt: skip
+            continue
+        await _accept(room, frame)
+
+
+async def _accept(room: _Room, line: Line) -> None:
+    if room.next_seq is not None and line.seq != room.next_seq:
+        await room.send_json(error(f"seq: expected {room.next_seq}, the line after the last one accepted",
+                                   code="out_of_order", seq=line.seq, field="seq", expected=room.next_seq))  # fmt: skip
+        return
+    limit = room.config.room_max_lines
+    if len(room.pending) >= limit:
+        # Told, not stalled: the client sends this seq again once a line_end has come.
+        await room.send_json(error(
+            f"the room has {len(room.pending)} lines in flight, its bound (max_lines {limit}): send seq "
+            f"{line.seq} again after the next line_end", code="busy", seq=line.seq, max_lines=limit,
+            in_flight=len(room.pending),
+        ))  # fmt: skip
+        return
+    job_id = room_job_id(room.owner, room.name, line.seq)
+
+    def send() -> JobHandle:
+        get_speaker(line.speaker, celery_app.backend.client)  # PermanentFailure: no such speaker
+        return submit("tts", queue=room.config.room_queue, job_id=job_id, **line.fields)
+
+    try:
+        job = await anyio.to_thread.run_sync(send)
+    except PermanentFailure as exc:
+        await room.send_json(error(f"speaker: {exc}", code="invalid", seq=line.seq, field="speaker"))
+        return
+    except InvalidRequest as exc:
+        await room.send_json(error(str(exc), code="invalid", seq=line.seq))
+        return
+    except ValueError as exc:  # the id was used before with another line
+        await room.send_json(error(f"seq {line.seq} was sent to this room before with another line: {exc}",
+                                   code="conflict", seq=line.seq, field="seq"))  # fmt: skip
+        return
+    except (RedisError, OperationalError) as exc:
+        await room.send_json(error(f"the farm's broker cannot be reached: {exc}", code="unavailable", seq=line.seq))
+        return
+    room.pending.append(_Accepted(line, job))
+    room.next_seq = line.seq + 1
+    room.wake.set()
+    await room.send_json({"type": "accepted", "seq": line.seq, "job": job.id, "in_flight": len(room.pending),
+                          "max_lines": limit})  # fmt: skip
+
+
+async def _sender(room: _Room, leave: Callable[[], Any]) -> None:
+    """The head line's audio out, line after line, in seq order; leaves once finishing and empty."""
+    while True:
+        if not room.pending:
+            if room.finishing:
+                leave()
+                return
+            await room.wake.wait()
+            room.wake = anyio.Event()
+            continue
+        head = room.pending[0]
+        await _stream_line(room, head)
+        room.pending.pop(0)
+
+
+async def _stream_line(room: _Room, head: _Accepted) -> None:
+    feed = LineFeed()
+    while True:
+        try:
+            snapshot = await anyio.to_thread.run_sync(read_snapshot, head.job)
+        except (RedisError, OperationalError):
+            await anyio.sleep(REDIS_RETRY_S)
+            continue
+        for step in feed.steps(snapshot):
+            if not await _send_step(room, head, step):
+                break  # that chunk's attempt is gone: the next snapshot says what followed it
+            feed.commit(step)
+            if isinstance(step, (Done, Failed)):
+                return
+        await anyio.sleep(room.config.poll_interval)
+
+
+async def _send_step(room: _Room, head: _Accepted, step: Step) -> bool:
+    """Send one step; False when a chunk's audio could not be read as its attempt's."""
+    line = head.line
+    if isinstance(step, Chunk):
+        audio = await anyio.to_thread.run_sync(_read_chunk, room.config, head.job, step)
+        if audio is None:
+            return False
+        data, rate = audio
+        start, end = float(step.partial.get("start", 0.0)), float(step.partial.get("end", 0.0))
+        announce = {
+            "type": "chunk", "seq": line.seq, "speaker": line.speaker, "chunk": step.index,
+            "attempt": step.attempt, "rung": step.rung, "start": round(room.track + start, 3),
+            "end": round(room.track + end, 3), "line_start": start, "sample_rate": rate, "format": "wav",
+            "bytes": len(data),
+        }  # fmt: skip
+        async with room.send_lock:  # the announcement and its audio, with nothing between them
+            await room.websocket.send_json(announce)
+            await room.websocket.send_bytes(data)
+    elif isinstance(step, Restart):
+        await room.send_json({"type": "restart", "seq": line.seq, "speaker": line.speaker, "attempt": step.attempt,
+                              "rung": step.rung, "discarded": step.discarded, "reason": step.reason,
+                              "start": round(room.track, 3)})  # fmt: skip
+    elif isinstance(step, Done):
+        output = step.envelope.get("output", {})
+        duration = float(output.get("duration", 0.0))
+        await room.send_json({
+            "type": "line_end", "seq": line.seq, "speaker": line.speaker, "job": head.job.id,
+            "rung": output.get("rung", step.envelope.get("variant", "")), "voice": output.get("voice", ""),
+            "start": round(room.track, 3), "end": round(room.track + duration, 3), "duration": duration,
+            "chunks": output.get("chunks"), "sample_rate": output.get("sample_rate"),
+            "attempts": [{k: a.get(k) for k in ("variant", "outcome", "reason")}
+                         for a in step.envelope.get("attempts", [])],
+        })  # fmt: skip
+        room.track += duration
+        room.sent.append(line.seq)
+    elif isinstance(step, Failed):
+        await room.send_json(error(f"line {line.seq} was not spoken: {step.failure.get('reason', '')}", code="failed",
+                                   seq=line.seq, kind=step.failure.get("kind"), job=head.job.id))  # fmt: skip
+    return True
+
+
+def _read_chunk(config: GatewayConfig, job: JobHandle, step: Chunk) -> tuple[bytes, int | None] | None:
+    """A chunk's WAV bytes and sample rate, or None if they cannot be known to be its attempt's.
+
+    A newer attempt clears the job's folder after its record is written (``tasks.base``), so the
+    file read is the chunk's own if no attempt was added by the time it was read.
+    """
+    try:
+        path = ArtifactStore(config.storage_dir, job.id).path(str(step.partial.get("artifact", "")))
+        data = path.read_bytes()
+    except (OSError, UnsafeArtifactName):
+        return None
+    if celery_app.backend.client.llen(keys.history(job.id)) != step.attempt + 1:
+        return None
+    try:
+        with wave.open(io.BytesIO(data)) as audio:
+            rate: int | None = audio.getframerate()
+    except (wave.Error, EOFError):
+        rate = None
+    return data, rate
