@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mediafarm.config.file import ConfigFileError, section
+from mediafarm.config.ladder_policy import POLICY_KEYS, ladder_policy
 
 DEVICES = ("cpu", "cuda")
 
@@ -110,6 +111,9 @@ def declared_ladders() -> Mapping[str, Ladder]:
     """
     ladders = {}
     for name, table in section("ladders").items():
+        ladder_policy(name)  # a mistake in its breaker or step-down stops the worker at start, as one in its rungs
+        if isinstance(table, dict) and "rungs" not in table and set(table) <= POLICY_KEYS:
+            continue  # the policy of a family's own ladder (config.ladder_policy); its rungs stay
         rungs = table.get("rungs") if isinstance(table, dict) else None
         if not isinstance(rungs, list):
             raise ConfigFileError(f"[ladders.{name}] needs a list `rungs`")

@@ -20,10 +20,12 @@ from celery.utils.log import get_task_logger
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
+from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Rung
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families, soft_time_limit
 from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.breaker import RungGuard, ladder_identity, pool_breakers
 from mediafarm.tasks.context import EngineContext, JobChannel
 from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
 from mediafarm.tasks.errors import (
@@ -165,6 +167,14 @@ class FarmTask(Task):
                 stale_after=_stale_after(settings),
                 models_dir=settings.models_dir,
                 unwritten=_unwritten(request),
+                guard=RungGuard(
+                    ladder,
+                    ladder_policy(ladder_identity(ladder)),
+                    request.id,
+                    pool_breakers(self.backend.client, settings.pool),
+                    # A probe's claim outlives its longest attempt; a claim its lost worker left lapses then.
+                    probe_s=float(self.farm_hard_limit or 3600) + 60,
+                ),
             )
             outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
             if isinstance(outcome, Envelope):

@@ -2,6 +2,7 @@
 
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
     rung unavailable on this pool                     → next rung, no attempt spent
+    rung's breaker open, or memory pressure (new job) → next rung, no attempt spent (``tasks.breaker``)
     permanent failure (bad input)                     → FAILURE now, no retry
     cancelled by the producer                         → REVOKED now, no retry
     redelivered after a terminal outcome was recorded → that outcome again, nothing run, nothing appended
@@ -35,6 +36,7 @@ from mediafarm.tasks.errors import (
     TransientFailure,
     map_exceptions,
 )
+from mediafarm.tasks.breaker import RungGuard
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
@@ -169,6 +171,16 @@ class _Running:
             )
 
 
+def _told(running: _Running, guard: RungGuard, note: str) -> Callable[..., None]:
+    """``running.finish`` that also adds the guard's note to the reason and tells the guard the outcome."""
+
+    def finish(outcome: Outcome, reason: str = "") -> None:
+        running.finish(outcome, f"{reason}; {note}" if reason and note else reason or note)
+        guard.ended(running.attempt)
+
+    return finish
+
+
 # What the family adapter does for one rung: given the rung, its index in the ladder and the index
 # of the attempt in the history, run the engine and return the output (JSON) and the artifacts.
 RunRung = Callable[[Rung, int, int], tuple[dict[str, Any], tuple[ArtifactInfo, ...]]]
@@ -197,6 +209,8 @@ class LadderRun:
             Redis error, each with that error (``FarmTask`` carries them in the retry's headers):
             such a delivery's attempt may still be open, its outcome unwritten, and it is settled
             as a transient failure (same rung), not as a lost child (next rung).
+        guard: The rung circuit breakers and the memory-pressure step-down (``tasks.breaker``):
+            asked before each rung, told each attempt's end. None: every rung runs.
     """
 
     job_id: str
@@ -211,6 +225,7 @@ class LadderRun:
     stale_after: float = 0.0
     models_dir: Path | None = None
     unwritten: Mapping[int, str] = field(default_factory=dict)
+    guard: RungGuard | None = None
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -224,13 +239,16 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     stored SUCCESS raises StaleAttempt and writes nothing.
     """
     log, ladder, retries, worker, result_key = job.log, job.ladder, job.retries, job.worker, job.result_key
+    guard = job.guard
     attempts: list[Attempt] = []
     if not job.fresh:
         attempts, kill = log.read()
-        settled = [
-            log.settle(i, attempts[i], result_key)
-            for i in settle_open_attempts(attempts, kill, retries, job.transient_budget, job.unwritten)
-        ]
+        changed = settle_open_attempts(attempts, kill, retries, job.transient_budget, job.unwritten)
+        settled = [log.settle(i, attempts[i], result_key) for i in changed]
+        if guard is not None:  # a killed child's rung failed: its breaker counts it (once: the settler's)
+            for i, written in zip(changed, settled, strict=True):
+                if written:
+                    guard.ended(attempts[i])
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()
         if kill is not None:
@@ -244,8 +262,10 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     while index < len(ladder):
         rung = ladder.rungs[index]
         why_not = job.engines[rung.engine].unavailable(rung, job.models_dir)
-        if why_not:
-            attempts.append(Attempt(index, rung.name, Outcome.UNAVAILABLE, why_not, retries, worker=worker))
+        skipped = guard.skip(index, attempts) if guard is not None and not why_not else None
+        if why_not or skipped:
+            outcome = Outcome.UNAVAILABLE if why_not else Outcome.SKIPPED
+            attempts.append(Attempt(index, rung.name, outcome, why_not or skipped or "", retries, worker=worker))
             if log.append(attempts[-1], result_key) < 0:
                 raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {rung.name}")
             index += 1
@@ -253,7 +273,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         attempt = Attempt(index, rung.name, retries=retries, worker=worker, oom_counts=snapshot())
         running = _Running(log, attempt, result_key, job.stale_after)
         attempts.append(running.attempt)
-        finish = running.finish
+        finish = running.finish if guard is None else _told(running, guard, guard.note(index))
         try:
             with map_exceptions():
                 output, artifacts = run_rung(rung, index, len(attempts) - 1)

@@ -1,7 +1,8 @@
 """Names of the Redis keys the farm writes beside Celery's own, in the result backend's database.
 
 One prefix for all of them, so an operator can find (and a `SCAN mediafarm:*` can count) what the
-farm keeps. Each key lives as long as the job's result (``result_expires``) unless said otherwise.
+farm keeps. Each key lives as long as the job's result (``result_expires``) unless said otherwise (the
+breakers' keys are a pool's, not a job's).
 Only the farm's own keys are named here; a family names its own with :func:`family_key`, under the
 same prefix and in a space no farm key uses.
 """
@@ -12,7 +13,9 @@ import re
 
 PREFIX = "mediafarm"
 # The first part after the prefix of every key named here: a family's space may not be one of them.
-FARM_SPACES = frozenset({"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline"})
+FARM_SPACES = frozenset(
+    {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures"}
+)
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
@@ -49,6 +52,31 @@ def cancel(job_id: str) -> str:
 def pipeline_plan(job_id: str) -> str:
     """The plan of the pipeline whose fan-in job is ``job_id`` (``plan.Plan`` as JSON)."""
     return f"{PREFIX}:pipeline:{job_id}"
+
+
+def breakers(pool: str) -> str:
+    """The rung circuit breakers of one pool that are not closed (``tasks.breaker``): a hash, field
+    ``<ladder>/<rung>``, value a JSON object. A closed breaker has no field. Fields:
+
+    - ``state``: ``open`` (new jobs start past the rung) or ``half_open`` (cool-down over: one
+      job, the probe, runs the rung; the others still start past it);
+    - ``since``: Unix time it opened (or reopened, after a failed probe);
+    - ``until``: Unix time its cool-down ends;
+    - ``failures``, ``window_s``: the resource failures within the window that opened it;
+    - ``opened``: how many times it opened since it was last closed (1, then +1 per failed probe);
+    - ``probe``, ``probe_until``: the probing job's id and when its claim lapses (half-open only).
+
+    Kept until the breaker closes (no TTL: an open breaker must outlive any quiet spell).
+    ``SCAN mediafarm:breaker:*`` lists the pools that have one open.
+    """
+    return f"{PREFIX}:breaker:{pool}"
+
+
+def breaker_failures(pool: str, ladder: str, rung: str) -> str:
+    """Recent resource failures of one rung on one pool, counted by its breaker: a sorted set,
+    member the failed attempt (``<job id>:<start>``), score the Unix time of the failure. Expires
+    one window after its newest failure; emptied when the breaker opens."""
+    return f"{PREFIX}:breaker-failures:{pool}:{ladder}:{rung}"
 
 
 def every_key() -> str:

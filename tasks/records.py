@@ -30,6 +30,9 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     # The rung cannot run on this pool (package, weights or GPU missing): skipped, no attempt spent.
     UNAVAILABLE = "unavailable"
+    # Not tried now, by the farm's choice: the rung's breaker is open on this pool, or the pool is
+    # under memory pressure and the ladder steps down (``tasks.breaker``). Next rung, no attempt spent.
+    SKIPPED = "skipped"
     # Terminal: bad input, a bug, or the producer cancelled it.
     REJECTED = "rejected"
     ERROR = "error"
@@ -54,7 +57,7 @@ class Outcome(StrEnum):
 
 
 RESOURCE_OUTCOMES = frozenset({Outcome.KILLED, Outcome.OOM, Outcome.CUDA_OOM, Outcome.TIMEOUT})
-_MOVES_DOWN = RESOURCE_OUTCOMES | {Outcome.UNAVAILABLE}
+_MOVES_DOWN = RESOURCE_OUTCOMES | {Outcome.UNAVAILABLE, Outcome.SKIPPED}
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

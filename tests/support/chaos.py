@@ -93,6 +93,15 @@ def memory_error(ctx: EngineContext, request: ChaosRequest, params: NoParams) ->
     raise MemoryError("simulated allocation failure of 64 GiB")
 
 
+def memory_error_while(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
+    """A MemoryError while the file ``plan.fail_while`` exists: a rung that fails by resource until
+    the test heals it (the breaker tests)."""
+    flag = request.plan.get("fail_while")
+    if flag and os.path.exists(flag):
+        raise MemoryError(f"simulated allocation failure while {flag} exists")
+    return ChaosResult(pid=os.getpid())
+
+
 def bad_input(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
     # Looked at as long as a steady job runs (``plan.sleep``), so the chaos suite's kills land on
     # bad inputs too.
@@ -139,6 +148,7 @@ FAMILY = FamilySpec(
         "ok": EngineSpec(f"{HERE}:ok", OkParams),
         "hog": EngineSpec(f"{HERE}:hog", HogParams),
         "memory_error": EngineSpec(f"{HERE}:memory_error"),
+        "memory_error_while": EngineSpec(f"{HERE}:memory_error_while"),
         "stubborn": EngineSpec(f"{HERE}:stubborn", StubbornParams),
         "bad_input": EngineSpec(f"{HERE}:bad_input"),
         "needs_missing": EngineSpec(f"{HERE}:ok", OkParams, needs=("a_package_that_is_not_installed",)),

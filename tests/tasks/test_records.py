@@ -107,7 +107,7 @@ def test_kill_record_is_not_about_an_attempt_it_does_not_match(kill: KillRecord)
     assert not kill.is_about(_attempt())
 
 
-MOVES_DOWN = {Outcome.KILLED, Outcome.OOM, Outcome.CUDA_OOM, Outcome.TIMEOUT, Outcome.UNAVAILABLE}
+MOVES_DOWN = {Outcome.KILLED, Outcome.OOM, Outcome.CUDA_OOM, Outcome.TIMEOUT, Outcome.UNAVAILABLE, Outcome.SKIPPED}
 
 
 @pytest.mark.parametrize("outcome", list(Outcome))
@@ -118,6 +118,6 @@ def test_only_resource_failures_and_unavailable_rungs_move_down(outcome: Outcome
 def test_every_outcome_is_covered_by_the_moves_down_table() -> None:
     # A new Outcome must be classified on purpose here, not by accident.
     assert {o.value for o in Outcome} == {
-        "ok", "killed", "oom", "cuda_oom", "timeout", "unavailable", "rejected", "error", "cancelled",
-        "transient", "worker_lost",
+        "ok", "killed", "oom", "cuda_oom", "timeout", "unavailable", "skipped", "rejected", "error",
+        "cancelled", "transient", "worker_lost",
     }  # fmt: skip

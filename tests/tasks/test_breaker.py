@@ -1,0 +1,186 @@
+"""The rung circuit breaker's state machine (``tasks.breaker``) on the session's real Redis, with a
+fake clock; and what ``run_ladder`` does with it: a skipped rung in the history, the last rung run
+anyway, the memory-pressure step-down."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy
+from mediafarm.config.ladders import Ladder, rung
+from mediafarm.tasks import keys
+from mediafarm.tasks.breaker import PROBE, RUN, SKIP, Breakers, RungGuard, read_breakers
+from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
+from mediafarm.tasks.errors import ResourceFailure
+from mediafarm.tasks.family import EngineSpec
+from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.records import Attempt, Envelope, Outcome
+
+POLICY = BreakerPolicy(failures=3, window_s=60, cooldown_s=30, refresh_s=0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def pool(redis_url: str) -> Iterator[str]:
+    """A pool name of its own; its breakers are gone afterwards."""
+    name = f"bt{uuid.uuid4().hex[:8]}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    client.delete(keys.breakers(name), *client.keys(f"{keys.PREFIX}:breaker-failures:{name}:*"))
+
+
+def worker(redis_url: str, pool: str, clock: Clock) -> Breakers:
+    return Breakers(redis.Redis.from_url(redis_url), pool, clock)
+
+
+def fail(b: Breakers, job: str, clock: Clock, rung_: str = "big") -> str:
+    return b.failed("lad", rung_, POLICY, Attempt(0, rung_, Outcome.OOM, started=clock.now), job)
+
+
+def test_k_failures_within_the_window_open_it_and_fewer_do_not(redis_url: str, pool: str) -> None:
+    clock = Clock()
+    a = worker(redis_url, pool, clock)
+    assert [fail(a, "j1", clock), fail(a, "j2", clock)] == ["counted", "counted"]
+    clock.now += 61  # the first two fall out of the window
+    assert fail(a, "j3", clock) == "counted"
+    assert a.decide("lad", "big", "j4", 100, 0) == (RUN, None)
+    clock.now += 1
+    fail(a, "j4", clock)
+    assert fail(a, "j5", clock) == "opened"
+    verdict, state = a.decide("lad", "big", "j6", 100, 0)
+    assert verdict == SKIP and state is not None
+    assert (state.state, state.failures, state.until - state.since) == ("open", 3, 30)
+    assert "breaker open since 2027-01-15T08:01:02Z, 3 failures in 60 s" in state.reason()
+    # Another rung of the ladder is unaffected; a straggler's failure does not extend the cool-down.
+    assert a.decide("lad", "small", "j6", 100, 0) == (RUN, None)
+    assert fail(a, "j0", clock) == "unchanged"
+    assert [s.rung for s in read_breakers(a.client, pool)] == ["big"]
+
+
+def test_after_the_cool_down_one_probe_of_two_workers_and_its_success_closes(redis_url: str, pool: str) -> None:
+    clock = Clock()
+    a, b = worker(redis_url, pool, clock), worker(redis_url, pool, clock)
+    for job in ("j1", "j2", "j3"):
+        fail(a, job, clock)
+    assert b.decide("lad", "big", "j4", 100, 0)[0] == SKIP  # the other worker sees it open
+    clock.now += 30
+    verdicts = [a.decide("lad", "big", "p1", 100, 0)[0], b.decide("lad", "big", "p2", 100, 0)[0]]
+    assert verdicts == [PROBE, SKIP]
+    assert a.decide("lad", "big", "p1", 100, 0)[0] == PROBE  # the probe's own retry keeps its claim
+    assert not b.probe_ended("lad", "big", "p2", succeeded=True)  # not the probe: changes nothing
+    assert b.probe_ended("lad", "big", "p1", succeeded=True)
+    assert b.decide("lad", "big", "j5", 100, 0) == (RUN, None)
+    assert a.decide("lad", "big", "j5", 100, 0) == (RUN, None)
+    assert read_breakers(a.client, pool) == []
+    # The count starts again: two failures do not open it.
+    assert [fail(a, "j6", clock), fail(a, "j7", clock)] == ["counted", "counted"]
+
+
+def test_a_failed_probe_opens_it_again_and_a_lost_one_lets_another_probe(redis_url: str, pool: str) -> None:
+    clock = Clock()
+    a, b = worker(redis_url, pool, clock), worker(redis_url, pool, clock)
+    for job in ("j1", "j2", "j3"):
+        fail(a, job, clock)
+    clock.now += 31
+    assert a.decide("lad", "big", "p1", 100, 0)[0] == PROBE
+    assert fail(b, "p1", clock) == "reopened"
+    verdict, state = b.decide("lad", "big", "j4", 100, 0)
+    assert verdict == SKIP and state is not None and (state.opened, state.since) == (2, clock.now)
+    assert "reopened after 1 failed probe(s)" in state.reason()
+    clock.now += 30
+    assert a.decide("lad", "big", "p2", 100, 0)[0] == PROBE
+    clock.now += 99  # its claim is still good ...
+    assert b.decide("lad", "big", "p3", 100, 0)[0] == SKIP
+    clock.now += 1  # ... and lapses: its worker was lost
+    assert b.decide("lad", "big", "p3", 100, 0)[0] == PROBE
+    # A probe that ended neither well nor by resource (bad input) hands the probe on at once.
+    assert b.probe_ended("lad", "big", "p3", succeeded=False)
+    assert a.decide("lad", "big", "p4", 100, 0)[0] == PROBE
+
+
+LADDER = Ladder("lad", "lad", (rung("big", "e"), rung("small", "e")))
+ENGINES = {"e": EngineSpec("x:y")}
+
+
+def run(log: AttemptLog, guard: RungGuard, engine: Any, fresh: bool = True, retries: int = 0) -> Any:
+    def run_rung(rung_: Any, index: int, attempt: int) -> Any:
+        return engine(rung_), ()
+
+    job = LadderRun(log.job_id, guard.ladder, ENGINES, log, retries=retries, worker="bt@a", fresh=fresh, guard=guard)
+    return run_ladder(job, run_rung)
+
+
+def guard(b: Breakers, job_id: str, ladder: Ladder = LADDER, pressure: Any = None) -> RungGuard:
+    return RungGuard(ladder, LadderPolicy(POLICY, pressure is not None), job_id, b, 100, pressure)
+
+
+def oom_on_big(rung_: Any) -> dict[str, Any]:
+    if rung_.name == "big":
+        raise ResourceFailure("out of memory", Outcome.OOM)
+    return {}
+
+
+def test_the_ladder_skips_an_open_rung_records_why_and_the_probe_closes_it(
+    redis_url: str, pool: str, log: AttemptLog
+) -> None:
+    clock = Clock()
+    b = worker(redis_url, pool, clock)
+    for job in ("j1", "j2"):
+        fail(b, job, clock)
+    # The third failure is the ladder's own: the job moves down, and the breaker opens.
+    assert isinstance(run(log, guard(b, log.job_id), oom_on_big), RetryRequest)
+    assert [s.state for s in read_breakers(b.client, pool)] == ["open"]
+
+    other = AttemptLog(log.client, f"{log.job_id}-2", ttl=60)
+    envelope = run(other, guard(b, other.job_id), oom_on_big)
+    assert isinstance(envelope, Envelope) and envelope.variant == "small"
+    skipped, ran = envelope.attempts
+    assert (skipped.variant, skipped.outcome, skipped.duration) == ("big", Outcome.SKIPPED, None)
+    assert "breaker open since" in skipped.reason and "3 failures in 60 s" in skipped.reason
+    assert [a.outcome for a in other.read()[0]] == [Outcome.SKIPPED, Outcome.OK]
+
+    clock.now += 30
+    probe = AttemptLog(log.client, f"{log.job_id}-3", ttl=60)
+    envelope = run(probe, guard(b, probe.job_id), lambda r: {})
+    assert [(a.variant, a.outcome) for a in envelope.attempts] == [("big", Outcome.OK)]
+    assert envelope.attempts[0].reason.startswith("the breaker's probe (breaker open since")
+    assert read_breakers(b.client, pool) == []
+    log.client.delete(*(keys.history(x.job_id) for x in (other, probe)))
+
+
+def test_an_open_last_rung_runs_anyway_and_says_so(redis_url: str, pool: str, log: AttemptLog) -> None:
+    clock = Clock()
+    b = worker(redis_url, pool, clock)
+    for job in ("j1", "j2", "j3"):
+        fail(b, job, clock, "small")
+    envelope = run(log, guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),))), lambda r: {})
+    assert [(a.variant, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
+    assert "run anyway: it is the ladder's last rung" in envelope.attempts[0].reason
+
+
+def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: str, log: AttemptLog) -> None:
+    b = worker(redis_url, pool, Clock())
+    readings = iter(["available 180 MiB < 512 MiB", "available 150 MiB < 512 MiB"])
+    envelope = run(log, guard(b, log.job_id, pressure=lambda: next(readings)), lambda r: {})
+    skipped, ran = envelope.attempts
+    assert (skipped.variant, skipped.outcome, ran.variant) == ("big", Outcome.SKIPPED, "small")
+    assert skipped.reason == (
+        "memory pressure on this pool (available 180 MiB < 512 MiB); the ladder steps down under pressure"
+    )
+    # Without pressure, or for a ladder that does not declare the step-down, the job starts on top.
+    calm = AttemptLog(log.client, f"{log.job_id}-2", ttl=60)
+    envelope = run(calm, guard(b, calm.job_id, pressure=lambda: None), lambda r: {})
+    assert [a.variant for a in envelope.attempts] == ["big"]
+    log.client.delete(keys.history(calm.job_id))
