@@ -89,6 +89,8 @@ class FarmSettings(BaseSettings):
             once; an upload goes when the results of its jobs expire (``farm gc``).
         room_max_lines: Lines one dialogue room of the gateway holds in flight (accepted, audio not
             yet wholly sent); a line past it is answered ``busy`` (docs/gateway.md, rooms).
+        room_linger_s: Seconds a dropped room connection's unfinished lines wait for the client to
+            connect again and send them again before they are cancelled.
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
@@ -119,6 +121,7 @@ class FarmSettings(BaseSettings):
     upload_max_mb: float = Field(512.0, gt=0)
     upload_max_count: int = Field(100, ge=1)
     room_max_lines: int = Field(8, ge=1, le=1000)
+    room_linger_s: float = Field(10.0, ge=0, le=3600)
 
     @field_validator("media_roots", "family_modules", mode="before")
     @classmethod

@@ -11,12 +11,21 @@ frame in its place and the room moves on.
 Two coroutines per connection: the reader (frames in: lines, end) and the sender (the head line's
 chunks out); a lock keeps each chunk's announcement and its audio frame adjacent. Every farm call
 blocks, so each runs in a worker thread.
+
+Leaving: an ``end`` frame cancels the room's unfinished lines at once. A connection that drops
+(a phone changing networks) gets a grace period instead (``room_linger``): a client that connects
+again to the room within it and sends its lines again finds the same jobs, still running or done,
+and nothing is spoken twice; if none has connected by then, the unfinished lines are cancelled.
+A connection takes the room as it opens (``keys.room_lease``, in Redis, so the next connection may
+land on another gateway process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
+import uuid
 import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +43,7 @@ from mediafarm.gateway.room_frames import (
     CLOSE_BAD_ROOM,
     CLOSE_NORMAL,
     CLOSE_POLICY,
+    CLOSE_SERVER_ERROR,
     PROTOCOL,
     ROOM_NAME,
     TOKEN_PROTOCOL_PREFIX,
@@ -62,6 +72,10 @@ _ROOM = re.compile(ROOM_NAME)
 MAX_FRAME_CHARS = 500_000
 # How long the sender waits out an unreachable Redis before it tries again.
 REDIS_RETRY_S = 1.0
+# A room's lease outlives any grace period; refreshed by every connection.
+LEASE_TTL_S = 24 * 3600
+# The grace periods of dropped connections still running (a reference, or asyncio may collect them).
+_LINGERING: set[asyncio.Task[None]] = set()
 
 
 @dataclass
@@ -82,6 +96,8 @@ class _Room:
     track: float = 0.0  # seconds of the room's track sent so far
     sent: list[int] = field(default_factory=list)
     finishing: bool = False
+    ended: bool = False  # by the client's end frame (not a dropped connection)
+    connection: str = field(default_factory=lambda: uuid.uuid4().hex)
     wake: anyio.Event = field(default_factory=anyio.Event)
 
     async def send_json(self, frame: dict[str, Any]) -> None:
@@ -122,23 +138,68 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
         await websocket.close(CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
         return
     state = _Room(websocket, config, owner, room)
-    await state.send_json({"type": "ready", "room": room, "protocol": PROTOCOL, "max_lines": config.room_max_lines})
+    lease = keys.room_lease(owner, room)
+    try:
+        await anyio.to_thread.run_sync(lambda: celery_app.backend.client.set(lease, state.connection, ex=LEASE_TTL_S))
+    except (RedisError, OperationalError) as exc:
+        await websocket.close(CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}"[:120])
+        return
+    await state.send_json({"type": "ready", "room": room, "protocol": PROTOCOL, "max_lines": config.room_max_lines,
+                           "linger": config.room_linger})  # fmt: skip
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_sender, state, tasks.cancel_scope.cancel)
             await _reader(state)
             tasks.cancel_scope.cancel()
+    except* (WebSocketDisconnect, OSError):  # the client left while a frame was being sent to it
+        pass
     finally:
-        # Leaving, however it happens (end, disconnect, a server stop): no line job left running
-        # for a client that will not take its audio.
-        with anyio.CancelScope(shield=True):
-            cancelled = await anyio.to_thread.run_sync(_cancel_unfinished, state.pending)
-        if websocket.client_state is WebSocketState.CONNECTED:
-            try:
-                await websocket.send_json({"type": "end", "sent": state.sent, "cancelled": cancelled})
-                await websocket.close(CLOSE_NORMAL)
-            except (WebSocketDisconnect, RuntimeError):  # the client left first
-                pass
+        if state.ended:
+            with anyio.CancelScope(shield=True):
+                cancelled = await anyio.to_thread.run_sync(_leave, state, lease)
+            await _say_end(websocket, state, cancelled)
+        else:
+            _linger(state, lease)
+
+
+async def _say_end(websocket: WebSocket, room: _Room, cancelled: list[int]) -> None:
+    if websocket.client_state is not WebSocketState.CONNECTED:
+        return
+    try:
+        await websocket.send_json({"type": "end", "sent": room.sent, "cancelled": cancelled})
+        await websocket.close(CLOSE_NORMAL)
+    except (WebSocketDisconnect, RuntimeError):  # the client left first
+        pass
+
+
+def _linger(room: _Room, lease: str) -> None:
+    """The grace period of a dropped connection: its unfinished lines are cancelled after
+    ``room_linger`` seconds unless a newer connection has taken the room. A gateway stopping
+    meanwhile leaves them to finish."""
+    if not room.pending:
+        return
+
+    async def wait_then_leave() -> None:
+        await anyio.sleep(room.config.room_linger)
+        await anyio.to_thread.run_sync(_leave, room, lease)
+
+    task = asyncio.get_running_loop().create_task(wait_then_leave())
+    _LINGERING.add(task)
+    task.add_done_callback(_LINGERING.discard)
+
+
+def _leave(room: _Room, lease: str) -> list[int]:
+    """Cancel the room's unfinished lines if this connection still holds the room (or no one
+    does); the seqs cancelled."""
+    client = celery_app.backend.client
+    try:
+        holder = client.get(lease)
+        if holder is not None and holder.decode() != room.connection:
+            return []  # a newer connection took the room and its lines
+        client.delete(lease)
+    except (RedisError, OperationalError):  # unknown: the lines run to their end, nothing is lost
+        return []
+    return _cancel_unfinished(room.pending)
 
 
 def _cancel_unfinished(pending: list[_Accepted]) -> list[int]:
@@ -173,6 +234,7 @@ async def _reader(room: _Room) -> None:
             continue
         if isinstance(frame, End):
             if not frame.finish:
+                room.ended = True
                 return
             room.finishing = True
             room.wake.set()
@@ -231,6 +293,7 @@ async def _sender(room: _Room, leave: Callable[[], Any]) -> None:
     while True:
         if not room.pending:
             if room.finishing:
+                room.ended = True
                 leave()
                 return
             await room.wake.wait()

@@ -31,6 +31,8 @@ class GatewayConfig:
         room_max_lines: Lines a dialogue room holds in flight, accepted and not yet wholly sent
             (``FARM_ROOM_MAX_LINES``, default 8); a line past it is answered ``busy``.
         room_queue: Where a room's line jobs go; None: the TTS family's queue.
+        room_linger: Seconds a dropped room connection's unfinished lines wait for the client to
+            connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
     """
 
     tokens: tuple[str, ...]
@@ -44,6 +46,7 @@ class GatewayConfig:
     heartbeat: float = 15.0
     room_max_lines: int = 8
     room_queue: str | None = None
+    room_linger: float = 10.0
 
     @classmethod
     def from_settings(cls, settings: FarmSettings) -> GatewayConfig:
@@ -56,6 +59,7 @@ class GatewayConfig:
             upload_max_bytes=int(settings.upload_max_mb * 1_000_000),
             upload_max_count=settings.upload_max_count,
             room_max_lines=settings.room_max_lines,
+            room_linger=settings.room_linger_s,
         )
 
 

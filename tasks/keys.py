@@ -14,7 +14,8 @@ import re
 PREFIX = "mediafarm"
 # The first part after the prefix of every key named here: a family's space may not be one of them.
 FARM_SPACES = frozenset(
-    {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures"}
+    {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
+     "room-lease"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -47,6 +48,13 @@ def submitted(job_id: str) -> str:
 def cancel(job_id: str) -> str:
     """Present when a producer asked for the job to stop; engines poll it (``EngineContext.cancelled``)."""
     return f"{PREFIX}:cancel:{job_id}"
+
+
+def room_lease(owner: str, room: str) -> str:
+    """The connection that holds a gateway's dialogue room (``gateway.rooms``): a random id, set as
+    it connects. A connection that drops cancels its unfinished lines after a grace period only if
+    no newer connection to the room has taken this key. Kept a day after the last connection."""
+    return f"{PREFIX}:room-lease:{owner}:{room}"
 
 
 def pipeline_plan(job_id: str) -> str:

@@ -28,6 +28,8 @@ from mediafarm.gateway.events import Snapshot
 from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
 from mediafarm.gateway.room_frames import FrameError, parse_frame, room_job_id
 from mediafarm.gateway.security import owner_of
+from mediafarm.tasks import keys
+from mediafarm.tasks.app import app
 from mediafarm.tasks.handles import JobHandle
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
@@ -168,8 +170,9 @@ def room_url(room_worker) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def idle_room_url() -> Iterator[str]:
-    """A gateway whose rooms hold two lines, sent to a queue no worker takes: they never end."""
-    with running_gateway(gateway_config(room_queue="room-nobody", room_max_lines=2)) as url:
+    """A gateway whose rooms hold two lines, sent to a queue no worker takes (they never end), and
+    whose dropped connections' lines wait half a second for their client."""
+    with running_gateway(gateway_config(room_queue="room-nobody", room_max_lines=2, room_linger=0.5)) as url:
         yield url.replace("http://", "ws://")
 
 
@@ -299,6 +302,28 @@ def test_a_room_past_its_bound_is_told_so_and_end_cancels_its_lines(idle_room_ur
         with pytest.raises(Exception) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd.code == 1000
+
+
+def test_a_dropped_connections_lines_wait_for_their_client_then_are_cancelled(idle_room_url) -> None:
+    room = f"drop-{uuid.uuid4().hex[:6]}"
+    line = json.dumps({"seq": 0, "speaker": "default", "text": "Are you still there?"})
+    job_id = room_job_id(owner_of(TOKEN), room, 0)
+    cancelled = keys.cancel(job_id)
+    with connect(idle_room_url, room) as ws:
+        assert json.loads(ws.recv(timeout=10))["linger"] == 0.5
+        ws.send(line)
+        assert json.loads(ws.recv(timeout=10))["job"] == job_id
+    # Back within the grace period, the line sent again: the same job, not cancelled.
+    with connect(idle_room_url, room) as ws:
+        ws.recv(timeout=10)
+        ws.send(line)
+        assert json.loads(ws.recv(timeout=10))["job"] == job_id
+        time.sleep(1.0)  # the first connection's grace period ends meanwhile
+        assert not app.backend.client.exists(cancelled)
+    deadline = time.monotonic() + 10  # the second connection dropped, and no one came back
+    while not app.backend.client.exists(cancelled):
+        assert time.monotonic() < deadline, "the dropped room's line was never cancelled"
+        time.sleep(0.1)
 
 
 def test_bad_frames_get_an_error_naming_the_field_and_the_room_lives_on(idle_room_url) -> None:
