@@ -438,14 +438,18 @@ def cancel(job_id: str) -> None:
 
 @cli.command(name="families")
 def list_families() -> None:
-    """The job families this farm knows: task name, queue, ladder, time limits."""
-    table = Table("family", "task", "queue", "ladder", "limits (s)", "description")
+    """The job families this farm knows: task name, queue, ladder, time limits, rung breakers."""
+    from mediafarm.workers.breaker_view import policy_cell, print_open_breakers
+
+    table = Table("family", "task", "queue", "ladder", "limits (s)", "breaker", "description")
     for spec in families.load().values():
         ladder = families.ladder_for(spec)
         limits = families.limits_for(spec)
         rungs = " → ".join(f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}" for v in ladder.rungs)
-        table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}", spec.description)
+        table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}",
+                      policy_cell(ladder), spec.description)  # fmt: skip
     console.print(table)
+    print_open_breakers(console)
 
 
 @cli.command()

@@ -1,0 +1,112 @@
+"""The rung circuit breaker on real prefork workers and the session's Redis (issue #15 item 2).
+
+Two workers of one pool (``chaos``), each on a queue of its own so the test says which one runs a
+job: what one worker's jobs open, the other's jobs obey. The ladders (farm-test.toml) open a
+breaker after two resource failures a minute; ``breaker_oom``'s first rung raises a MemoryError
+while a flag file exists, ``breaker_kill``'s is killed by the watchdog over the pool's cap.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mediafarm.tasks import keys
+from mediafarm.tasks.app import app
+from mediafarm.tasks.breaker import BreakerState, read_breakers
+from mediafarm.tasks.client import submit
+
+pytestmark = pytest.mark.integration
+
+QUEUES = ("breaker-a", "breaker-b")
+
+
+@pytest.fixture(scope="module")
+def two_workers(start_worker: Any) -> tuple[Any, Any]:
+    return tuple(start_worker("chaos", concurrency=1, queues=[q]) for q in QUEUES)
+
+
+@pytest.fixture()
+def clean() -> Iterator[None]:
+    client = app.backend.client
+
+    def wipe() -> None:
+        client.delete(keys.breakers("chaos"), *client.keys(f"{keys.PREFIX}:breaker-failures:chaos:breaker_*"))
+
+    wipe()
+    yield
+    wipe()
+
+
+def run(worker: int, ladder: str, **plan: Any) -> dict[str, Any]:
+    return submit("chaos", queue=QUEUES[worker], ladder=ladder, plan=plan).wait(timeout=90)
+
+
+def seen(envelope: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(a["variant"], a["outcome"]) for a in envelope["attempts"]]
+
+
+def breaker(ladder: str, rung: str) -> BreakerState | None:
+    found = [s for s in read_breakers(app.backend.client, "chaos") if (s.ladder, s.rung) == (ladder, rung)]
+    return found[0] if found else None
+
+
+def test_resource_failures_open_it_the_other_worker_obeys_a_probe_reopens_then_closes_it(
+    two_workers: tuple[Any, Any], clean: None, tmp_path: Path
+) -> None:
+    flag = tmp_path / "heavy-fails"
+    flag.touch()
+    for _ in range(2):
+        assert seen(run(0, "breaker_oom", fail_while=str(flag))) == [("heavy", "oom"), ("light", "ok")]
+    state = breaker("breaker_oom", "heavy")
+    assert state is not None and (state.state, state.failures) == ("open", 2)
+
+    # The other worker starts the next job on the next rung: no attempt spent, the reason kept.
+    envelope = run(1, "breaker_oom", fail_while=str(flag))
+    assert seen(envelope) == [("heavy", "skipped"), ("light", "ok")]
+    skipped = envelope["attempts"][0]
+    assert skipped["worker"] == two_workers[1].node and skipped["duration"] is None
+    assert "breaker open since" in skipped["reason"] and "2 failures in 60 s on pool chaos" in skipped["reason"]
+    assert {a["retries"] for a in envelope["attempts"]} == {0}
+    # Operators see it in `farm families`.
+    families = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "families"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})  # fmt: skip
+    row = next((line for line in families.stdout.splitlines() if "breaker_oom" in line), "")
+    assert "heavy" in row and "open" in row and "2 in 60 s" in row, families.stdout + families.stderr
+
+    # After the cool-down one job probes the rung; it still fails: open again, a fresh cool-down.
+    time.sleep(max(0.0, state.until - time.time()) + 0.2)
+    envelope = run(1, "breaker_oom", fail_while=str(flag))
+    assert seen(envelope) == [("heavy", "oom"), ("light", "ok")]
+    assert "the breaker's probe" in envelope["attempts"][0]["reason"]
+    state = breaker("breaker_oom", "heavy")
+    assert state is not None and (state.state, state.opened) == ("open", 2)
+    envelope = run(0, "breaker_oom", fail_while=str(flag))
+    assert seen(envelope) == [("heavy", "skipped"), ("light", "ok")]
+    assert "reopened after 1 failed probe(s)" in envelope["attempts"][0]["reason"]
+
+    # The rung heals; the next probe succeeds and closes the breaker for every worker.
+    flag.unlink()
+    time.sleep(max(0.0, state.until - time.time()) + 0.2)
+    envelope = run(0, "breaker_oom", fail_while=str(flag))
+    assert seen(envelope) == [("heavy", "ok")] and "the breaker's probe" in envelope["attempts"][0]["reason"]
+    assert breaker("breaker_oom", "heavy") is None
+    envelope = run(1, "breaker_oom", fail_while=str(flag))
+    assert seen(envelope) == [("heavy", "ok")] and envelope["attempts"][0]["reason"] == ""
+
+
+def test_watchdog_kills_open_it_too(two_workers: tuple[Any, Any], clean: None) -> None:
+    # A killed child's attempt is settled by the job's next delivery, which counts it.
+    for _ in range(2):
+        assert seen(run(0, "breaker_kill")) == [("hungry", "killed"), ("frugal", "ok")]
+    envelope = run(1, "breaker_kill")
+    assert seen(envelope) == [("hungry", "skipped"), ("frugal", "ok")]
+    assert "2 failures in 60 s" in envelope["attempts"][0]["reason"]
+
