@@ -92,13 +92,16 @@ child_rss_cap_mb = 2048
 class Sample:
     """One request. Attributes: first_s (the first audio byte, or for ``sse`` the first partial
     event, from just before the request was sent), total_s (the whole response), bytes (audio),
-    queue_s (the job's first attempt start minus the send time), error (None: a success)."""
+    queue_s (the job's first attempt start minus the send time), error (None: a success), job (its
+    id), sent (the wall-clock time it was sent)."""
 
     first_s: float | None = None
     total_s: float | None = None
     bytes: int = 0
     queue_s: float | None = None
     error: str | None = None
+    job: str | None = None
+    sent: float = 0.0
 
 
 # -- the two paths through the gateway ------------------------------------------------------------
@@ -118,14 +121,40 @@ async def sse_events(response: httpx.Response) -> Any:
             data.append(line[5:].removeprefix(" "))
 
 
+async def via_speech(http: httpx.AsyncClient, rung: str, text: str) -> Sample:
+    """OpenAI's speech route, WAV, the body streamed: its first byte is the first chunk's audio
+    (the route sends its headers with it)."""
+    sample = Sample(sent=time.time())
+    body = {"model": rung, "input": text, "voice": "default", "response_format": "wav"}
+    t0 = time.perf_counter()
+    async with http.stream("POST", "/v1/audio/speech", json=body) as response:
+        if response.status_code != 200:
+            detail = (await response.aread())[:200].decode(errors="replace")
+            return Sample(error=f"POST /v1/audio/speech: {response.status_code} {detail}")
+        sample.job = response.headers.get("x-farm-job")
+        head = b""
+        async for data in response.aiter_raw():
+            if data and sample.first_s is None:
+                sample.first_s = time.perf_counter() - t0
+            head += data[: max(0, 12 - len(head))]
+            sample.bytes += len(data)
+        sample.total_s = time.perf_counter() - t0
+    spoken = response.headers.get("x-farm-rung")
+    if spoken != rung:
+        sample.error = f"spoken on {spoken}, not {rung}"
+    elif not (head.startswith(b"RIFF") and head[8:12] == b"WAVE") or sample.bytes <= 44:
+        sample.error = f"not a WAV with audio: {sample.bytes} bytes starting {head!r}"
+    return sample
+
+
 async def via_sse(http: httpx.AsyncClient, rung: str, text: str) -> Sample:
-    sample = Sample()
-    sent = time.time()
+    """The job route: submit, follow the events, download the whole file at the end."""
+    sample = Sample(sent=time.time())
     t0 = time.perf_counter()
     answer = await http.post("/v1/jobs/tts", json={"text": text, "ladder": rung})
     if answer.status_code != 202:
         return Sample(error=f"POST /v1/jobs/tts: {answer.status_code} {answer.text[:200]}")
-    job = answer.json()["id"]
+    job = sample.job = answer.json()["id"]
     end: dict[str, Any] | None = None
     async with http.stream("GET", f"/v1/jobs/{job}/events") as events:
         if events.status_code != 200:
@@ -142,7 +171,6 @@ async def via_sse(http: httpx.AsyncClient, rung: str, text: str) -> Sample:
     audio = await http.get(f"/v1/jobs/{job}/artifacts/{envelope['output']['audio']}")
     sample.total_s = time.perf_counter() - t0
     sample.bytes = len(audio.content)
-    sample.queue_s = envelope["attempts"][0]["started"] - sent
     if envelope["output"]["rung"] != rung:
         sample.error = f"spoken on {envelope['output']['rung']}, not {rung}"
     elif audio.status_code != 200 or not audio.content.startswith(b"RIFF"):
@@ -152,7 +180,7 @@ async def via_sse(http: httpx.AsyncClient, rung: str, text: str) -> Sample:
     return sample
 
 
-PATHS: dict[str, Callable[[httpx.AsyncClient, str, str], Awaitable[Sample]]] = {"sse": via_sse}
+PATHS: dict[str, Callable[[httpx.AsyncClient, str, str], Awaitable[Sample]]] = {"speech": via_speech, "sse": via_sse}
 
 
 async def guarded(path: str, http: httpx.AsyncClient, rung: str, text: str) -> Sample:
@@ -160,6 +188,18 @@ async def guarded(path: str, http: httpx.AsyncClient, rung: str, text: str) -> S
         return await PATHS[path](http, rung, text)
     except Exception as exc:  # noqa: BLE001 - every failure is counted and shown, never hidden
         return Sample(error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def add_queue_waits(samples: list[Sample]) -> None:
+    """Each job's wait from its send to its first attempt's start, read from its record in Redis
+    by this process (after the level: the gateway is not asked)."""
+    from mediafarm.tasks.handles import JobHandle
+
+    for sample in samples:
+        if sample.job and sample.error is None:
+            attempts = JobHandle(id=sample.job, family="tts").attempts()
+            if attempts:
+                sample.queue_s = attempts[0]["started"] - sample.sent
 
 
 # -- the farm this script starts -------------------------------------------------------------------
@@ -297,7 +337,9 @@ async def level(farm: Farm, path: str, rung: str, text: str, clients: int, reque
         cpu0, t0 = farm.gateway_cpu_s(), time.perf_counter()
         results = await asyncio.gather(*(client() for _ in range(clients)))
         wall, cpu = time.perf_counter() - t0, farm.gateway_cpu_s() - cpu0
-    return summary([s for r in results for s in r], wall, cpu)
+    samples = [s for r in results for s in r]
+    add_queue_waits(samples)
+    return summary(samples, wall, cpu)
 
 
 def engine_first_chunk(rung: str, text: str, models: Path, storage: Path) -> dict[str, float]:
@@ -385,7 +427,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small run: 1 and 4 clients, 3 rounds, 8 requests")
     parser.add_argument("--clients", default="1,4,16,64", help="concurrency levels, comma-separated")
     parser.add_argument("--runs", type=int, default=5, help="alternating rounds at one client")
-    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level (>= its clients)")
+    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level (>= its clients)")
     parser.add_argument("--rungs", default=",".join(RUNGS))
     parser.add_argument("--texts", default=",".join(TEXTS), help="sentence, 1000")
     parser.add_argument("--path", choices=sorted(PATHS), default="sse", help="the path measured under concurrency")
