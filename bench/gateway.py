@@ -367,8 +367,10 @@ def one_client(farm: Farm, paths: list[str], rung: str, text: str, runs: int) ->
         row: dict[str, Any] = {"engine_first_s": engine["first_chunk_s"], "engine_total_s": engine["total_s"]}
         for path in order:
             cpu0 = farm.gateway_cpu_s()
-            row[path] = asdict(asyncio.run(single(farm, path, rung, text)))
-            row[path]["gateway_cpu_s"] = farm.gateway_cpu_s() - cpu0
+            sample = asyncio.run(single(farm, path, rung, text))
+            cpu = farm.gateway_cpu_s() - cpu0
+            add_queue_waits([sample])
+            row[path] = {**asdict(sample), "gateway_cpu_s": cpu}
         rounds.append(row)
         shutil.rmtree(storage, ignore_errors=True)
     result: dict[str, Any] = {
@@ -384,6 +386,7 @@ def one_client(farm: Farm, paths: list[str], rung: str, text: str, runs: int) ->
             "total_s": round(statistics.median(x[path]["total_s"] for x in good), 4) if good else None,
             "ratio": round(statistics.median(x[path]["first_s"] / x["engine_first_s"] for x in good), 2)
             if good else None,
+            "queue_s": round(statistics.median(x[path]["queue_s"] for x in good), 4) if good else None,
             "gateway_cpu_ms_per_request": round(1000 * sum(x[path]["gateway_cpu_s"] for x in rounds) / runs, 1),
         }  # fmt: skip
     return result
@@ -410,13 +413,15 @@ def fmt(p: dict[str, float] | None, key: str) -> str:
 
 def report(results: dict[str, Any]) -> None:
     print(f"\nconditions: {results['conditions']}")
-    print(f"\n{'rung':7} {'text':9} {'engine first s':>14} " + " ".join(
-        f"{p + ' first s':>13} {p + ' ratio':>10} {p + ' whole s':>13}" for p in results["paths"]))  # fmt: skip
+    print(f"\none client, medians of the alternating rounds:\n{'rung':7} {'text':9} {'path':6} {'engine first':>12} "
+          f"{'first':>7} {'ratio':>6} {'whole':>7} {'to start':>8} {'errors':>6} {'gw cpu ms/req':>13}")  # fmt: skip
     for key, cell in results["one_client"].items():
         rung, text = key.split("/")
-        print(f"{rung:7} {text:9} {cell['engine_first_s']:14.3f} " + " ".join(
-            f"{cell[p]['first_s'] or 0:13.3f} {cell[p]['ratio'] or 0:10.2f} {cell[p]['total_s'] or 0:13.3f}"
-            for p in results["paths"]))  # fmt: skip
+        for p in results["paths"]:
+            c = cell[p]
+            print(f"{rung:7} {text:9} {p:6} {cell['engine_first_s']:12.3f} {c['first_s'] or 0:7.3f} "
+                  f"{c['ratio'] or 0:6.2f} {c['total_s'] or 0:7.3f} {c['queue_s'] or 0:8.3f} {c['errors']:6d} "
+                  f"{c['gateway_cpu_ms_per_request']:13.1f}")  # fmt: skip
     print(f"\n{'rung':7} {'text':9} {'path':6} {'clients':>7} {'reqs':>5} {'errors':>6} {'first p50':>9} "
           f"{'p95':>7} {'p99':>7} {'whole p50':>9} {'p95':>7} {'p99':>7} {'queue p50':>9} {'p99':>7} "
           f"{'req/s':>6} {'gw cpu ms/req':>13}")  # fmt: skip
