@@ -444,7 +444,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level (>= its clients)")
     parser.add_argument("--rungs", default=",".join(RUNGS))
     parser.add_argument("--texts", default=",".join(TEXTS), help="sentence, 1000")
-    parser.add_argument("--path", choices=sorted(PATHS), default="sse", help="the path measured under concurrency")
+    parser.add_argument("--path", choices=sorted(PATHS), default="speech", help="the path measured under concurrency")
     parser.add_argument("--children", type=int, default=2, help="the worker's prefork children")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gateway.json")
     args = parser.parse_args()
