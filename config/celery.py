@@ -12,6 +12,7 @@ from typing import Any
 
 from celery.exceptions import ImproperlyConfigured
 
+from mediafarm.config.priorities import DEFAULT_PRIORITY, REDIS_PRIORITY_SEP, REDIS_PRIORITY_STEPS, wire_priority
 from mediafarm.config.settings import FarmSettings, is_amqp
 
 # Routing reads the family registry: every family's task goes to its family queue unless the
@@ -56,6 +57,11 @@ def _broker_options(settings: FarmSettings) -> dict[str, Any]:
         # worker held it, blocked every restore for 5 minutes after the restart. A sweep takes
         # milliseconds; each message is restored at most once whoever sweeps.
         "unacked_mutex_expire": 5,
+        # A list per priority of the farm's scale (kombu's default is 4 steps: 0-2, 3-5, ...),
+        # named as admission control counts them (``config.priorities``). Queue order stays
+        # round-robin: priority is served before queue order in kombu's BRPOP anyway.
+        "priority_steps": list(REDIS_PRIORITY_STEPS),
+        "sep": REDIS_PRIORITY_SEP,
     }
 
 
@@ -106,6 +112,9 @@ def _common(settings: FarmSettings) -> dict[str, Any]:
         "result_expires": 7 * 24 * 3600,
         "task_routes": (ROUTER,),
         "task_default_queue": "default",
+        # What a message sent without a priority gets (Celery's own sends: a chord's callback); the
+        # farm's default, in the broker's terms (``config.priorities``: Redis counts backwards).
+        "task_default_priority": wire_priority(DEFAULT_PRIORITY, settings.broker_is_rabbitmq),
         "broker_transport_options": _broker_options(settings),
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "broker_connection_retry_on_startup": True,

@@ -8,6 +8,7 @@ Every call into the farm (Redis, Celery) blocks, so each runs in a worker thread
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
@@ -23,6 +24,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from mediafarm.gateway.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
 from mediafarm.gateway.intake import prepare
 from mediafarm.gateway.security import Caller, caller
@@ -31,7 +33,7 @@ from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import MAX_JOB_ID, ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest
+from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.handles import JobHandle, PipelineHandle
 
@@ -101,6 +103,11 @@ async def _json_body(request: Request) -> Any:
         raise HTTPException(422, f"the body is not JSON: {exc}") from None
 
 
+def overloaded(exc: Overloaded) -> HTTPException:
+    """The answer to a job admission control refused: 429 with Retry-After in whole seconds."""
+    return HTTPException(429, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+
+
 def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
     async def submit_job(
         request: Request,
@@ -111,6 +118,11 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
                 description="The job's id: the same key twice is the same job (letters, digits, . _ : -; up to 200)"
             ),
         ] = None,
+        x_priority: Annotated[
+            int,
+            Header(ge=MIN_PRIORITY, le=MAX_PRIORITY,
+                   description=f"The job's priority, {MIN_PRIORITY}-{MAX_PRIORITY}: higher runs first"),
+        ] = DEFAULT_PRIORITY,
     ) -> JSONResponse:
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
@@ -123,10 +135,12 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
             intake = prepare(spec, body, who.owner, request.app.state.uploads, config.input_roots)
             for upload in intake.uploads:  # before the job exists, so gc never sees it without them
                 request.app.state.uploads.attach(upload, job_id)
-            return submit(spec.name, job_id=job_id, **intake.fields)
+            return submit(spec.name, job_id=job_id, priority=x_priority, tenant=who.owner, **intake.fields)
 
         try:
             job = await anyio.to_thread.run_sync(send)
+        except Overloaded as exc:
+            raise overloaded(exc) from None
         except InvalidRequest as exc:
             raise HTTPException(422, str(exc)) from None
         except ValueError as exc:

@@ -30,6 +30,7 @@ _EXPORTS = {
     "JobCancelled": "mediafarm.tasks.errors",
     "LadderExhausted": "mediafarm.tasks.errors",
     "InvalidRequest": "mediafarm.tasks.errors",
+    "Overloaded": "mediafarm.tasks.errors",
     "PermanentFailure": "mediafarm.tasks.errors",
     "Envelope": "mediafarm.tasks.records",
     "Attempt": "mediafarm.tasks.records",
@@ -55,6 +56,7 @@ __all__ = [
     "JobRejected",
     "LadderExhausted",
     "Outcome",
+    "Overloaded",
     "PermanentFailure",
     "PipelineHandle",
     "Progress",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         JobFailed,
         JobRejected,
         LadderExhausted,
+        Overloaded,
         PermanentFailure,
     )
     from mediafarm.tasks.families.tts.speakers import list_speakers, register_speaker, remove_speaker

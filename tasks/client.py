@@ -18,7 +18,9 @@ from typing import Any
 
 from celery import chord, group
 
+from mediafarm.config.priorities import DEFAULT_PRIORITY, checked_priority, wire_priority
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks import admission
 from mediafarm.tasks import families as registry
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
@@ -36,7 +38,15 @@ def known_families() -> Mapping[str, FamilySpec]:
     return registry.load()
 
 
-def submit(family: str, *, queue: str | None = None, job_id: str | None = None, **fields: Any) -> JobHandle:
+def submit(
+    family: str,
+    *,
+    queue: str | None = None,
+    job_id: str | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    tenant: str | None = None,
+    **fields: Any,
+) -> JobHandle:
     """Send a job of ``family`` with its request fields as keywords (JSON-safe).
 
     The fields are checked against the family's request model before anything is sent:
@@ -48,13 +58,24 @@ def submit(family: str, *, queue: str | None = None, job_id: str | None = None, 
     it. Reusing a key for another family or other fields raises ValueError. Keys are remembered
     as long as results (``result_expires``). Without ``job_id`` every job gets a fresh UUID.
 
+    ``priority``: 0..9, higher runs first, default 4 (``config.priorities``: how each broker
+    honours it). ``tenant``: who submits (the gateway passes its caller), for the per-tenant limit.
+
+    Admission control (``tasks.admission``) may refuse the job before anything is sent: it raises
+    ``Overloaded`` (with ``retry_after``) when the family's queues hold their limit, the tenant has
+    its limit waiting, or a pool that would run it is short of memory. A job id already accepted
+    is never refused: the re-submit returns its handle as above.
+
     A family whose request has ``as_pipeline`` (``dialogue``) is sent as its plan: several jobs
     and a fan-in job (:func:`send_plan`, ``tasks.plan``); the handle returned is a ``PipelineHandle``.
     """
     spec = registry.get(family)
+    priority = checked_priority(priority)
     request = spec.parse_request(fields)
     kwargs = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     as_pipeline = getattr(request, "as_pipeline", None)
+    client = app.backend.client
+    wrote_key = False
     if job_id is not None:
         try:
             ArtifactStore(get_settings().storage_dir, job_id)
@@ -62,29 +83,56 @@ def submit(family: str, *, queue: str | None = None, job_id: str | None = None, 
             raise ValueError(str(exc)) from None
         fingerprint = json.dumps({"family": spec.name, "fields": kwargs}, sort_keys=True)
         key = keys.submitted(job_id)
-        if not app.backend.client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)):
-            first = app.backend.client.get(key)
-            if first is not None and first.decode() != fingerprint:
+        first = client.get(key)
+        if first is None:
+            # Refused before the key is written: a refused job leaves nothing behind.
+            admitted = _admit(spec, queue, job_id, tenant, as_pipeline)
+            wrote_key = bool(client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)))
+            if not wrote_key:  # a racing submit of the same id took it first
+                admitted.release(client)
+                first = client.get(key)
+        if first is not None:
+            if first.decode() != fingerprint:
                 raise ValueError(f"job id {job_id!r} was already submitted with another family or other fields")
             if callable(as_pipeline):
                 return PipelineHandle(id=job_id, family=spec.name)
             return JobHandle(id=job_id, family=spec.name)
+    else:
+        job_id = str(uuid.uuid4()) if callable(as_pipeline) or tenant else None
+        admitted = _admit(spec, queue, job_id or "", tenant, as_pipeline)
     try:
         if callable(as_pipeline):
             # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
-            # handle is the fan-in job's.
-            return send_plan(as_pipeline(job_id or str(uuid.uuid4())), queue=queue)
+            # handle is the fan-in job's. Admitted above, with its parts.
+            handle = _send_plan(as_pipeline(job_id), queue, priority)
+            admitted.sent()
+            return handle
         # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
             spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
-            soft_time_limit=None, time_limit=None,
+            soft_time_limit=None, time_limit=None, priority=_wire(priority),
         )  # fmt: skip
+        admitted.sent()
     except BaseException:
-        if job_id is not None:  # nothing was sent: the key must not stand for a job that never was
-            app.backend.client.delete(keys.submitted(job_id))
+        admitted.release(client)
+        if wrote_key:  # nothing was sent: the key must not stand for a job that never was
+            client.delete(keys.submitted(job_id))
         raise
     return JobHandle(id=async_result.id, family=spec.name)
+
+
+def _wire(priority: int) -> int:
+    return wire_priority(priority, get_settings().broker_is_rabbitmq)
+
+
+def _admit(spec: FamilySpec, queue: str | None, job_id: str, tenant: str | None, as_pipeline: Any) -> Any:
+    """Admission control for one submit: a pipeline family's every job (its plan), else the one."""
+    jobs = [(spec, queue)]
+    if callable(as_pipeline):
+        plan = as_pipeline(job_id)
+        jobs = [(registry.get(p.family), queue) for p in (*plan.parts, plan.then)]
+    return admission.admit(jobs, job_id=job_id, tenant=tenant, app=app)
 
 
 def handle(job_id: str, family: str = "") -> JobHandle:
@@ -102,13 +150,30 @@ def _checked(part: Part) -> dict[str, Any]:
     return request.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
-def send_plan(plan: Plan, queue: str | None = None) -> PipelineHandle:
+def send_plan(
+    plan: Plan, queue: str | None = None, *, priority: int = DEFAULT_PRIORITY, tenant: str | None = None
+) -> PipelineHandle:
     """Check every job of ``plan``, store the plan, send it as one chord; the handle of the fan-in job.
 
     ``queue`` sends every job of the plan there (a worker consuming it runs them all); by default
-    each goes to its family's queue. Nothing is sent if a job's fields do not fit its family.
+    each goes to its family's queue. Nothing is sent if a job's fields do not fit its family, or if
+    admission control refuses one of its jobs (``Overloaded``, as :func:`submit`). ``priority``
+    and ``tenant``: as for :func:`submit`, for every job of the plan.
     What a plan is, and why its chord survives the farm's kills: ``tasks.plan``.
     """
+    priority = checked_priority(priority)
+    jobs = [(registry.get(p.family), queue) for p in (*plan.parts, plan.then)]
+    admitted = admission.admit(jobs, job_id=plan.then.job_id, tenant=tenant, app=app)
+    try:
+        handle = _send_plan(plan, queue, priority)
+    except BaseException:
+        admitted.release(app.backend.client)
+        raise
+    admitted.sent()
+    return handle
+
+
+def _send_plan(plan: Plan, queue: str | None, priority: int) -> PipelineHandle:
     if not plan.parts:
         raise InvalidRequest(f"pipeline {plan.then.job_id}: a plan needs at least one part")
     ids = [p.job_id for p in (*plan.parts, plan.then)]
@@ -120,7 +185,7 @@ def send_plan(plan: Plan, queue: str | None = None) -> PipelineHandle:
         spec = registry.get(part.family)
         # Explicit None limits: the worker's rule (see submit).
         return app.signature(spec.task_name, kwargs=fields, task_id=part.job_id, queue=queue or spec.queue,
-                             soft_time_limit=None, time_limit=None, **options)  # fmt: skip
+                             soft_time_limit=None, time_limit=None, priority=_wire(priority), **options)  # fmt: skip
 
     *header, (then_fields, then) = checked
     ttl = int(app.conf.result_expires)

@@ -18,6 +18,8 @@
     ├── StaleAttempt             worker side: the job went on elsewhere while this process was paused; stop quietly
     ├── NoRungLeft               raised in the worker when a job has failed on every rung
     ├── EngineError              an engine failed in a way nobody foresaw (a bug): fail, no retry
+    ├── Overloaded               raised by submit: the farm refused the job (queue full, memory
+    │                            pressure); nothing was sent, try again after ``retry_after`` s
     └── JobFailed                raised by the client for a job that ended FAILURE; carries the history
           ├── JobRejected        it ended on a PermanentFailure
           ├── JobCancelled       it was cancelled
@@ -110,6 +112,21 @@ class NoRungLeft(FarmError):
 
 class EngineError(FarmError):
     """Worker side: an engine raised something outside the tree (a bug); the job fails, not retried."""
+
+
+class Overloaded(FarmError):
+    """The farm refused a job at submit (``tasks.admission``): nothing of it was sent or written.
+
+    Attributes: ``retry_after`` (seconds to wait before trying again), ``family``, ``reason``
+    (``depth``: its family's queues are at their limit; ``tenant``: the caller's own limit;
+    ``pressure``: a pool that would run it is short of memory). The message says which, in words.
+    """
+
+    def __init__(self, message: str, retry_after: float = 5.0, family: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.family = family
+        self.reason = reason
 
 
 class JobFailed(FarmError):

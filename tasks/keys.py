@@ -15,7 +15,8 @@ PREFIX = "mediafarm"
 # The first part after the prefix of every key named here: a family's space may not be one of them.
 FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
-     "room-lease"}
+     "room-lease",
+     "refused", "pressure", "tenant"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -85,6 +86,27 @@ def breaker_failures(pool: str, ladder: str, rung: str) -> str:
     member the failed attempt (``<job id>:<start>``), score the Unix time of the failure. Expires
     one window after its newest failure; emptied when the breaker opens."""
     return f"{PREFIX}:breaker-failures:{pool}:{ladder}:{rung}"
+
+
+def refusals(family: str) -> str:
+    """Jobs of one family that admission control refused (``tasks.admission``): a hash, field the
+    reason (``depth``, ``tenant``, ``pressure``), value a count that only grows. No TTL: a counter
+    for the metrics (``mediafarm_admission_refusals_total``), one small hash per family."""
+    return f"{PREFIX}:refused:{family}"
+
+
+def pressure(pool: str) -> str:
+    """The memory readings of one pool's workers (``tasks.admission.Reading``): a hash, field the
+    worker's node name, value JSON. Written every second by each worker (``workers.pressure``);
+    expires 5 s after the pool's last write, and a reader ignores a field older than that."""
+    return f"{PREFIX}:pressure:{pool}"
+
+
+def tenant_jobs(family: str, tenant: str) -> str:
+    """Jobs of one family a tenant (a gateway token's owner) submitted that have not started: a
+    sorted set, member the job id, score its submit time; pruned of started and ended jobs as
+    admission control reads it, and expires a day after its last job was added."""
+    return f"{PREFIX}:tenant:{family}:{tenant}"
 
 
 def every_key() -> str:

@@ -3,7 +3,8 @@
 It is the farm's one app (``mediafarm.tasks.app``, which producers import as it is) with the
 worker side wired in: the guards (configuration check, memory watchdog, child set-up:
 ``workers.guards``), the metered request class, which counts a finished job's frame counters
-in the worker's main process (``workers.metrics``), and the router that sends farm tasks left on
+in the worker's main process (``workers.metrics``), the pool's memory reading for admission
+control (``workers.pressure``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
 (``workers.foreign``). A worker started on the plain app imports this module too (the plain app
 names it in Celery's ``imports``, which only a worker reads).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import foreign, guards, logs
+from mediafarm.workers import foreign, guards, logs, pressure
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -21,6 +22,8 @@ __all__ = ["app"]
 # Read by each task's strategy as the worker starts consuming, after this module has run.
 FarmTask.Request = MeteredRequest
 guards.install(app)
+# Each worker publishes its pool's memory reading, which admission control reads (``workers.pressure``).
+pressure.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
 foreign.install(app)
 # A pipeline ended by a refused or cancelled part is logged as such, not as an error (``workers.logs``).

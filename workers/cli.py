@@ -37,7 +37,7 @@ from mediafarm.config.file import ConfigFileError
 from mediafarm.config.pools import expand_queues, get_pool
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
-from mediafarm.tasks.errors import JobFailed
+from mediafarm.tasks.errors import JobFailed, Overloaded
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.family_commands import mount
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
@@ -56,6 +56,11 @@ err = Console(stderr=True)
 def _sample() -> Path:
     """The bundled demo clip: three espeak-ng sentences with 1-2.5 s of silence between them."""
     return Path(str(files("mediafarm.tasks.media") / "samples" / "speech.ogg"))
+
+
+# `farm submit`'s exit status when admission control refused the job (EX_TEMPFAIL of sysexits.h:
+# try again later); 1 is a job that failed, 2 a mistake in the command.
+EXIT_OVERLOADED = 75
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -346,6 +351,7 @@ def submit(
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the result, with progress")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 600.0,
     queue: Annotated[str | None, typer.Option(help="Queue override, e.g. gpu0.vad")] = None,
+    priority: Annotated[int, typer.Option(min=0, max=9, help="0-9, higher runs first")] = 4,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder to download the job's artifacts to, or a file (speech.wav) for the one top-level "
@@ -355,7 +361,8 @@ def submit(
 ) -> None:
     """Submit a job to the configured broker; print its id, or its result with --wait.
 
-    Request fields go as -p key=value, or as options of their own: --formats vtt,srt.
+    Request fields go as -p key=value, or as options of their own: --formats vtt,srt. A job the
+    farm refuses (admission control: too many waiting, memory pressure) exits with status 75.
     """
     _need_broker()
     from mediafarm.tasks.client import submit as submit_job
@@ -369,7 +376,9 @@ def submit(
             # A relative path means the caller's working directory, not the worker's.
             path = spec.cli_argument_is_path
             fields[spec.cli_argument] = str(Path(argument).absolute()) if path else argument
-        job = submit_job(family, queue=queue, **fields)
+        job = submit_job(family, queue=queue, priority=priority, **fields)
+    except Overloaded as exc:
+        _fail(f"the farm refused the job: {exc}", code=EXIT_OVERLOADED)
     except ValueError as exc:
         _fail(str(exc))
     if not (wait or out):

@@ -1,0 +1,198 @@
+"""Admission control and priorities on a real Redis with a real prefork worker (issue 15 items 1 and 3).
+
+One chaos worker with one child serves this module's queues; a blocker job keeps its child busy
+while jobs queue up behind it, the way a farm under load looks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from mediafarm import Overloaded, submit
+from mediafarm.config.admission import parse
+from mediafarm.tasks import admission, keys
+from mediafarm.tasks.admission import Reading, publish_reading
+from tests.conftest import REPO
+
+DEPTH_QUEUE = f"admission-depth-{uuid.uuid4().hex[:6]}"
+PRIORITY_QUEUE = f"admission-priority-{uuid.uuid4().hex[:6]}"
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def worker(start_worker) -> Any:
+    return start_worker("chaos", concurrency=1, queues=[DEPTH_QUEUE, PRIORITY_QUEUE])
+
+
+@pytest.fixture()
+def backend(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+
+
+@pytest.fixture()
+def limits(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Admission settings of the test: every depth read fresh, the chaos family's limits small."""
+
+    def use(**family: Any) -> None:
+        settings = parse({"depth_cache": 0, "families": {"chaos": family}})
+        monkeypatch.setattr(admission, "get_admission", lambda: settings)
+
+    return use
+
+
+def started(job_id: str, client: redis.Redis) -> bool:
+    return client.exists(keys.history(job_id)) > 0
+
+
+def wait_started(job_id: str, client: redis.Redis, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not started(job_id, client):
+        assert time.monotonic() < deadline, f"job {job_id} did not start"
+        time.sleep(0.02)
+
+
+def blocker(queue: str, client: redis.Redis, seconds: float) -> Any:
+    """A job that keeps the worker's one child busy, once it runs."""
+    job = submit("chaos", queue=queue, plan={"sleep": seconds})
+    wait_started(job.id, client)
+    return job
+
+
+def priority_lists(queue: str) -> list[str]:
+    """The broker's lists of ``queue``, one per priority (``config.priorities``)."""
+    return [queue] + [f"{queue}\x06\x16{n}" for n in range(1, 10)]
+
+
+@contextlib.contextmanager
+def pressed(client: redis.Redis, pool: str) -> Iterator[None]:
+    """``pool`` short of memory, as its worker would publish it: 10 MiB available, every half second."""
+    stop = threading.Event()
+
+    def publish() -> None:
+        while True:
+            publish_reading(client, pool, Reading(f"{pool}@test", time.time(), 10.0, 16000.0, {}))
+            if stop.wait(0.5):
+                return
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        client.delete(keys.pressure(pool))
+
+
+def test_a_family_at_its_depth_limit_refuses_and_accepts_again_once_drained(worker, backend, limits) -> None:
+    limits(max_queued=3, max_queued_per_tenant=2, retry_after=7)
+    first = blocker(DEPTH_QUEUE, backend, seconds=2.0)
+    waiting = [submit("chaos", queue=DEPTH_QUEUE, job_id=f"adm-{uuid.uuid4()}", tenant="t-a") for _ in range(2)]
+    waiting.append(submit("chaos", queue=DEPTH_QUEUE))
+    refused_before = backend.hget(keys.refusals("chaos"), "depth")
+    refused_id = f"adm-refused-{uuid.uuid4()}"
+    with pytest.raises(Overloaded) as refused:
+        submit("chaos", queue=DEPTH_QUEUE, job_id=refused_id)
+    assert refused.value.reason == "depth" and refused.value.retry_after == 7
+    assert "3 jobs are waiting, the limit is 3" in str(refused.value)
+    # Nothing of the refused job anywhere: no idempotency key, no history, no result, no message.
+    assert not backend.exists(keys.submitted(refused_id), keys.history(refused_id), f"celery-task-meta-{refused_id}")
+    assert sum(backend.llen(name) for name in priority_lists(DEPTH_QUEUE)) == 3
+    assert int(backend.hget(keys.refusals("chaos"), "depth")) == int(refused_before or 0) + 1
+    # A job already accepted is never refused: its re-submit returns its handle.
+    assert submit("chaos", queue=DEPTH_QUEUE, job_id=waiting[0].id, tenant="t-a").id == waiting[0].id
+    for job in [first, *waiting]:
+        job.wait(timeout=30)
+    again = submit("chaos", queue=DEPTH_QUEUE, job_id=f"adm-{uuid.uuid4()}", tenant="t-a")
+    again.wait(timeout=30)
+
+
+def test_a_tenant_at_its_limit_is_refused_while_another_is_taken(worker, backend, limits) -> None:
+    limits(max_queued=100, max_queued_per_tenant=2)
+    first = blocker(DEPTH_QUEUE, backend, seconds=1.5)
+    mine = [submit("chaos", queue=DEPTH_QUEUE, tenant="t-busy") for _ in range(2)]
+    with pytest.raises(Overloaded) as refused:
+        submit("chaos", queue=DEPTH_QUEUE, tenant="t-busy")
+    assert refused.value.reason == "tenant" and "this caller has 2 jobs waiting" in str(refused.value)
+    other = submit("chaos", queue=DEPTH_QUEUE, tenant="t-quiet")
+    for job in [first, *mine, other]:
+        job.wait(timeout=30)
+    # Started and ended jobs no longer count: the busy tenant is taken again.
+    submit("chaos", queue=DEPTH_QUEUE, tenant="t-busy").wait(timeout=30)
+
+
+def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root) -> None:
+    with pressed(backend, "chaos"):
+        why = admission.pool_under_pressure("chaos", backend)
+        assert why is not None and "pool 'chaos' is under memory pressure: 10 MiB of 16000 MiB" in why
+        refused_id = f"adm-pressed-{uuid.uuid4()}"
+        queued = sum(backend.llen(name) for name in priority_lists("chaos"))
+        with pytest.raises(Overloaded) as refused:
+            submit("chaos", job_id=refused_id)
+        assert refused.value.reason == "pressure" and refused.value.retry_after == 15
+        assert not backend.exists(keys.submitted(refused_id), keys.history(refused_id))
+        assert sum(backend.llen(name) for name in priority_lists("chaos")) == queued
+        # The gpu0 pool serves gpu0.vad and reads no pressure: its job is taken.
+        job = submit("vad", queue="gpu0.vad", media=str(media_root / "pressure.wav"))
+        assert take_back(backend, "gpu0.vad", job.id)
+    # A reading older than the TTL is ignored: a stopped worker does not refuse work for ever.
+    publish_reading(backend, "chaos", Reading("chaos@test", time.time() - 60, 10.0, 16000.0, {}))
+    assert admission.pool_under_pressure("chaos", backend) is None
+
+
+def take_back(client: redis.Redis, queue: str, job_id: str) -> bool:
+    """Remove an accepted test job's message from ``queue`` (no worker here takes it); was it there?"""
+    for name in priority_lists(queue):
+        for raw in client.lrange(name, 0, -1):
+            if json.loads(raw)["headers"]["id"] == job_id:
+                return client.lrem(name, 1, raw) == 1
+    return False
+
+
+def test_the_gateway_answers_429_with_retry_after_and_farm_submit_exits_75(backend, redis_url) -> None:
+    from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
+
+    with pressed(backend, "chaos"), running_gateway(gateway_config()) as url:
+        answer = httpx.post(f"{url}/v1/jobs/chaos", json={}, headers={"Authorization": f"Bearer {TOKEN}"})
+        env = {**os.environ, "COLUMNS": "200"}
+        proc = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "submit", "chaos"], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert answer.status_code == 429 and answer.headers["retry-after"] == "15", answer.text
+    assert "pool 'chaos' is under memory pressure" in answer.json()["detail"]
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert "the farm refused the job" in proc.stderr and "memory pressure" in proc.stderr
+
+
+def test_a_high_priority_job_submitted_last_starts_before_the_waiting_low_ones(worker, backend) -> None:
+    busy = blocker(PRIORITY_QUEUE, backend, seconds=1.5)
+    low = [submit("chaos", queue=PRIORITY_QUEUE, priority=0) for _ in range(4)]
+    normal = submit("chaos", queue=PRIORITY_QUEUE)  # the default, 4
+    high = submit("chaos", queue=PRIORITY_QUEUE, priority=9)
+    for job in [busy, *low, normal, high]:
+        job.wait(timeout=60)
+
+    def start(job: Any) -> float:
+        return job.attempts()[0]["started"]
+
+    order = sorted([*low, normal, high], key=start)
+    assert order[0].id == high.id and order[1].id == normal.id, [j.id for j in order]
+    assert {j.id for j in order[2:]} == {j.id for j in low}
+    # Refused on the way in: a priority outside the scale.
+    with pytest.raises(ValueError, match="priority must be an integer from 0 to 9"):
+        submit("chaos", queue=PRIORITY_QUEUE, priority=10)
