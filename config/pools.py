@@ -59,6 +59,14 @@ class Pool:
         gpu_memory_fraction: Per-child cap on the CUDA caching allocator (torch), 0..1.
         max_tasks_per_child: Recycle a child after this many jobs (leaks, fragmentation).
         max_memory_per_child_mb: Recycle a child after a job that left it above this RSS.
+        gpu_fragmentation_limit: A GPU child whose CUDA caching allocator is more fragmented than
+            this after a job (inactive split bytes / reserved bytes, 0..1) empties its cache, and
+            is recycled if that was not enough (``workers.gpu_hygiene``). ``None``: measured only.
+        malloc_arena_max: ``MALLOC_ARENA_MAX`` in the worker's environment, which its children
+            inherit: glibc's malloc arenas, one per thread by default up to 8 per core, multiply
+            a threaded child's RSS. glibc reads it as a process starts, so it is set when the
+            worker is launched (``workers.launch``), not later. ``None``: glibc's default (any
+            value in the launching environment is removed: the pool's setting decides).
     """
 
     name: str
@@ -69,6 +77,8 @@ class Pool:
     gpu_memory_fraction: float | None = None
     max_tasks_per_child: int | None = 200
     max_memory_per_child_mb: int | None = 1536
+    gpu_fragmentation_limit: float | None = 0.3
+    malloc_arena_max: int | None = 2
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -77,6 +87,10 @@ class Pool:
             raise ConfigFileError(f"pool {self.name!r}: concurrency must be >= 1")
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
             raise ConfigFileError(f"pool {self.name!r}: gpu_memory_fraction must be in (0, 1]")
+        if self.gpu_fragmentation_limit is not None and not 0 < self.gpu_fragmentation_limit <= 1:
+            raise ConfigFileError(f"pool {self.name!r}: gpu_fragmentation_limit must be in (0, 1]")
+        if self.malloc_arena_max is not None and self.malloc_arena_max < 1:
+            raise ConfigFileError(f"pool {self.name!r}: malloc_arena_max must be >= 1 (or absent: glibc's default)")
         if self.child_rss_cap_mb is not None and self.child_rss_cap_mb <= 0:
             raise ConfigFileError(f"pool {self.name!r}: child_rss_cap_mb must be positive")
 

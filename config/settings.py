@@ -64,7 +64,9 @@ class FarmSettings(BaseSettings):
             (a broker hiccup, a worker that died under a job it did not cause).
         watchdog_interval: Seconds between two RSS polls of the pool children.
         config_file: Optional TOML file that overrides the declared pools and ladders.
-        metrics_port: Port of the worker's Prometheus endpoint (kills, child RSS); 0 turns it off.
+        metrics_port: Port of the worker's Prometheus endpoint (jobs, kills, queues ...); 0 turns it off.
+        gateway_metrics_open: Serve the gateway's ``GET /metrics`` without a bearer token even when
+            FARM_API_TOKENS is set (a scraper on a private network); by default it asks for one.
         pool: The pool (``config.pools``) this worker process serves; sets its caps.
         family_modules: Modules that declare job families beyond the built-in ones (a plugin's,
             a test's), each with a module-level ``FAMILY``; separated like PATH. Every process of
@@ -111,6 +113,7 @@ class FarmSettings(BaseSettings):
     config_file: Path | None = None
     pool: str = "cpu"
     metrics_port: int = 0
+    gateway_metrics_open: bool = False
     family_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     foreign_queue: str = "celery"
     api_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -15,12 +15,19 @@ bootsteps.
 
 from __future__ import annotations
 
-from celery import Celery
+import time
+from typing import Any
+
+from celery import Celery, signals
 
 from mediafarm.config.celery import celery_config
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
 from mediafarm.tasks.base import make_task
+
+# Message header: Unix time the message was sent (a submit, or a retry), from which a worker's
+# metrics take the job's wait in the queue (``workers.job_metrics``).
+SENT_HEADER = "farm_sent"
 
 # The worker side of this app: importing it wires the guards and metrics into this same app.
 WORKER_ENTRY = "mediafarm.workers.app"
@@ -31,3 +38,12 @@ app.config_from_object(celery_config(get_settings()))
 app.conf.imports = (*app.conf.imports, WORKER_ENTRY)
 for _spec in families.load().values():
     make_task(app, _spec)
+
+
+def _stamp_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    # Always overwritten: a retry carries its delivery's headers on, and its wait starts now.
+    if headers is not None:
+        headers[SENT_HEADER] = time.time()
+
+
+signals.before_task_publish.connect(_stamp_sent, weak=False)

@@ -56,6 +56,7 @@ class JobChannel:
         self._last_write = 0.0
         self._last_cancel_check = 0.0
         self._cancelled = False
+        self._published = False  # has this attempt published a partial output yet
 
     def report(self, progress: Progress) -> None:
         now = time.monotonic()
@@ -80,10 +81,14 @@ class JobChannel:
         pipe = self.client.pipeline(transaction=False)
         pipe.rpush(keys.partials(self.job_id), json.dumps(to_jsonable(item)))
         pipe.expire(keys.partials(self.job_id), self.ttl)
+        if not self._published:
+            # The attempt's time to first output (the workers' metrics), in the same round trip.
+            pipe.set(keys.first_output(self.job_id), repr(time.time()), ex=self.ttl)
         try:
             pipe.execute()
         except RedisError as exc:
             raise TransientFailure(f"could not publish a partial output: {exc}") from exc
+        self._published = True
 
     def cancelled(self) -> bool:
         now = time.monotonic()
@@ -99,8 +104,9 @@ class JobChannel:
     def reset(self) -> None:
         """A new attempt: what an earlier one published is not this one's."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.delete(keys.partials(self.job_id), keys.progress(self.job_id))
+        pipe.delete(keys.partials(self.job_id), keys.progress(self.job_id), keys.first_output(self.job_id))
         pipe.execute()
+        self._published = False
 
 
 def to_jsonable(item: Any) -> Any:

@@ -15,8 +15,7 @@ PREFIX = "mediafarm"
 # The first part after the prefix of every key named here: a family's space may not be one of them.
 FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
-     "room-lease",
-     "refused", "pressure", "tenant"}
+     "room-lease", "first-output", "metered", "gpu-children"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -86,6 +85,26 @@ def breaker_failures(pool: str, ladder: str, rung: str) -> str:
     member the failed attempt (``<job id>:<start>``), score the Unix time of the failure. Expires
     one window after its newest failure; emptied when the breaker opens."""
     return f"{PREFIX}:breaker-failures:{pool}:{ladder}:{rung}"
+
+
+def first_output(job_id: str) -> str:
+    """Unix time of the running attempt's first partial output (set once per attempt, cleared with
+    its partials): the workers' ``mediafarm_first_output_seconds``."""
+    return f"{PREFIX}:first-output:{job_id}"
+
+
+def metered(job_id: str) -> str:
+    """Present once a worker counted the ended job into its metrics, so that no other counts it again."""
+    return f"{PREFIX}:metered:{job_id}"
+
+
+def gpu_children(worker: str) -> str:
+    """The CUDA allocator figures of one worker's GPU children: a hash, field the child's pid, value
+    JSON (device, reserved bytes, fragmentation, action taken), written after each job by the child
+    and served by the worker's main process (``workers.gpu_hygiene``). Expires an hour after its
+    last write; a child's field goes when the main process sees the child gone.
+    """
+    return f"{PREFIX}:gpu-children:{worker}"
 
 
 def refusals(family: str) -> str:

@@ -31,8 +31,10 @@ from mediafarm.config.celery import UnsafeConfiguration, config_problems
 from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
+from mediafarm.tasks.breaker import count_kill
 from mediafarm.tasks.history import record_kill
 from mediafarm.tasks.records import KillRecord, Outcome
+from mediafarm.workers import gpu_hygiene
 from mediafarm.workers.logs import killed_by_watchdog
 from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
 
@@ -129,7 +131,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             get_settings().backend_url, socket_timeout=0.5, socket_connect_timeout=0.5
         )
         self._limits = hard_limits(worker.app)
-        serve(get_settings().metrics_port)
+        serve(get_settings().metrics_port, worker, self.pool)
         if self.cap:
             CHILD_RSS_CAP.labels(pool=self.pool.name).set(self.cap)
         self._thread = threading.Thread(target=self._run, args=(worker,), name="farm-watchdog", daemon=True)
@@ -185,6 +187,10 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 record_kill(self._redis, request.id, record, ttl=int(worker.app.conf.result_expires))
             except Exception:  # the kill matters more than its record
                 log.exception("could not record the kill reason of job %s", request.id)
+            try:  # now, not when the job comes back from the end of its queue (tasks.breaker.count_kill)
+                count_kill(self._redis, self.pool.name, request.name, request.kwargs, request.id, child.pid, outcome)
+            except Exception:  # noqa: BLE001 - nor does its count
+                log.exception("could not count the kill of job %s against its rung's breaker", request.id)
         try:
             # psutil checks the process is still the one we measured (pid reuse).
             child.kill()
@@ -210,6 +216,25 @@ def _on_child_start(**_: Any) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(pool.gpus[index % len(pool.gpus)])
 
 
+_CHILD_REDIS: Any = None
+
+
+def _after_job(task: Any = None, **_: Any) -> None:
+    """In a pool child after each job: the CUDA allocator's fragmentation, measured and acted on
+    (``workers.gpu_hygiene``); nothing in a child that never initialised CUDA."""
+    global _CHILD_REDIS
+    if "torch" not in sys.modules:
+        return
+    try:
+        if _CHILD_REDIS is None:
+            _CHILD_REDIS = redis.Redis.from_url(get_settings().backend_url, socket_timeout=1, socket_connect_timeout=1)
+        pool = get_pool(get_settings().pool)
+        worker = getattr(getattr(task, "request", None), "hostname", None) or ""
+        gpu_hygiene.after_job(_CHILD_REDIS, worker, pool.gpu_fragmentation_limit)
+    except Exception:  # noqa: BLE001 - the job is over; its figures must not fail it
+        log.warning("could not measure the CUDA allocator after a job", exc_info=True)
+
+
 @inspect_command()
 def farm_main_process(state: Any) -> dict[str, Any]:
     """What the worker's main process has loaded: it must never hold torch, a CUDA context or a
@@ -231,3 +256,4 @@ def install(app: Any) -> None:
     app.steps["worker"].add(ConfigCheck)
     app.steps["worker"].add(MemoryWatchdog)
     signals.worker_process_init.connect(_on_child_start, weak=False)
+    signals.task_postrun.connect(_after_job, weak=False)

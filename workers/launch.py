@@ -31,8 +31,13 @@ def pool_environment(pool: Pool, base: Mapping[str, str] | None = None) -> dict[
     env = dict(os.environ if base is None else base)
     env["FARM_POOL"] = pool.name
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
-    # glibc malloc arenas multiply RSS in threaded children (the TTS story's saw-tooth).
-    env.setdefault("MALLOC_ARENA_MAX", "2")
+    # glibc malloc arenas multiply RSS in threaded children (the TTS story's saw-tooth); glibc
+    # reads this at process start, so it goes in now and the children inherit it. The pool's
+    # setting decides (the image's ENV too): None gives glibc's own default.
+    if pool.malloc_arena_max is None:
+        env.pop("MALLOC_ARENA_MAX", None)
+    else:
+        env["MALLOC_ARENA_MAX"] = str(pool.malloc_arena_max)
     return env
 
 

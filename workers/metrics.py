@@ -1,9 +1,12 @@
 """Prometheus metrics of a worker's main process, served on ``FARM_METRICS_PORT`` (0: off).
 
-Task states and runtimes come from Flower's ``/metrics``; these are what only the farm knows:
-which children it killed and why, how close the children run to their cap, and the numbers the
-families declare of their results (``FamilySpec.metrics``: what the motion gate of a video family
-saved), counted from each finished job's output.
+Everything is counted or read in the MAIN process, whose registry is the one served; pool
+children count nothing themselves (their counters would die with them, and no scrape reaches
+them). What a job did in its child reaches the main process through Redis: the attempt history
+of each ended job (``workers.job_metrics``), the GPU children's allocator figures
+(``workers.gpu_hygiene``). The watchdog's kills and the children's RSS are the main process's own.
+Queue depths, breakers and admission refusals are read at scrape (``workers.collectors``). The
+names and labels are in docs/operating.md ("Metrics").
 """
 
 from __future__ import annotations
@@ -12,14 +15,20 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from celery.exceptions import Retry
 from celery.worker.request import Request
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from mediafarm.config.pools import Pool
 from mediafarm.tasks import families
+from mediafarm.tasks.app import SENT_HEADER
 from mediafarm.tasks.family import FamilySpec
+from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
+from mediafarm.workers.job_metrics import EndReader, JobMetrics
 
 log = logging.getLogger("mediafarm.metrics")
 
@@ -89,81 +98,159 @@ def observe_job(envelope: Any) -> None:
     result_metrics().observe(envelope)
 
 
-def _counts_results(task: Any) -> bool:
-    spec = getattr(task, "spec", None)
-    return spec is not None and result_metrics().counts(spec.name)
+_JOBS: JobMetrics | None = None
 
 
-class _OutputReader:
-    """Reads finished jobs' outputs from the result backend on a thread of the main process.
+def job_metrics() -> JobMetrics:
+    """The worker's job metrics (made once, on the default registry)."""
+    global _JOBS
+    if _JOBS is None:
+        _JOBS = JobMetrics()
+    return _JOBS
 
-    The main process is told that a job succeeded, but not its output: a pool child sends only a
-    short repr of it back (the output itself goes to the backend). Reading it back here, off the
-    worker's event loop, costs one GET per job of a family that declares metrics, none for others,
-    and a slow Redis delays only the metrics.
+
+class _EndReader:
+    """Reads ended jobs back from Redis on a thread of the main process and counts them
+    (``workers.job_metrics``): their end, attempts, downgrades and times, and the numbers their
+    families declare of their results.
+
+    The main process is told that a job ended, but not its history nor its output: a pool child
+    sends only a short repr of its result back. Reading them here, off the worker's event loop,
+    costs one pipelined round trip per ended job (two for the one worker that counts it), and a
+    slow Redis delays only the metrics.
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.Queue[tuple[Any, str]] = queue.Queue(maxsize=10_000)
+        self._jobs: queue.Queue[tuple[Any, str, str]] = queue.Queue(maxsize=10_000)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._ends: EndReader | None = None
 
-    def submit(self, app: Any, job_id: str) -> None:
+    def submit(self, app: Any, job_id: str, family: str) -> None:
         with self._lock:
             if self._thread is None:
+                self._ends = EndReader(job_metrics(), on_success=observe_job)
                 self._thread = threading.Thread(target=self._run, name="farm-metrics", daemon=True)
                 self._thread.start()
         try:
-            self._jobs.put_nowait((app, job_id))
+            self._jobs.put_nowait((app, job_id, family))
         except queue.Full:
             log.warning("metrics reader is behind; job %s is not counted", job_id)
 
     def _run(self) -> None:
+        assert self._ends is not None
         while True:
-            app, job_id = self._jobs.get()
+            app, job_id, family = self._jobs.get()
             try:
-                meta = app.backend.get_task_meta(job_id)
-                if meta.get("status") == "SUCCESS":
-                    observe_job(meta.get("result"))
+                self._ends.count(app.backend, job_id, family, int(app.conf.result_expires))
             except Exception:  # noqa: BLE001 - metrics must never take the worker down
-                log.warning("could not read the output of job %s for metrics", job_id, exc_info=True)
+                log.warning("could not read job %s back for metrics", job_id, exc_info=True)
+            finally:
+                self._jobs.task_done()
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait until every job handed over so far is counted (tests; a scrape need not)."""
+        deadline = time.monotonic() + timeout
+        while self._jobs.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
-_READER = _OutputReader()
+_READER = _EndReader()
 
 
-def _metered(on_success: Callable[..., Any]) -> Callable[..., Any]:
-    """``on_success`` that also hands a successful job of a family that declares metrics to the reader."""
+def _family(request: Request) -> str | None:
+    spec = getattr(request.task, "spec", None)
+    return getattr(spec, "name", None)
+
+
+def _ended(request: Request) -> None:
+    family = _family(request)
+    if family is not None:
+        _READER.submit(request.task.app, request.id, family)
+
+
+def _metered_success(on_success: Callable[..., Any]) -> Callable[..., Any]:
+    """``on_success`` that also hands a job that ended well to the reader (a failed one goes
+    through ``on_failure``, which Celery calls from here)."""
 
     @functools.wraps(on_success)
     def wrapper(self: Request, failed__retval__runtime: Any, **kwargs: Any) -> Any:
         result = on_success(self, failed__retval__runtime, **kwargs)
-        if not failed__retval__runtime[0] and _counts_results(self.task):
-            _READER.submit(self.task.app, self.id)
+        if not failed__retval__runtime[0]:
+            _ended(self)
         return result
 
     return wrapper
 
 
 class MeteredRequest(Request):
-    """Celery's request, whose ``on_success`` also feeds :func:`observe_job` (through the reader).
+    """Celery's request, whose callbacks feed the job metrics (``workers.job_metrics``).
 
-    ``on_success`` runs in the worker's MAIN process, the one whose registry is served; a counter
-    raised in a pool child would never be scraped. The worker does not use this class as it is:
-    it builds a subclass per task (``celery.worker.request.create_request_cls``) with an
-    ``on_success`` of its own that does not call ours, so every subclass's is wrapped too.
+    The callbacks run in the worker's MAIN process, the one whose registry is served; a counter
+    raised in a pool child would never be scraped (and would die with a killed child). A started
+    job's queue wait is observed as a child accepts it; an ended job (success, failure, cancel;
+    not a retry, which is no end) is read back from Redis by the reader thread. The worker does
+    not use this class as it is: it builds a subclass per task
+    (``celery.worker.request.create_request_cls``) with an ``on_success`` of its own that does not
+    call ours, so every subclass's is wrapped too.
     """
 
-    on_success = _metered(Request.on_success)
+    on_success = _metered_success(Request.on_success)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "on_success" in cls.__dict__:
-            cls.on_success = _metered(cls.__dict__["on_success"])
+            cls.on_success = _metered_success(cls.__dict__["on_success"])
+
+    def on_accepted(self, pid: int, time_accepted: float) -> None:
+        super().on_accepted(pid, time_accepted)
+        family = _family(self)
+        if family is not None and self.time_start:
+            job_metrics().observe_wait(family, self._request_dict.get(SENT_HEADER), self.time_start)
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        result = super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
+        if not isinstance(exc, Retry):
+            # Also a lost child retried by Celery: the reader counts only a job whose stored state
+            # is an end (SUCCESS, FAILURE, REVOKED), and a retried one's is not.
+            _ended(self)
+        return result
 
 
-def serve(port: int) -> None:
-    """Expose the metrics over HTTP on loopback-or-all as the operator binds the container."""
+def serve(port: int, worker: Any = None, pool: Pool | None = None) -> None:
+    """Expose the metrics over HTTP (all addresses: bind the port as the container needs).
+
+    With a running ``worker`` and its ``pool``, also the scrape-time collectors
+    (``workers.collectors``): the depth of the queues it consumes, the pool's breakers and
+    admission refusals, NVML's GPU memory and the GPU children's allocator figures.
+    """
     result_metrics()  # every declared metric listed from the start, before its first job
+    job_metrics()
+    if worker is not None and pool is not None:
+        install_collectors(worker, pool)
     if port:
         start_http_server(port)
+
+
+_COLLECTORS: list[Any] = []
+
+
+def install_collectors(worker: Any, pool: Pool, registry: CollectorRegistry = REGISTRY) -> None:
+    """Register the scrape-time collectors of ``worker`` (once per process)."""
+    if _COLLECTORS:
+        return
+    import redis
+
+    from mediafarm.config.settings import get_settings
+
+    client = redis.Redis.from_url(get_settings().backend_url, socket_timeout=1, socket_connect_timeout=1)
+    app = worker.app
+    _COLLECTORS.extend([
+        QueueDepth(app, lambda: sorted(app.amqp.queues.consume_from)),
+        FarmState(client, pool.name, lambda: sorted(families.load())),
+        GpuMemory(pool.gpus),
+        GpuChildren(client, lambda: worker.hostname, pool.name),
+    ])  # fmt: skip
+    for collector in _COLLECTORS:
+        registry.register(collector)

@@ -76,6 +76,10 @@ def test_speech_is_subtitled_by_the_first_rung_this_pool_has(subtitled, speech_t
     assert "GPU" in large["reason"] and "faster-whisper-small" in small["reason"]
     output = envelope["output"]
     assert output["language"] == "en" and output["language_probability"] > 0.5
+    # Every word tiny.en gives comes with its probability: clear synthetic speech, mostly sure.
+    confidence = output["confidence"]
+    assert confidence["scored"] == output["words"] > 0
+    assert 0.5 < confidence["mean"] <= 1 and 0 <= confidence["unsure_share"] < 0.5, confidence
     assert output["spans"] == len(speech_track.truth) and output["duration"] == pytest.approx(
         speech_track.duration, abs=0.05
     )

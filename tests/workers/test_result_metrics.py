@@ -44,3 +44,19 @@ def test_envelopes_of_other_families_or_other_shapes_count_nothing() -> None:
     assert counted == []
     # ... yet the metrics are listed (a scrape finds them before their first job).
     assert {m.name for m in registry.collect()} >= {"mediafarm_frames", "mediafarm_model_ms_per_frame"}
+
+
+def test_a_subtitle_envelope_counts_its_recognition_confidence() -> None:
+    registry = CollectorRegistry()
+    metrics = ResultMetrics(families.load().values(), registry)
+    job = {"family": "subtitle", "variant": "whisper-tiny"}
+    metrics.observe({**job, "output": {"confidence": {"scored": 40, "mean": 0.83, "unsure_share": 0.075}}})
+    # pocketsphinx scores no word: nothing observed.
+    metrics.observe({"family": "subtitle", "variant": "pocketsphinx",
+                     "output": {"confidence": {"scored": 0, "mean": None, "unsure_share": None}}})  # fmt: skip
+    assert registry.get_sample_value("mediafarm_recognition_word_probability_count", job) == 1
+    assert registry.get_sample_value("mediafarm_recognition_word_probability_bucket", {**job, "le": "0.8"}) == 0
+    assert registry.get_sample_value("mediafarm_recognition_word_probability_bucket", {**job, "le": "0.9"}) == 1
+    assert registry.get_sample_value("mediafarm_recognition_unsure_share_sum", job) == 0.075
+    assert registry.get_sample_value("mediafarm_recognition_unsure_share_count",
+                                     {"family": "subtitle", "variant": "pocketsphinx"}) is None  # fmt: skip

@@ -40,7 +40,13 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_whisper,
 )
 from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
-from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, SubtitleResult, WhisperParams
+from mediafarm.tasks.families.subtitle.spec import (
+    UNSURE_BELOW,
+    Confidence,
+    SubtitleRequest,
+    SubtitleResult,
+    WhisperParams,
+)
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
 from mediafarm.tasks.families.vad import engines as vad
 from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
@@ -110,6 +116,7 @@ def transcribe(
     heard_language: tuple[str, float | None] | None = None
     model_name = ""
     words = 0
+    probabilities: list[float] = []
     done = 0.0
     with ctx.artifacts.open(JSON_NAME, "w", encoding="utf-8") as canonical:
         segments_out = JsonSegments(canonical)
@@ -126,6 +133,7 @@ def transcribe(
                     cues.add(mapped.words)
                     silent_words.add(mapped.words)
                     words += len(mapped.words)
+                    probabilities += [w.probability for w in mapped.words if w.probability is not None]
             done += window.speech_seconds
             recognising.progress(done / speech_total, stage="recognise", media_seconds=window.end)
             final_until = cues.final_until(window.end)
@@ -151,8 +159,17 @@ def transcribe(
         language=language, language_probability=probability, model=model_name or "none",
         duration=round(vad.duration, 3), speech_seconds=round(sum(s.end - s.start for s in vad.spans), 3),
         spans=len(vad.spans), words=words, cues=len(cues.all), rules=request.rules, timing=report, files=files,
-        playlist=PLAYLIST,
+        playlist=PLAYLIST, confidence=confidence(probabilities),
     )  # fmt: skip
+
+
+def confidence(probabilities: Sequence[float]) -> Confidence:
+    """The recogniser's word probabilities summed up: mean, and the share under ``UNSURE_BELOW``."""
+    if not probabilities:
+        return Confidence()
+    unsure = sum(1 for p in probabilities if p < UNSURE_BELOW)
+    return Confidence(scored=len(probabilities), mean=round(sum(probabilities) / len(probabilities), 4),
+                      unsure_share=round(unsure / len(probabilities), 4))  # fmt: skip
 
 
 def _language(request: SubtitleRequest, heard: tuple[str, float | None] | None) -> tuple[str, float | None]:

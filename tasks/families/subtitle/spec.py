@@ -20,6 +20,7 @@ from mediafarm.tasks.kit import (
     NoParams,
     Params,
     Request,
+    ResultMetric,
     TimeLimits,
     rung,
 )
@@ -95,6 +96,22 @@ class TimingReport(BaseModel):
     late: list[LateCue] = Field(default_factory=list)
 
 
+# A word the recogniser gives less than this probability is one it is unsure of; a rising share of
+# them is the subtitles story's early sign of a failing recogniser (wrong language, noise, a model
+# degraded by its rung).
+UNSURE_BELOW = 0.4
+
+
+class Confidence(BaseModel):
+    """How sure the recogniser was of its words. Attributes: scored (words that came with a
+    probability; pocketsphinx gives none), mean (their mean probability), unsure_share (the share
+    of them under 0.4). mean and unsure_share are None when no word was scored."""
+
+    scored: int = 0
+    mean: float | None = None
+    unsure_share: float | None = None
+
+
 class SubtitleResult(BaseModel):
     """What a subtitle job made.
 
@@ -111,6 +128,8 @@ class SubtitleResult(BaseModel):
         timing: The timestamp checks.
         files: Format → artifact name (``json`` always).
         playlist: The chunked WebVTT playlist's artifact name.
+        confidence: The recogniser's word probabilities, summed up (the workers count them:
+            ``mediafarm_recognition_word_probability``, ``mediafarm_recognition_unsure_share``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -127,6 +146,7 @@ class SubtitleResult(BaseModel):
     timing: TimingReport
     files: dict[str, str]
     playlist: str | None = None
+    confidence: Confidence = Field(default_factory=Confidence)
 
 
 class WhisperParams(Params):
@@ -168,6 +188,17 @@ def _probe(request: SubtitleRequest) -> None:
     probe_audio(request.media)
 
 
+# One observation per finished job that scored its words (docs/operating.md, "Metrics").
+SHARES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+CONFIDENCE_METRICS = (
+    ResultMetric.histogram("recognition_word_probability", "confidence.mean",
+                           "Mean word probability of a finished recognition job", buckets=SHARES),
+    ResultMetric.histogram("recognition_unsure_share", "confidence.unsure_share",
+                           f"Share of a finished recognition job's words under probability {UNSURE_BELOW}",
+                           buckets=SHARES),
+)  # fmt: skip
+
+
 FAMILY = FamilySpec(
     name="subtitle",
     task_name="farm.subtitle.transcribe",
@@ -202,6 +233,7 @@ FAMILY = FamilySpec(
     limits=TimeLimits(soft=3600, hard=3700),
     cli_argument="media",
     ladder_field="ladder",
+    metrics=CONFIDENCE_METRICS,
     summary=summary,
     render=render,
 )

@@ -1,0 +1,67 @@
+"""Allocator hygiene: the CUDA fragmentation index and its threshold (stats dicts shaped as
+torch.cuda.memory_stats() returns them; no GPU here), and MALLOC_ARENA_MAX set where glibc reads it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mediafarm.config.file import ConfigFileError
+from mediafarm.config.pools import Pool
+from mediafarm.workers.gpu_hygiene import decide, fragmentation
+from mediafarm.workers.launch import pool_environment
+
+GB = 1024**3
+
+
+def stats(reserved: float, inactive_split: float) -> dict[str, int]:
+    # A few of the keys torch.cuda.memory_stats() returns, under their real names.
+    return {
+        "reserved_bytes.all.current": int(reserved),
+        "inactive_split_bytes.all.current": int(inactive_split),
+        "allocated_bytes.all.current": int(reserved - inactive_split),
+        "num_alloc_retries": 0,
+    }
+
+
+def test_fragmentation_is_inactive_split_over_reserved() -> None:
+    assert fragmentation(stats(4 * GB, 1 * GB)) == 0.25
+    assert fragmentation(stats(0, 0)) is None  # nothing cached: no index
+    assert fragmentation({}) is None
+
+
+def test_above_the_limit_the_cache_is_emptied_and_the_child_recycled_if_that_was_not_enough() -> None:
+    emptied: list[bool] = []
+    # Below the limit: nothing done.
+    verdict = decide(stats(4 * GB, 0.4 * GB), 0.3, lambda: emptied.append(True), lambda: stats(0, 0))
+    assert (verdict.action, emptied) == ("keep", [])
+    # Above it, and emptying the cache hands the split segments back: enough.
+    verdict = decide(stats(4 * GB, 2 * GB), 0.3, lambda: emptied.append(True), lambda: stats(2 * GB, 0.1 * GB))
+    assert (verdict.action, verdict.before, emptied) == ("empty_cache", 0.5, [True])
+    assert verdict.after == pytest.approx(0.05)
+    # Still above after emptying (live blocks keep the segments split): recycle the child.
+    verdict = decide(stats(4 * GB, 2 * GB), 0.3, lambda: emptied.append(True), lambda: stats(3 * GB, 1.5 * GB))
+    assert (verdict.action, verdict.after) == ("recycle", 0.5)
+    # No limit: measured only.
+    assert decide(stats(4 * GB, 3 * GB), None, lambda: emptied.append(True), dict).action == "keep"
+    assert len(emptied) == 2
+
+
+def test_malloc_arena_max_is_in_the_workers_environment_from_its_pool() -> None:
+    pool = Pool("p", queues=("q",))
+    assert pool.malloc_arena_max == 2
+    assert pool_environment(pool, {"MALLOC_ARENA_MAX": "8"})["MALLOC_ARENA_MAX"] == "2"  # the pool decides
+    glibc_default = Pool("p", queues=("q",), malloc_arena_max=None)
+    assert "MALLOC_ARENA_MAX" not in pool_environment(glibc_default, {"MALLOC_ARENA_MAX": "2"})
+    with pytest.raises(ConfigFileError, match="malloc_arena_max"):
+        Pool("p", queues=("q",), malloc_arena_max=0)
+    with pytest.raises(ConfigFileError, match="gpu_fragmentation_limit"):
+        Pool("p", queues=("q",), gpu_fragmentation_limit=1.5)
+    # glibc reads it at process start: a process started with that environment has it.
+    env = pool_environment(pool, dict(os.environ))
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['MALLOC_ARENA_MAX'])"], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == "2"

@@ -1,0 +1,135 @@
+"""A real worker's /metrics, scraped and parsed as Prometheus does: jobs, attempts, downgrades,
+kills, queue wait and depth, breakers, counted in the main process from every child's jobs."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mediafarm.tasks import keys
+from mediafarm.tasks.app import app
+from mediafarm.tasks.client import JobHandle
+from mediafarm.tasks.errors import JobRejected
+
+pytestmark = pytest.mark.integration
+QUEUE = "metrics-test"  # its own queue: no other worker of the session takes these jobs
+
+
+@pytest.fixture(scope="module")
+def metered_worker(start_worker):
+    from mediafarm.workers.embedded import free_port
+
+    port = free_port()
+    worker = start_worker("chaos", concurrency=2, queues=[QUEUE], env={"FARM_METRICS_PORT": str(port)})
+    worker.metrics_url = f"http://127.0.0.1:{port}/metrics"
+    return worker
+
+
+def submit(family: str, *, queue: str, **fields: object) -> JobHandle:
+    """Sent as a plain Celery client would (what is counted is the worker's, whoever sent the job)."""
+    sent = app.send_task("farm.test.chaos", kwargs=fields, queue=queue)
+    return JobHandle(id=sent.id, family=family)
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the exposition, parsed by prometheus_client's own parser."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def moved_by(before: dict, after: dict, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def eventually(url: str, check: Callable[[dict], bool], timeout: float = 15.0) -> dict:
+    """The first scrape that passes ``check`` (the main process counts an ended job on a thread)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(url)
+        if check(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.1)
+
+
+def test_a_kill_and_its_downgrade_move_their_counters(metered_worker) -> None:
+    url = metered_worker.metrics_url
+    before = scrape(url)
+    job = submit("chaos", ladder="kill_once", queue=QUEUE)
+    envelope = job.wait(timeout=60)
+    assert [a["outcome"] for a in envelope["attempts"]] == ["killed", "ok"]
+    downgrade = {"family": "chaos", "from_variant": "hungry", "to_variant": "frugal", "reason": "killed"}
+    ended = {"family": "chaos", "variant": "frugal", "outcome": "ok"}
+    after = eventually(url, lambda s: moved_by(before, s, "mediafarm_jobs_total", **ended) >= 1)
+
+    def moved(name: str, **labels: str) -> float:
+        return moved_by(before, after, name, **labels)
+
+    assert moved("mediafarm_child_kills_total", pool="chaos", reason="killed") == 1
+    assert moved("mediafarm_downgrades_total", **downgrade) == 1
+    assert moved("mediafarm_jobs_total", **ended) == 1
+    assert moved("mediafarm_attempts_total", family="chaos", variant="hungry", outcome="killed") == 1
+    assert moved("mediafarm_attempts_total", family="chaos", variant="frugal", outcome="ok") == 1
+    # Two deliveries (the submit, the retry after the kill), each waited in the queue.
+    assert moved("mediafarm_queue_wait_seconds_count", family="chaos") == 2
+    assert moved("mediafarm_attempt_seconds_count", family="chaos", variant="hungry", outcome="killed") == 1
+    assert moved("mediafarm_attempt_peak_rss_bytes_count", family="chaos", variant="hungry") == 1
+    assert value(after, "mediafarm_queue_depth", queue=QUEUE) == 0
+    assert ("mediafarm_child_rss_max_bytes", frozenset({("pool", "chaos")})) in after
+
+
+def test_jobs_in_two_children_are_both_counted_once(metered_worker) -> None:
+    url = metered_worker.metrics_url
+    ok = {"family": "chaos", "variant": "a", "outcome": "ok"}
+    rejected = {"family": "chaos", "variant": "strict", "outcome": "rejected"}
+    before = scrape(url)
+    # Both sleep at once: the worker's two children take one each.
+    jobs = [submit("chaos", ladder="steady", plan={"sleep": 1.0}, queue=QUEUE) for _ in range(2)]
+    bad = submit("chaos", ladder="bad", queue=QUEUE)
+    envelopes = [job.wait(timeout=60) for job in jobs]
+    with pytest.raises(JobRejected):
+        bad.wait(timeout=30)
+    assert len({e["output"]["pid"] for e in envelopes}) == 2, "the two jobs ran in one child"
+    after = eventually(url, lambda s: moved_by(before, s, "mediafarm_jobs_total", **ok) >= 2
+                       and moved_by(before, s, "mediafarm_jobs_total", **rejected) >= 1)  # fmt: skip
+    assert moved_by(before, after, "mediafarm_jobs_total", **ok) == 2
+    assert moved_by(before, after, "mediafarm_jobs_total", **rejected) == 1
+    # Counted once in the farm: a second end of the same job (a redelivery) adds nothing.
+    assert app.backend.client.exists(keys.metered(jobs[0].id))
+
+
+def test_a_breaker_opening_and_a_refusal_show_in_the_scrape(metered_worker) -> None:
+    # As tasks.breaker and tasks.admission keep them: a field per rung whose breaker is not closed
+    # (keys.breakers), a count per family and reason that only grows (keys.refusals).
+    client = app.backend.client
+    url = metered_worker.metrics_url
+    field = "kill_once/hungry"
+    labels = {"pool": "chaos", "ladder": "kill_once", "rung": "hungry"}
+    refused = {"family": "chaos", "reason": "depth"}
+    before = scrape(url)
+    assert value(before, "mediafarm_breaker_state", **labels, state="open") == 0
+    now = time.time()
+    breaker = {"state": "open", "since": now, "until": now + 30, "failures": 3, "window_s": 60, "opened": 1}
+    client.hset(keys.breakers("chaos"), field, json.dumps(breaker))
+    client.hincrby(keys.refusals("chaos"), "depth", 1)
+    try:
+        samples = scrape(url)
+        assert value(samples, "mediafarm_breaker_state", **labels, state="open") == 1
+        assert value(samples, "mediafarm_breaker_openings", **labels) == 1
+        moved = value(samples, "mediafarm_admission_refusals_total", **refused)
+        assert moved - value(before, "mediafarm_admission_refusals_total", **refused) == 1
+    finally:
+        client.hdel(keys.breakers("chaos"), field)
+    assert value(scrape(url), "mediafarm_breaker_state", **labels, state="open") == 0

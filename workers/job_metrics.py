@@ -1,0 +1,180 @@
+"""What every finished job tells the worker's metrics: its end, its attempts, its downgrades, its times.
+
+Counted in the worker's MAIN process (the one whose registry is served), never in a pool child:
+a child's counters would die with it (the watchdog SIGKILLs children) and no scrape reaches it.
+The main process hears that a job ended (``workers.metrics.MeteredRequest``) and reads the job's
+attempt history back from Redis on a thread of its own; the history holds every attempt, on
+whichever worker or child it ran, each with its rung, outcome, start, duration and peak RSS.
+
+Each job is counted once in the whole farm, by the first worker that sees it ended: a marker key
+(``keys.metered``) set with NX decides, so a redelivered job that ends again on another worker is
+not counted twice. Sum a metric over the workers to get the farm's figure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from mediafarm.tasks import keys
+
+log = logging.getLogger("mediafarm.metrics")
+
+# Seconds: interactive jobs wait and run well under a second, batch ones for an hour.
+TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+MB = 1024 * 1024
+RSS_BUCKETS = tuple(mb * MB for mb in (64, 128, 256, 512, 1024, 1536, 2048, 4096, 8192, 16384))
+# Moves a job one rung down (records.Outcome.moves_down), as stored; a newer farm's own reasons for
+# starting lower (a breaker, memory pressure) arrive as whatever the history says.
+READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+TERMINAL_OUTCOMES = frozenset({"rejected", "error", "cancelled"})
+
+
+class JobMetrics:
+    """The farm-wide job metrics, on one registry (the served one by default)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.jobs = Counter(
+            "mediafarm_jobs_total", "Jobs ended, by family, the rung they ended on and how they ended",
+            ["family", "variant", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.attempts = Counter(
+            "mediafarm_attempts_total", "Attempts of ended jobs, by family, rung and outcome",
+            ["family", "variant", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.downgrades = Counter(
+            "mediafarm_downgrades_total", "Jobs moved from one rung to a lower one, by the reason the first one lost",
+            ["family", "from_variant", "to_variant", "reason"], registry=registry,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "mediafarm_queue_wait_seconds",
+            "Seconds from a job's message being sent (submit, or a retry) to a child starting it",
+            ["family"], buckets=TIME_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.run_time = Histogram(
+            "mediafarm_attempt_seconds", "Seconds an attempt ran, by family, rung and outcome",
+            ["family", "variant", "outcome"], buckets=TIME_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.first_output = Histogram(
+            "mediafarm_first_output_seconds",
+            "Seconds from the start of a job's last attempt to its first partial output (streaming engines)",
+            ["family", "variant"], buckets=TIME_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.peak_rss = Histogram(
+            "mediafarm_attempt_peak_rss_bytes", "Peak RSS of the child during an attempt",
+            ["family", "variant"], buckets=RSS_BUCKETS, registry=registry,
+        )  # fmt: skip
+
+    def observe_wait(self, family: str, sent: Any, started: float) -> None:
+        """A delivery's wait in the queue: ``sent`` is the message's ``farm_sent`` header (Unix time)."""
+        try:
+            wait = started - float(sent)
+        except (TypeError, ValueError):
+            return
+        if math.isfinite(wait):
+            # Clocks of two machines disagree a little: a negative wait is a zero one.
+            self.queue_wait.labels(family=family).observe(max(0.0, wait))
+
+    def observe_end(self, family: str, state: str, attempts: Sequence[Mapping[str, Any]], first_output: Any) -> None:
+        """Count one ended job from its stored state and its attempt history (JSON dicts)."""
+        for attempt in attempts:
+            variant, outcome = str(attempt.get("variant", "")), str(attempt.get("outcome") or "open")
+            self.attempts.labels(family=family, variant=variant, outcome=outcome).inc()
+            duration = _number(attempt.get("duration"))
+            if duration is not None:
+                self.run_time.labels(family=family, variant=variant, outcome=outcome).observe(duration)
+            rss = _number(attempt.get("peak_rss_mb"))
+            if rss is not None:
+                self.peak_rss.labels(family=family, variant=variant).observe(rss * MB)
+        for before, after in zip(attempts, attempts[1:], strict=False):
+            if _number(after.get("rung"), -1) > _number(before.get("rung"), -1):  # type: ignore[operator]
+                self.downgrades.labels(
+                    family=family, from_variant=str(before.get("variant", "")),
+                    to_variant=str(after.get("variant", "")), reason=downgrade_reason(before),
+                ).inc()  # fmt: skip
+        last = attempts[-1] if attempts else {}
+        variant = str(last.get("variant", "")) or "-"
+        self.jobs.labels(family=family, variant=variant, outcome=job_outcome(state, last)).inc()
+        first = _number(first_output)
+        started = _number(last.get("started"))
+        if state == "SUCCESS" and first is not None and started is not None:
+            self.first_output.labels(family=family, variant=variant).observe(max(0.0, first - started))
+
+
+def downgrade_reason(attempt: Mapping[str, Any]) -> str:
+    """Why a job left a rung: the attempt's outcome (``killed``, ``oom``, ``cuda_oom``, ``timeout``,
+    ``unavailable``), or for a rung the farm chose to skip, ``breaker`` (its breaker was open on
+    the pool) or ``pressure`` (the pool was short of memory and the ladder steps down)."""
+    outcome = str(attempt.get("outcome") or "open")
+    if outcome != "skipped":
+        return outcome
+    reason = str(attempt.get("reason", ""))
+    if reason.startswith("breaker"):
+        return "breaker"
+    return "pressure" if "pressure" in reason else outcome
+
+
+def job_outcome(state: str, last: Mapping[str, Any]) -> str:
+    """How a job ended, in one word: ``ok``, ``cancelled``, ``rejected``, ``error``, or
+    ``exhausted`` (every rung ran out of resources: its last attempt moved it down, nowhere)."""
+    if state == "SUCCESS":
+        return "ok"
+    if state == "REVOKED":
+        return "cancelled"
+    outcome = str(last.get("outcome") or "")
+    if outcome in TERMINAL_OUTCOMES:
+        return outcome
+    return "exhausted" if outcome else "error"
+
+
+def _number(value: Any, default: float | None = None) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return default
+    return float(value)
+
+
+class EndReader:
+    """Reads an ended job back from Redis (state, history, first output) and counts it once.
+
+    ``on_success``: also called with the stored result of a job that succeeded (the families'
+    declared result numbers, ``workers.metrics.ResultMetrics``).
+    """
+
+    def __init__(self, metrics: JobMetrics, on_success: Callable[[Any], None] | None = None) -> None:
+        self.metrics, self.on_success = metrics, on_success
+
+    def count(self, backend: Any, job_id: str, family: str, ttl: int) -> bool:
+        """Count job ``job_id`` if it has ended and no worker has counted it yet; True if counted."""
+        client = backend.client
+        pipe = client.pipeline(transaction=False)
+        pipe.get(backend.get_key_for_task(job_id))
+        pipe.lrange(keys.history(job_id), 0, -1)
+        pipe.get(keys.first_output(job_id))
+        raw_meta, raw_history, first_output = pipe.execute()
+        meta = json.loads(raw_meta) if raw_meta else {}
+        state = str(meta.get("status", ""))
+        if state not in READY_STATES:
+            return False
+        if not client.set(keys.metered(job_id), 1, nx=True, ex=max(ttl, 1)):
+            return False  # another worker (or an earlier end of this one) counted it
+        attempts = [json.loads(raw) for raw in raw_history]
+        result = meta.get("result")
+        if isinstance(result, Mapping) and isinstance(result.get("attempts"), list):
+            # A SUCCESS made the envelope's history the job's (tasks.result_backend): read that one.
+            attempts = [a for a in result["attempts"] if isinstance(a, Mapping)]
+        self.metrics.observe_end(family, state, attempts, _float_or_none(first_output))
+        if state == "SUCCESS" and self.on_success is not None:
+            self.on_success(result)
+        return True
+
+
+def _float_or_none(raw: Any) -> float | None:
+    try:
+        return float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
