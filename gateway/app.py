@@ -14,7 +14,7 @@ from pydantic.json_schema import models_json_schema
 
 from mediafarm import __version__
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway import jobs, openai_models, rooms, speech, uploads
+from mediafarm.gateway import jobs, openai_models, rooms, speech, transcriptions, uploads
 from mediafarm.gateway import metrics as gateway_metrics
 from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
@@ -39,7 +39,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     jobs.add_family_routes(app, specs)  # before the routers: /v1/jobs/<family> ahead of /v1/jobs/{family}
     app.include_router(jobs.router)
     app.include_router(uploads.router)
-    app.include_router(speech.router)  # OpenAI's routes: /v1/audio/speech, /v1/models
+    app.include_router(speech.router)  # OpenAI's routes: /v1/audio/speech and /transcriptions, /v1/models
+    app.include_router(transcriptions.router)
     app.include_router(openai_models.router)
     app.include_router(rooms.router)  # WebSocket /v1/rooms/{room}: dialogue rooms
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["farm"], summary="Is the farm's Redis reachable?")

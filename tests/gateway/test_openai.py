@@ -14,7 +14,9 @@ import openai
 import pytest
 
 from mediafarm.config.settings import get_settings
+from mediafarm.gateway.security import owner_of
 from tests.gateway.conftest import TOKEN
+from tests.integration.test_subtitle_jobs import tiny_en, wer, words_of  # noqa: F401 - tiny_en is a fixture
 
 pytestmark = pytest.mark.integration
 # The first sentence is a chunk of its own (the first audio comes soon); the rest are 400-character chunks.
@@ -130,6 +132,84 @@ def test_speech_errors_name_the_field_the_model_or_the_voice(cpu_worker, oai, ga
             stranger.audio.speech.create(model="tts-1", voice="default", input="Hi.")
         with pytest.raises(openai.AuthenticationError, match="not one this gateway accepts"):
             stranger.models.list()
+
+
+@pytest.fixture(scope="module")
+def talk(speech_track, tmp_path_factory) -> Path:
+    """The espeak-ng track as Ogg Opus, as a client would upload it (smaller than the tests' upload limit)."""
+    target = tmp_path_factory.mktemp("openai") / "talk.ogg"
+    with av.open(str(speech_track.path)) as source, av.open(str(target), "w") as out:
+        stream = out.add_stream("libopus", rate=48000, layout="mono")
+        stream.bit_rate = 24000
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=48000)
+        for frame in source.decode(audio=0):
+            for resampled in resampler.resample(frame):
+                resampled.pts = None
+                out.mux(stream.encode(resampled))
+        out.mux(stream.encode(None))
+    return target
+
+
+def truth() -> list[str]:
+    from tests.support.speech import PHRASES
+
+    return words_of(" ".join(PHRASES))
+
+
+def cue_words(text: str) -> list[str]:
+    """The words of an SRT or WebVTT file: its lines but the header, numbers and timings."""
+    lines = [line for line in text.splitlines() if line.strip() and "-->" not in line and not line.strip().isdigit()]
+    return words_of(" ".join(line for line in lines if line.strip() != "WEBVTT"))
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "verbose_json"])
+def test_transcriptions_are_close_to_the_truth_in_every_format(cpu_worker, tiny_en, speech_track, talk, oai, fmt):
+    extra = {"timestamp_granularities": ["word", "segment"]} if fmt == "verbose_json" else {}
+    with talk.open("rb") as audio:
+        answer = oai.audio.transcriptions.create(
+            model="whisper-1" if fmt == "json" else "whisper-tiny", file=audio, response_format=fmt,
+            language="en", prompt="Household sentences.", temperature=0.0, **extra,
+        )  # fmt: skip
+    if fmt in ("text", "srt", "vtt"):
+        assert isinstance(answer, str)
+        heard = cue_words(answer) if fmt != "text" else words_of(answer)
+        if fmt == "srt":
+            assert "00:00:01," in answer or "00:00:0" in answer.split("\n")[1]
+        if fmt == "vtt":
+            assert answer.startswith("WEBVTT")
+    else:
+        heard = words_of(answer.text)
+    assert wer(truth(), heard) < 0.35, heard
+    if fmt == "verbose_json":
+        assert answer.language == "en" and answer.duration == pytest.approx(speech_track.duration, abs=0.05)
+        segments, words = answer.segments, answer.words
+        assert segments and words and len(words) >= len(truth()) - 4
+        starts = [w.start for w in words]
+        assert starts == sorted(starts) and all(w.end >= w.start for w in words)
+        # Each sentence's first word starts near its true onset (the track's known silences).
+        onsets = [start for start, _ in speech_track.truth]
+        assert all(min(abs(s.start - onset) for s in segments) < 0.5 for onset in onsets)
+
+
+def test_transcription_errors_name_the_field_or_the_model(cpu_worker, oai, gateway_url, talk) -> None:
+    with talk.open("rb") as audio, pytest.raises(openai.NotFoundError, match="model 'gpt-4o-transcribe'"):
+        oai.audio.transcriptions.create(model="gpt-4o-transcribe", file=audio)
+    with talk.open("rb") as audio:
+        with pytest.raises(openai.UnprocessableEntityError, match="transcription request: response_format"):
+            oai.audio.transcriptions.create(model="whisper-1", file=audio, response_format="diarized_json")
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key="wrong", max_retries=0) as stranger:
+        with talk.open("rb") as audio, pytest.raises(openai.AuthenticationError):
+            stranger.audio.transcriptions.create(model="whisper-1", file=audio)
+    uploads = get_settings().uploads_folder / owner_of(TOKEN)
+    held = sorted(uploads.iterdir()) if uploads.is_dir() else []
+    with httpx.Client(base_url=gateway_url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        no_file = http.post("/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"x": ("a.txt", b"a")})
+        assert no_file.status_code == 422 and "'file'" in no_file.json()["detail"]
+        not_audio = http.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                              files={"file": ("notes.wav", b"this is no audio at all" * 10)})  # fmt: skip
+        assert not_audio.status_code == 422 and "ended FAILURE" in not_audio.json()["detail"], not_audio.text
+    # Nothing of these requests is left in the uploads: the file a job read went when the job ended.
+    assert sorted(uploads.iterdir()) == held
 
 
 def test_models_lists_the_ladders_rungs_and_aliases_a_worker_takes(cpu_worker, oai) -> None:
