@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Generator, Mapping
+from functools import partial
 from typing import Any
 
 from celery import Celery, Task
@@ -24,6 +25,7 @@ from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Rung
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families, soft_time_limit
+from mediafarm.tasks.admission import pool_under_pressure
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.breaker import RungGuard, ladder_identity, pool_breakers
 from mediafarm.tasks.context import EngineContext, JobChannel
@@ -174,6 +176,7 @@ class FarmTask(Task):
                     pool_breakers(self.backend.client, settings.pool),
                     # A probe's claim outlives its longest attempt; a claim its lost worker left lapses then.
                     probe_s=float(self.farm_hard_limit or 3600) + 60,
+                    pressure=partial(pool_under_pressure, settings.pool, self.backend.client),
                 ),
             )
             outcome: Envelope | RetryRequest = run_ladder(job, run_rung)

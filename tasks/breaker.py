@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy
+from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy, ladder_policy
 from mediafarm.config.ladders import Ladder
 from mediafarm.tasks import keys
 from mediafarm.tasks.records import RESOURCE_OUTCOMES, Attempt, Outcome
@@ -262,6 +262,36 @@ def pool_breakers(client: Any, pool: str) -> Breakers:
     return found
 
 
+def count_kill(client: Any, pool: str, task_name: str, fields: Any, job_id: str, pid: int, outcome: Outcome) -> str:
+    """Count the watchdog's kill of ``job_id``'s child against its rung's breaker at once.
+
+    Called in the worker's main process as it kills (``workers.guards``). The job's next delivery
+    counts the same attempt again when it settles it, but that may be long after: a retried job
+    goes to the back of its queue, and every job queued before it would meet the failing rung
+    first. Both count the attempt under the same member, so it counts once. Returns what the
+    breaker did ('' when nothing was counted: not a farm job, breaker off, no open attempt of
+    that child).
+    """
+    from mediafarm.tasks import families
+
+    spec = families.by_task_name(task_name)
+    if spec is None:
+        return ""
+    name = fields.get(spec.ladder_field) if spec.ladder_field and isinstance(fields, dict) else None
+    ladder = families.ladder_for(spec, name if isinstance(name, str) else None)
+    policy = ladder_policy(ladder_identity(ladder))
+    if not policy.breaker.enabled:
+        return ""
+    raw = client.lindex(keys.history(job_id), -1)
+    if raw is None:
+        return ""
+    attempt = Attempt.from_json(json.loads(raw))
+    if attempt.outcome is not None or attempt.pid != pid:
+        return ""
+    attempt.outcome = outcome
+    return pool_breakers(client, pool).failed(ladder_identity(ladder), attempt.variant, policy.breaker, attempt, job_id)
+
+
 def read_breakers(client: Any, pool: str | None = None) -> list[BreakerState]:
     """Every breaker not closed, of one pool or of all (for ``farm families`` and the metrics)."""
     names = [keys.breakers(pool)] if pool else sorted(client.scan_iter(match=keys.breakers("*"), count=1000))
@@ -319,7 +349,7 @@ class RungGuard:
             # A new job (nothing run or skipped by choice yet): one rung lower, once.
             reading = self._pressure()
             if reading:
-                return f"memory pressure on this pool ({reading}); the ladder steps down under pressure"
+                return f"{reading}; the ladder steps down under pressure (a new job starts one rung lower)"
         if self.breakers is None:
             return None
         rung = self.ladder.rungs[index].name

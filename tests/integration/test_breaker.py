@@ -110,3 +110,24 @@ def test_watchdog_kills_open_it_too(two_workers: tuple[Any, Any], clean: None) -
     assert seen(envelope) == [("hungry", "skipped"), ("frugal", "ok")]
     assert "2 failures in 60 s" in envelope["attempts"][0]["reason"]
 
+
+def test_under_memory_pressure_a_ladder_that_steps_down_starts_new_jobs_one_rung_lower(
+    two_workers: tuple[Any, Any],
+) -> None:
+    from mediafarm.tasks.admission import Reading, publish_reading
+    from mediafarm.tasks.client import JobHandle
+
+    def send() -> dict[str, Any]:
+        # Straight to the queue, as a foreign client may: the worker decides, whatever the producer did.
+        result = app.send_task("farm.test.chaos", kwargs={"ladder": "pressure_steps"}, queue=QUEUES[0])
+        return JobHandle(result.id, "chaos").wait(timeout=60)
+
+    assert seen(send()) == [("roomy", "ok")]
+    # Any fresh reading of one worker of the pool below its thresholds is pressure on the pool.
+    publish_reading(app.backend.client, "chaos", Reading("squeezed@test", time.time(), 1.0, 64_000.0, {}))
+    envelope = send()
+    assert seen(envelope) == [("roomy", "skipped"), ("snug", "ok")]
+    reason = envelope["attempts"][0]["reason"]
+    assert "pool 'chaos' is under memory pressure" in reason and "the ladder steps down under pressure" in reason
+    app.backend.client.delete(keys.pressure("chaos"))
+    assert seen(send()) == [("roomy", "ok")]

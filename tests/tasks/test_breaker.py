@@ -172,12 +172,13 @@ def test_an_open_last_rung_runs_anyway_and_says_so(redis_url: str, pool: str, lo
 
 def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: str, log: AttemptLog) -> None:
     b = worker(redis_url, pool, Clock())
-    readings = iter(["available 180 MiB < 512 MiB", "available 150 MiB < 512 MiB"])
+    readings = iter(["pool 'bt' is under memory pressure: 180 MiB available", "pool 'bt' ...: 150 MiB available"])
     envelope = run(log, guard(b, log.job_id, pressure=lambda: next(readings)), lambda r: {})
     skipped, ran = envelope.attempts
     assert (skipped.variant, skipped.outcome, ran.variant) == ("big", Outcome.SKIPPED, "small")
     assert skipped.reason == (
-        "memory pressure on this pool (available 180 MiB < 512 MiB); the ladder steps down under pressure"
+        "pool 'bt' is under memory pressure: 180 MiB available; the ladder steps down under pressure (a new "
+        "job starts one rung lower)"
     )
     # Without pressure, or for a ladder that does not declare the step-down, the job starts on top.
     calm = AttemptLog(log.client, f"{log.job_id}-2", ttl=60)
