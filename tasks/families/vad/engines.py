@@ -2,14 +2,16 @@
 
 Each engine streams the media through :func:`mediafarm.tasks.media.decode.audio_blocks`, so memory
 does not grow with the media's length, and reports progress and checks for cancellation once a
-block (10 s of audio). Callable without a broker: ``silero(EngineContext.local(), VadRequest(media=...),
-SileroParams())``.
+block (10 s of audio). silero runs once per block over all of the block's 512-sample windows
+(silero-vad's sequence model: the LSTM's state carried inside onnxruntime), not once per window.
+Callable without a broker: ``silero(EngineContext.local(), VadRequest(media=...), SileroParams())``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import importlib.util
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from mediafarm.tasks.kit import EngineContext, NoParams, Span
 from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
 
 SILERO_WINDOW = 512  # samples at 16 kHz: the only window size silero-vad 5+ accepts
+SILERO_CONTEXT = 64  # samples of the window before that the model sees with each window
+SILERO_SEQUENCE_MODEL = "silero_vad_16k_sequence.onnx"  # shipped in silero-vad >= 6.2
 WEBRTC_FRAME = 480  # 30 ms at 16 kHz, one of the three frame sizes webrtcvad accepts
 
 
@@ -36,7 +40,8 @@ class _Windows:
         self.ctx, self.stage = ctx, stage
         self.expected = probe_duration(path)  # from the header; None when the container does not say
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The windows a decoded block completes, as one ``(n, size)`` array (n >= 1)."""
         size = self.size
         carry = np.zeros(0, dtype=np.float32)
         for block in audio_blocks(self.path):
@@ -47,26 +52,97 @@ class _Windows:
             if carry.size:
                 block = np.concatenate([carry, block])
             usable = block.size - block.size % size
-            for i in range(0, usable, size):
-                yield block[i : i + size]
             carry = block[usable:]
+            if usable:
+                yield block[:usable].reshape(-1, size)
         if carry.size:
-            yield np.pad(carry, (0, size - carry.size))
+            yield np.pad(carry, (0, size - carry.size)).reshape(1, size)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for windows in self.blocks():
+            yield from windows
 
 
 @functools.lru_cache(maxsize=1)
 def _silero_model() -> Any:
-    """The silero ONNX model, loaded once per child process on first use."""
-    import torch
-    from silero_vad import load_silero_vad
+    """silero-vad's sequence ONNX model, loaded once per child process on first use.
 
-    # One intra-op thread: a pool runs one child per core, and oversubscription costs more than it gives.
-    torch.set_num_threads(1)
-    return load_silero_vad(onnx=True)
+    The same weights as the streaming ``silero_vad.onnx``, exported so that one session call takes
+    a whole run of windows, ``(windows, 64 + 512)``, and carries the LSTM's state from window to
+    window inside onnxruntime: per-window probabilities equal the streaming model's bit for bit
+    (tests/tasks/families/test_vad_batched.py), at a fraction of its per-window Python and session
+    overhead. The file is found without importing the ``silero_vad`` package, which imports torch.
+    """
+    import onnxruntime as ort
+
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("silero_vad", name="silero_vad")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / SILERO_SEQUENCE_MODEL
+    options = ort.SessionOptions()
+    # One thread: a pool runs one child per core, and oversubscription costs more than it gives.
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
 def silero_version() -> str:
     return f"silero-vad {version('silero-vad')} (onnx)"
+
+
+def _with_context(windows: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """silero's model input for ``(n, 512)`` windows: each row prefixed with the last 64 samples of
+    the window before (``context`` before the first), as silero's ``OnnxWrapper`` builds it window
+    by window. Returns the ``(n, 576)`` rows and the context for the next block."""
+    rows = np.empty((windows.shape[0], SILERO_CONTEXT + SILERO_WINDOW), dtype=np.float32)
+    rows[:, SILERO_CONTEXT:] = windows
+    rows[0, :SILERO_CONTEXT] = context
+    rows[1:, :SILERO_CONTEXT] = windows[:-1, -SILERO_CONTEXT:]
+    return rows, windows[-1, -SILERO_CONTEXT:].copy()
+
+
+def silero_rows(windows: _Windows) -> Iterator[np.ndarray]:
+    """The model's input rows, one ``(n, 576)`` array per decoded block."""
+    context = np.zeros(SILERO_CONTEXT, dtype=np.float32)  # zeros before the first window, as silero's
+    for block in windows.blocks():
+        rows, context = _with_context(block, context)
+        yield rows
+
+
+class _SpanTracker:
+    """silero's ``VADIterator`` decisions over a stream of window probabilities, in samples.
+
+    The same rules, window for window (start: the first window at or above ``threshold``, padded;
+    end: after ``min_silence_ms`` below ``threshold - 0.15``, at the first such window, padded), so
+    that the farm's spans are the ones its streaming iterator gave before windows were batched.
+    """
+
+    def __init__(self, params: SileroParams) -> None:
+        self.threshold = params.threshold
+        self.negative = params.threshold - 0.15  # VADIterator's, not clamped as get_speech_timestamps does
+        self.min_silence = SAMPLE_RATE * params.min_silence_ms / 1000
+        self.pad = SAMPLE_RATE * params.speech_pad_ms / 1000
+        self.triggered, self.temp_end, self.current = False, 0, 0
+        self.start: int | None = None
+        self.spans: list[tuple[int, int]] = []
+
+    def feed(self, probabilities: Iterable[float]) -> None:
+        threshold, negative, window = self.threshold, self.negative, SILERO_WINDOW
+        for p in probabilities:
+            self.current += window
+            if p >= threshold:
+                self.temp_end = 0
+                if not self.triggered:
+                    self.triggered = True
+                    self.start = int(max(0, self.current - self.pad - window))
+            elif p < negative and self.triggered:
+                if not self.temp_end:
+                    self.temp_end = self.current
+                if self.current - self.temp_end >= self.min_silence:
+                    end = int(self.temp_end + self.pad - window)
+                    if self.start is not None:
+                        self.spans.append((self.start, end))
+                    self.start, self.temp_end, self.triggered = None, 0, False
 
 
 def answers_no_audio(engine: Callable[..., VadResult]) -> Callable[..., VadResult]:
@@ -85,37 +161,19 @@ def answers_no_audio(engine: Callable[..., VadResult]) -> Callable[..., VadResul
 
 @answers_no_audio
 def silero(ctx: EngineContext, request: VadRequest, params: SileroParams) -> VadResult:
-    """Speech spans by silero-vad's streaming iterator over 512-sample windows."""
-    # torch only here, in the pool child: the worker's main process must never import it.
-    import torch
-    from silero_vad import VADIterator
-
-    iterator = VADIterator(
-        _silero_model(),
-        threshold=params.threshold,
-        sampling_rate=SAMPLE_RATE,
-        min_silence_duration_ms=params.min_silence_ms,
-        speech_pad_ms=params.speech_pad_ms,
-    )
-    spans: list[Span] = []
-    start: int | None = None
+    """Speech spans by silero-vad, one ONNX call per decoded block (10 s, ~312 windows)."""
+    session = _silero_model()
+    tracker = _SpanTracker(params)
     windows = _Windows(Path(request.media), SILERO_WINDOW, ctx, "silero-vad")
-    try:
-        with torch.inference_mode():
-            for window in windows:
-                event = iterator(torch.from_numpy(window))
-                if not event:
-                    continue
-                if "start" in event:
-                    start = int(event["start"])
-                if "end" in event and start is not None:
-                    spans.append(Span(start / SAMPLE_RATE, int(event["end"]) / SAMPLE_RATE))
-                    start = None
-    finally:
-        iterator.reset_states()  # the cached model is reused by this child's next job
+    h = np.zeros((1, 1, 128), dtype=np.float32)  # the LSTM's state, carried from block to block
+    c = np.zeros((1, 1, 128), dtype=np.float32)
+    for rows in silero_rows(windows):
+        probabilities, h, c = session.run(["speech_probs", "hn", "cn"], {"input": rows, "h": h, "c": c})
+        tracker.feed(probabilities.reshape(-1).tolist())
     duration = windows.samples / SAMPLE_RATE
-    if start is not None:  # speech runs to the end of the media
-        spans.append(Span(start / SAMPLE_RATE, duration))
+    spans = [Span(start / SAMPLE_RATE, end / SAMPLE_RATE) for start, end in tracker.spans]
+    if tracker.start is not None:  # speech runs to the end of the media
+        spans.append(Span(tracker.start / SAMPLE_RATE, duration))
     spans = [Span(s.start, min(s.end, duration)) for s in spans if s.start < duration]
     return VadResult(spans=spans, duration=duration, model=silero_version())
 

@@ -106,13 +106,13 @@ FAMILY = FamilySpec(
     result=VadResult,
     engines={
         "silero": EngineSpec(
-            f"{ENGINES}:silero", SileroParams, needs=("silero_vad", "torch", "onnxruntime", "av", "numpy"), extra="vad"
+            f"{ENGINES}:silero", SileroParams, needs=("silero_vad", "onnxruntime", "av", "numpy"), extra="vad"
         ),
         "webrtc": EngineSpec(f"{ENGINES}:webrtc", WebrtcParams, needs=("webrtcvad", "av", "numpy"), extra="vad"),
         "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av", "numpy"), extra="vad"),
     },
     ladder=(
-        # Streaming silero over PyAV blocks; one ONNX thread per child, so concurrency = cores.
+        # silero over PyAV blocks, one ONNX call per 10 s block; one ONNX thread per child, so concurrency = cores.
         rung("silero-onnx", "silero", threshold=0.5, min_silence_ms=300, speech_pad_ms=30),
         # webrtcvad: a few MB, no torch; coarser boundaries.
         rung("webrtc", "webrtc", aggressiveness=2, min_silence_ms=300, min_speech_ms=150),
