@@ -83,9 +83,10 @@ class BreakerState:
     def reason(self) -> str:
         """Why a job skips the rung, in the words its history keeps."""
         again = f", reopened after {self.opened - 1} failed probe(s)" if self.opened > 1 else ""
+        now = f"job {self.probe} probes it" if self.state == HALF_OPEN else f"cool-down until {_utc(self.until)}"
         return (
             f"breaker open since {_utc(self.since)}, {self.failures} failures in {self.window_s:g} s on pool "
-            f"{self.pool}{again}; cool-down until {_utc(self.until)}"
+            f"{self.pool}{again}; {now}"
         )
 
 

@@ -102,7 +102,8 @@ def test_a_failed_probe_opens_it_again_and_a_lost_one_lets_another_probe(redis_u
     clock.now += 30
     assert a.decide("lad", "big", "p2", 100, 0)[0] == PROBE
     clock.now += 99  # its claim is still good ...
-    assert b.decide("lad", "big", "p3", 100, 0)[0] == SKIP
+    verdict, state = b.decide("lad", "big", "p3", 100, 0)
+    assert verdict == SKIP and state is not None and state.reason().endswith("; job p2 probes it")
     clock.now += 1  # ... and lapses: its worker was lost
     assert b.decide("lad", "big", "p3", 100, 0)[0] == PROBE
     # A probe that ended neither well nor by resource (bad input) hands the probe on at once.
