@@ -196,3 +196,29 @@ def test_a_high_priority_job_submitted_last_starts_before_the_waiting_low_ones(w
     # Refused on the way in: a priority outside the scale.
     with pytest.raises(ValueError, match="priority must be an integer from 0 to 9"):
         submit("chaos", queue=PRIORITY_QUEUE, priority=10)
+
+
+AMQP_SCRIPT = """
+import sys
+from mediafarm import Overloaded, submit
+queue = sys.argv[1]
+for priority in (9, 0):
+    submit("chaos", queue=queue, priority=priority)
+try:
+    submit("chaos", queue=queue)
+except Overloaded as exc:
+    print("refused", exc.reason, exc)
+"""
+
+
+def test_on_rabbitmq_the_depth_is_the_quorum_queues_message_count(amqp_url, redis_url, tmp_path) -> None:
+    # A producer of its own: the settings (broker, limits) are read once per process.
+    config = tmp_path / "farm.toml"
+    config.write_text((REPO / "tests" / "support" / "farm-test.toml").read_text()
+                      + "\n[admission]\ndepth_cache = 0\n[admission.families.chaos]\nmax_queued = 2\n")  # fmt: skip
+    env = {**os.environ, "FARM_BROKER_URL": amqp_url, "FARM_RESULT_BACKEND": redis_url, "FARM_CONFIG_FILE": str(config)}
+    queue = f"admission-amqp-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.run([sys.executable, "-c", AMQP_SCRIPT, queue], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused depth" in proc.stdout and "2 jobs are waiting, the limit is 2" in proc.stdout, proc.stdout
