@@ -102,6 +102,9 @@ def pressed(client: redis.Redis, pool: str) -> Iterator[None]:
 
 def test_a_family_at_its_depth_limit_refuses_and_accepts_again_once_drained(worker, backend, limits) -> None:
     limits(max_queued=3, max_queued_per_tenant=2, retry_after=7)
+    # The worker publishes its pool's memory reading (``workers.pressure``), what pressure is judged on.
+    mine = [r for r in admission.readings(backend, "chaos") if r.worker == worker.node]
+    assert mine and 0 < mine[0].available_mb <= mine[0].total_mb, admission.readings(backend, "chaos")
     first = blocker(DEPTH_QUEUE, backend, seconds=2.0)
     waiting = [submit("chaos", queue=DEPTH_QUEUE, job_id=f"adm-{uuid.uuid4()}", tenant="t-a") for _ in range(2)]
     waiting.append(submit("chaos", queue=DEPTH_QUEUE))
