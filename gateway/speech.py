@@ -1,12 +1,14 @@
 """``POST /v1/audio/speech``: OpenAI's speech route, answered by a TTS job whose chunks stream out
 as they are made (chunked transfer: the first chunk's audio leaves while later ones are spoken).
 
-The job is an ordinary ``tts`` job, submitted with the producer API under a fresh id, so it can be
-followed, fetched and cancelled like any other (``X-Farm-Job`` names it; ``Location`` is its
-URL). The response's headers are sent with its first chunk: ``X-Farm-Rung`` names the rung that
-speaks it. A job that fails before its first chunk is an HTTP error; one whose audio was already
-being sent and cannot go on (``speech_stream``) ends with a body cut short, which clients report
-as an error. A client that hangs up before the end cancels the job.
+The job is an ordinary ``tts`` job, submitted with the producer API under a fresh id (or the
+request's ``Idempotency-Key``), so it can be followed, fetched and cancelled like any other
+(``X-Farm-Job`` names it; ``Location`` is its URL). The response's headers are sent with its first
+chunk: ``X-Farm-Rung`` names the rung that speaks it. A job that fails before its first chunk is
+an HTTP error; one whose audio was already being sent and cannot go on (``speech_stream``) ends
+with a body cut short, which clients report as an error. A client that hangs up before the end
+cancels the job, unless it sent an ``Idempotency-Key``: the same key sent again streams the same
+job's audio again from its start, without speaking it twice.
 """
 
 from __future__ import annotations
@@ -14,22 +16,24 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
-from mediafarm.gateway.jobs import _json_body, job_url
+from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, _json_body, job_url, overloaded
 from mediafarm.gateway.openai_models import SPEECH, UnknownModel, openai_router, resolve
+from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest, Overloaded, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
 from mediafarm.tasks.family import describe_validation_error
 from mediafarm.tasks.handles import JobHandle
@@ -85,7 +89,20 @@ def _in_openai_words(message: str) -> str:
                      "description": "the audio, chunked; X-Farm-Rung and X-Farm-Job say who spoke it"},
                404: {"description": "unknown model or voice"}, 422: {"description": "a field does not fit"}},
 )  # fmt: skip
-async def speech(request: Request) -> StreamingResponse:
+async def speech(
+    request: Request,
+    who: Annotated[Caller, Depends(caller)],
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="The job's id: sent again, the same key streams the same job's audio again from its start"),
+    ] = None,
+    x_priority: Annotated[
+        int, Header(ge=MIN_PRIORITY, le=MAX_PRIORITY, description="The job's priority: higher runs first")
+    ] = DEFAULT_PRIORITY,
+) -> StreamingResponse:
+    if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
+        raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
+                                 "starting with a letter or digit")  # fmt: skip
     asked = _parse(await _json_body(request))
     try:
         model = resolve(SPEECH, asked.model)
@@ -102,17 +119,25 @@ async def speech(request: Request) -> StreamingResponse:
                               "format": JOB_FORMAT[asked.response_format]}  # fmt: skip
     if model.ladder is not None:
         fields["ladder"] = model.ladder
+    job_id = idempotency_key or str(uuid.uuid4())
     try:
-        job = await anyio.to_thread.run_sync(lambda: submit(SPEECH, job_id=str(uuid.uuid4()), **fields))
+        job = await anyio.to_thread.run_sync(
+            lambda: submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **fields)
+        )
+    except Overloaded as exc:
+        raise overloaded(exc) from None
     except InvalidRequest as exc:
         raise HTTPException(422, _in_openai_words(str(exc))) from None
+    except ValueError as exc:  # the key was used before for another family or other fields
+        raise HTTPException(409, f"Idempotency-Key {idempotency_key!r}: {exc}") from None
     except (RedisError, OperationalError) as exc:
         raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
     config: GatewayConfig = request.app.state.config
-    return await _stream(request, job, asked.response_format, config)
+    return await _stream(request, job, asked.response_format, config, cancel_on_hang_up=idempotency_key is None)
 
 
-async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayConfig) -> StreamingResponse:
+async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayConfig, *,
+                  cancel_on_hang_up: bool) -> StreamingResponse:  # fmt: skip
     """Wait for the first chunk (the headers name its rung), then stream the rest as it comes."""
     follower = SpeechFollower(job, config.storage_dir)
     encoder = StreamEncoder(fmt)
@@ -126,8 +151,9 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
             if first:
                 break
             if await request.is_disconnected():
-                await anyio.to_thread.run_sync(job.cancel)
-                raise HTTPException(499, "the client went away before the first chunk; the job was cancelled")
+                if cancel_on_hang_up:
+                    await anyio.to_thread.run_sync(job.cancel)
+                raise HTTPException(499, "the client went away before the first chunk")
             await anyio.sleep(config.poll_interval)
     except NoAudio as exc:
         kind = (exc.failure or {}).get("kind")
@@ -158,7 +184,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
             if not ended:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(encoder.close)
-                    if not broken:  # the client hung up: nobody is listening any more
+                    if cancel_on_hang_up and not broken:  # the client hung up: nobody is listening any more
                         await anyio.to_thread.run_sync(job.cancel)
 
     headers = {"X-Farm-Job": job.id, "X-Farm-Rung": follower.rung or "", "Location": job_url(job.id),

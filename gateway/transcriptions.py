@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from mediafarm.gateway.events import describe_failure
 from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
-from mediafarm.gateway.jobs import job_url
+from mediafarm.gateway.jobs import job_url, overloaded
 from mediafarm.gateway.multipart import BadMultipart, FilePart, read_multipart
 from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
@@ -32,7 +32,7 @@ from mediafarm.gateway.uploads import MULTIPART_OVERHEAD, _Sink
 from mediafarm.tasks import families
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest
+from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import describe_validation_error
 from mediafarm.tasks.handles import JobHandle
 from mediafarm.tasks.plan import READY
@@ -161,9 +161,11 @@ def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: st
         body["ladder"] = ladder
     try:
         intake = prepare(spec, body, owner, store, config.input_roots)
-        job = submit(spec.name, **intake.fields)
+        job = submit(spec.name, tenant=owner, **intake.fields)
         store.attach(upload, job.id)
         return job
+    except Overloaded as exc:
+        raise overloaded(exc) from None
     except InvalidRequest as exc:
         raise HTTPException(422, _in_openai_words(str(exc))) from None
     except (RedisError, OperationalError) as exc:

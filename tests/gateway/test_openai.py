@@ -4,6 +4,7 @@ client, over HTTP, against the real gateway, Redis and a prefork worker the sess
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +16,10 @@ import pytest
 
 from mediafarm.config.settings import get_settings
 from mediafarm.gateway.security import owner_of
+from mediafarm.tasks.handles import JobHandle
 from tests.gateway.conftest import TOKEN
 from tests.integration.test_subtitle_jobs import tiny_en, wer, words_of  # noqa: F401 - tiny_en is a fixture
+from tests.support.kills import kill_running, killing
 
 pytestmark = pytest.mark.integration
 # The first sentence is a chunk of its own (the first audio comes soon); the rest are 400-character chunks.
@@ -76,6 +79,45 @@ def test_speech_streams_its_first_chunk_before_the_job_has_finished(cpu_worker, 
     samples = np.frombuffer(body, dtype="<i2")
     assert len(samples) / rate == pytest.approx(done["result"]["output"]["duration"], abs=0.01)
     assert np.abs(samples).max() > 1000  # speech, not silence
+
+
+def test_a_rung_killed_before_its_first_chunk_leaves_no_trace_but_the_rung_header(cpu_worker, joe_voice, oai,
+                                                                                   client) -> None:  # fmt: skip
+    key = f"speech-{uuid.uuid4().hex}"
+    with killing(key, {"piper"}) as killed:
+        with oai.audio.speech.with_streaming_response.create(
+            model="piper", voice="default", input=SHORT, response_format="pcm", extra_headers={"Idempotency-Key": key}
+        ) as response:
+            assert response.headers["x-farm-job"] == key and response.headers["x-farm-rung"] == "espeak"
+            body = response.read()
+    done = job_view(client, key)
+    assert killed and [a["outcome"] for a in done["attempts"]] == ["killed", "ok"]
+    assert len(body) / 2 / int(response.headers["x-farm-sample-rate"]) == pytest.approx(
+        done["result"]["output"]["duration"], abs=0.001
+    )
+    # The same key again: the same job's audio from its start, spoken once.
+    again = oai.audio.speech.create(model="piper", voice="default", input=SHORT, response_format="pcm",
+                                    extra_headers={"Idempotency-Key": key})  # fmt: skip
+    assert again.content == body and job_view(client, key)["attempts"] == done["attempts"]
+
+
+def test_a_rung_killed_after_its_first_chunk_was_sent_ends_the_body_cut_short(cpu_worker, joe_voice, oai,
+                                                                               client) -> None:  # fmt: skip
+    with oai.audio.speech.with_streaming_response.create(
+        model="piper", voice="default", input=LONG, response_format="wav"
+    ) as response:
+        job_id, pieces = response.headers["x-farm-job"], response.iter_bytes()
+        assert next(pieces)[:4] == b"RIFF"
+        kill_running(JobHandle(job_id, "tts"), "piper")
+        # espeak-ng speaks the text again in another voice: it cannot follow piper's first chunk.
+        # (The openai client's own HTTP library raises its RemoteProtocolError.)
+        with pytest.raises(Exception, match="incomplete chunked read") as cut:
+            for _ in pieces:
+                pass
+        assert type(cut.value).__name__ == "RemoteProtocolError"
+    # The job itself goes on, and its whole audio is there, on the rung below.
+    envelope = JobHandle(job_id, "tts").wait(timeout=120)
+    assert envelope["variant"] == "espeak" and [a["outcome"] for a in envelope["attempts"]] == ["killed", "ok"]
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "pcm"])
