@@ -10,8 +10,11 @@ to kill a line between two of its chunks.
 
 from __future__ import annotations
 
+import ast
 import io
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +36,7 @@ from mediafarm.tasks.app import app
 from mediafarm.tasks.handles import JobHandle
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
+from tests.support.docs import code_blocks
 from tests.support.kills import kill_running
 from tests.support.voices import voice_distance
 
@@ -187,7 +191,11 @@ def read_frames(ws: Any, until: Any, timeout: float = 90.0) -> list[dict[str, An
     frames: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while True:
-        message = ws.recv(timeout=max(deadline - time.monotonic(), 0.1))
+        try:
+            message = ws.recv(timeout=max(deadline - time.monotonic(), 0.1))
+        except TimeoutError:
+            told = [{k: v for k, v in f.items() if k != "audio"} for f in frames]
+            raise AssertionError(f"nothing more from the room in {timeout} s; it sent: {told}") from None
         if isinstance(message, bytes):
             assert frames and frames[-1]["type"] == "chunk" and "audio" not in frames[-1], "audio without announcement"
             assert len(message) == frames[-1]["bytes"]
@@ -355,3 +363,19 @@ def test_a_client_without_an_accepted_token_is_refused_and_a_browsers_subprotoco
     with connect(idle_room_url, "r1", additional_headers={}, subprotocols=["farm.v1", f"bearer.{TOKEN}"]) as ws:
         assert ws.subprotocol == "farm.v1"
         assert json.loads(ws.recv(timeout=10))["type"] == "ready"
+
+
+def test_the_docs_room_client_runs_against_a_gateway_without_tokens(room_worker, tmp_path: Path) -> None:
+    (block,) = [b for b in code_blocks(REPO / "docs" / "gateway.md") if "/v1/rooms/" in b.text and b.lang == "python"]
+    assert "ws://127.0.0.1:8000/v1/rooms/" in block.text
+    with running_gateway(gateway_config(tokens=(), room_queue=QUEUE)) as url:
+        script = tmp_path / "narrate.py"
+        script.write_text(block.text.replace("ws://127.0.0.1:8000", url.replace("http://", "ws://")))
+        run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = [ast.literal_eval(line) for line in run.stdout.splitlines()]  # the client prints the frames' dicts
+    assert [f["type"] for f in printed] == ["ready", "line_end", "line_end", "end"]
+    assert printed[-1] == {"type": "end", "sent": [0, 1], "cancelled": []}
+    written = sorted(tmp_path.glob("line*.wav"))
+    assert {p.name.split("-")[0] for p in written} == {"line0", "line1"}
+    assert all(sf.info(p).duration > 0.3 for p in written)
