@@ -27,6 +27,24 @@ def test_blocks_are_fixed_size_16k_mono(tmp_path: Path) -> None:
     assert probe_duration(path) == pytest.approx(2.5, abs=0.01)
 
 
+def test_audio_already_16k_mono_16bit_skips_the_resampler_and_decodes_the_same(tmp_path: Path, monkeypatch) -> None:
+    import av
+
+    from mediafarm.tasks.media import decode
+
+    path = tmp_path / "farm.wav"
+    rng = np.random.default_rng(3)
+    sf.write(path, (rng.standard_normal(16000 * 3 + 123) * 0.2).clip(-1, 1), 16000, subtype="PCM_16")
+    with av.open(str(path)) as container:
+        assert decode._in_output_form(next(container.decode(audio=0)), 16000)  # so the resampler is skipped
+    direct = np.concatenate(list(audio_blocks(path, block_seconds=1.0)))
+    passed = []
+    monkeypatch.setattr(decode, "_in_output_form", lambda frame, rate: passed.append(frame) or False)
+    resampled = np.concatenate(list(audio_blocks(path, block_seconds=1.0)))
+    assert passed and np.array_equal(direct, resampled) and direct.size == 16000 * 3 + 123
+    assert np.array_equal(direct, sf.read(path, dtype="int16")[0] / np.float32(32768.0))
+
+
 @pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI makes the test video")
 def test_video_file_audio_track_is_decoded(tmp_path: Path) -> None:
     video = tmp_path / "clip.mp4"
