@@ -127,6 +127,7 @@ def error(message: str, *, code: str, seq: int | None = None, field: str | None 
           **extra: Any) -> dict[str, Any]:  # fmt: skip
     """An ``error`` frame. ``code``: ``invalid`` (a frame that does not fit), ``out_of_order`` (a
     seq other than the next one), ``busy`` (past the room's bound), ``conflict`` (a seq sent
-    before with another line), ``failed`` (the line's job failed for good), ``unavailable``
-    (the farm's broker cannot be reached)."""
+    before with another line), ``failed`` (the line's job failed for good), ``overloaded`` (the
+    farm's admission control refused the job: ``retry_after``), ``unavailable`` (the farm's broker
+    cannot be reached)."""
     return {"type": "error", "code": code, "seq": seq, "field": field, "message": message, **extra}

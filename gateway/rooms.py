@@ -60,7 +60,7 @@ from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest, Overloaded, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
 from mediafarm.tasks.handles import JobHandle
 from mediafarm.tasks.plan import READY
@@ -264,12 +264,16 @@ async def _accept(room: _Room, line: Line) -> None:
 
     def send() -> JobHandle:
         get_speaker(line.speaker, celery_app.backend.client)  # PermanentFailure: no such speaker
-        return submit("tts", queue=room.config.room_queue, job_id=job_id, **line.fields)
+        return submit("tts", queue=room.config.room_queue, job_id=job_id, tenant=room.owner, **line.fields)
 
     try:
         job = await anyio.to_thread.run_sync(send)
     except PermanentFailure as exc:
         await room.send_json(error(f"speaker: {exc}", code="invalid", seq=line.seq, field="speaker"))
+        return
+    except Overloaded as exc:  # admission control: nothing was sent, the seq stays free
+        await room.send_json(error(f"{exc}; send seq {line.seq} again in {exc.retry_after:g} s", code="overloaded",
+                                   seq=line.seq, retry_after=exc.retry_after, reason=exc.reason))  # fmt: skip
         return
     except InvalidRequest as exc:
         await room.send_json(error(str(exc), code="invalid", seq=line.seq))
