@@ -62,3 +62,66 @@ def test_compose_file_matches_the_compose_schema(compose: dict) -> None:
     assert errors == []
     broken = {**compose, "services": {**compose["services"], "redis": {**compose["services"]["redis"], "restart": 5}}}
     assert list(validator.iter_errors(broken)), "the schema check accepts a broken file"
+
+
+DEPLOY = REPO / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mediafarm.json"
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def exported_series() -> set[str]:
+    """Every series name a worker or the gateway can serve, from the metrics' own declarations."""
+    from prometheus_client import REGISTRY
+
+    from mediafarm.gateway.metrics import GatewayMetrics
+    from mediafarm.workers import metrics
+    from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
+
+    metrics.result_metrics()
+    metrics.job_metrics()
+    collectors = [QueueDepth(None, list), FarmState(None, "p", list), GpuMemory(()), GpuChildren(None, str, "p")]
+    families = [*REGISTRY.collect(), *GatewayMetrics().registry.collect(), *(m for c in collectors for m in c.describe())]
+    return {f.name + suffix for f in families if f.name.startswith("mediafarm_") for suffix in _SUFFIXES[f.type]}
+
+
+def test_the_dashboard_asks_only_for_series_the_farm_serves() -> None:
+    import re
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    asked = {name for expr in exprs for name in re.findall(r"\bmediafarm_[a-z0-9_]+", expr)}
+    served = exported_series()
+    assert "mediafarm_downgrades_total" in served and "mediafarm_queue_wait_seconds_bucket" in served
+    assert asked - served == set()
+    # ... and it shows what issue 15 asks to see from outside.
+    for name in ("mediafarm_jobs_total", "mediafarm_downgrades_total", "mediafarm_queue_depth",
+                 "mediafarm_queue_wait_seconds_bucket", "mediafarm_breaker_state", "mediafarm_admission_refusals_total",
+                 "mediafarm_child_kills_total", "mediafarm_gpu_allocator_fragmentation"):  # fmt: skip
+        assert name in asked, f"the dashboard shows no {name}"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_prometheus_and_grafana_are_provisioned_from_the_repos_files(compose: dict) -> None:
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (REPO / source).exists(), f"{name} mounts {source}, which is not in the repository"
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    workers = next(job for job in scrape["scrape_configs"] if job["job_name"] == "mediafarm-workers")
+    discovered = {name for sd in workers["dns_sd_configs"] for name in sd["names"]}
+    assert discovered == set(worker_services(compose))
+    for name, svc in worker_services(compose).items():
+        assert svc["environment"]["FARM_METRICS_PORT"] == str(workers["dns_sd_configs"][0]["port"]), name
+    datasource = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    uid = datasource["datasources"][0]["uid"]
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} == {uid}
+
+
+def test_the_gateway_listens_beyond_loopback_only_with_tokens(compose: dict) -> None:
+    gateway = compose["services"]["gateway"]
+    assert gateway["command"][:3] == ["gateway", "--host", "0.0.0.0"]
+    # Compose refuses to start without them (${VAR:?message}), rather than a gateway refusing in a loop.
+    assert gateway["environment"]["FARM_API_TOKENS"].startswith("${FARM_API_TOKENS:?")

@@ -1,8 +1,8 @@
 """Metrics read at scrape time, not counted: queue depths, breaker states, admission refusals, GPU
 memory (NVML) and the GPU children's allocator figures.
 
-Each is a Prometheus custom collector on the worker's main process: it asks Redis (or NVML) when
-Prometheus scrapes, with short timeouts, and a source that does not answer leaves its metrics out
+Each is a Prometheus custom collector on the worker's main process (``describe`` names what it
+serves, without reading anything): it asks Redis (or NVML) when Prometheus scrapes, with short timeouts, and a source that does not answer leaves its metrics out
 of that scrape (logged once at DEBUG) instead of failing the whole scrape. What they read is
 shared by the whole farm (a queue's depth is the same for every worker consuming it): aggregate
 with ``max by (queue)``, not ``sum``.
@@ -42,6 +42,9 @@ class QueueDepth(Collector):
     def __init__(self, app: Any, queues: Callable[[], Sequence[str]]) -> None:
         self.app, self.queues = app, queues
         self._redis: Any = None
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("mediafarm_queue_depth", "", labels=["queue"])
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
@@ -85,6 +88,11 @@ class FarmState(Collector):
 
     def __init__(self, client: Any, pool: str, families: Callable[[], Sequence[str]]) -> None:
         self.client, self.pool, self.families = client, pool, families
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("mediafarm_breaker_state", "", labels=["pool", "ladder", "rung", "state"])
+        yield GaugeMetricFamily("mediafarm_breaker_openings", "", labels=["pool", "ladder", "rung"])
+        yield CounterMetricFamily("mediafarm_admission_refusals", "", labels=["family", "reason"])
 
     def collect(self) -> Iterator[Metric]:
         names = list(self.families())
@@ -150,6 +158,10 @@ class GpuMemory(Collector):
             except Exception as exc:  # noqa: BLE001 - no driver, no package: no metric
                 log.info("GPU memory metrics off: NVML unavailable (%s)", exc)
 
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("mediafarm_gpu_memory_used_bytes", "", labels=["gpu"])
+        yield GaugeMetricFamily("mediafarm_gpu_memory_total_bytes", "", labels=["gpu"])
+
     def collect(self) -> Iterator[Metric]:
         if self._nvml is None:
             return
@@ -173,6 +185,10 @@ class GpuChildren(Collector):
 
     def __init__(self, client: Any, worker: Callable[[], str], pool: str) -> None:
         self.client, self.worker, self.pool = client, worker, pool
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("mediafarm_gpu_allocator_fragmentation", "", labels=["pool", "pid", "device"])
+        yield GaugeMetricFamily("mediafarm_gpu_allocator_reserved_bytes", "", labels=["pool", "pid", "device"])
 
     def collect(self) -> Iterator[Metric]:
         from mediafarm.workers.gpu_hygiene import read_children

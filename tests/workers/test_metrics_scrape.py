@@ -54,7 +54,7 @@ def moved_by(before: dict, after: dict, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
-def eventually(url: str, check: Callable[[dict], bool], timeout: float = 15.0) -> dict:
+def eventually(url: str, check: Callable[[dict], bool], timeout: float = 30.0) -> dict:
     """The first scrape that passes ``check`` (the main process counts an ended job on a thread)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -95,8 +95,9 @@ def test_jobs_in_two_children_are_both_counted_once(metered_worker) -> None:
     ok = {"family": "chaos", "variant": "a", "outcome": "ok"}
     rejected = {"family": "chaos", "variant": "strict", "outcome": "rejected"}
     before = scrape(url)
-    # Both sleep at once: the worker's two children take one each.
-    jobs = [submit("chaos", ladder="steady", plan={"sleep": 1.0}, queue=QUEUE) for _ in range(2)]
+    # Both sleep at once (3 s: long enough that a loaded machine delivers the second before the
+    # first ends): the worker's two children take one each.
+    jobs = [submit("chaos", ladder="steady", plan={"sleep": 3.0}, queue=QUEUE) for _ in range(2)]
     bad = submit("chaos", ladder="bad", queue=QUEUE)
     envelopes = [job.wait(timeout=60) for job in jobs]
     with pytest.raises(JobRejected):
