@@ -7,8 +7,9 @@ producer, through them). Three checks, each with limits from ``config.admission`
 - **depth**: the jobs waiting in the family's queues (every priority list, its GPU affinity queues
   and the queue the job is sent to) against ``max_queued``. Read from the broker: one pipelined
   ``LLEN`` round trip on Redis, a passive ``queue_declare`` per queue on RabbitMQ; one reading is
-  reused for ``depth_cache`` seconds in a process, plus the jobs this process sent since, so a
-  burst from one producer cannot overshoot the limit between two readings.
+  reused for ``depth_cache`` seconds in a process, counting the jobs this process takes meanwhile
+  (under a lock), so the threads of one producer cannot overshoot the limit between two readings;
+  several producer processes can, by at most what they send within ``depth_cache``.
 - **tenant**: the jobs one tenant (a gateway token) submitted to the family that have not started,
   against ``max_queued_per_tenant`` (a sorted set per tenant and family, pruned of started and
   ended jobs atomically as it is read).
@@ -182,23 +183,30 @@ class _Depths:
             self._redis, self._pid = redis.Redis.from_url(get_settings().broker_url), os.getpid()
         return self._redis
 
-    def read(self, queues: tuple[str, ...], ttl: float, app: Any) -> int:
-        now = time.monotonic()
+    def take(self, queues: tuple[str, ...], limit: int, ttl: float, app: Any) -> int | None:
+        """Count one more job on ``queues`` unless ``limit`` are waiting there: None when taken,
+        else the depth that refuses it. Under one lock, so that the producer threads of one process
+        (the gateway's) cannot all take the last place between two readings."""
         with self._lock:
+            now = time.monotonic()
             cached = self._cache.get(queues)
-            if cached is not None and now - cached[0] < ttl:
+            if cached is None or now - cached[0] >= ttl:
+                cached = (now, self._read(queues, app))
+            if cached[1] >= limit:
+                self._cache[queues] = cached
                 return cached[1]
-        depth = self._amqp(queues, app) if get_settings().broker_is_rabbitmq else self._redis_depth(queues)
-        with self._lock:
-            self._cache[queues] = (now, depth)
-        return depth
+            self._cache[queues] = (cached[0], cached[1] + 1)
+            return None
 
-    def sent(self, queues: tuple[str, ...]) -> None:
-        """One more job sent to ``queues`` since their reading."""
+    def give_back(self, queues: tuple[str, ...]) -> None:
+        """A job counted by :meth:`take` that was not sent after all."""
         with self._lock:
             cached = self._cache.get(queues)
             if cached is not None:
-                self._cache[queues] = (cached[0], cached[1] + 1)
+                self._cache[queues] = (cached[0], max(0, cached[1] - 1))
+
+    def _read(self, queues: tuple[str, ...], app: Any) -> int:
+        return self._amqp(queues, app) if get_settings().broker_is_rabbitmq else self._redis_depth(queues)
 
     def _redis_depth(self, queues: tuple[str, ...]) -> int:
         # kombu keeps one list per priority step: the queue itself for step 0, "<queue>\x06\x16<n>" else.
@@ -236,11 +244,10 @@ class Admitted:
     job_id: str = ""
     queue_sets: tuple[tuple[str, ...], ...] = ()
 
-    def sent(self) -> None:
-        for queues in self.queue_sets:
-            _depths.sent(queues)
-
     def release(self, client: Any) -> None:
+        """The jobs were not sent after all: give their places back."""
+        for queues in self.queue_sets:
+            _depths.give_back(queues)
         for key in self.tenant_keys:
             client.zrem(key, self.job_id)
 
@@ -281,17 +288,7 @@ def admit(
         return Admitted()
     pools = get_pools()
     jobs = list({(spec.name, queue): (spec, queue) for spec, queue in jobs}.values())
-    queue_sets = []
     for spec, queue in jobs:
-        limits = admission.family(spec.name)
-        queues = family_queues(spec, queue, pools)
-        queue_sets.append(queues)
-        if limits.max_queued:
-            depth = _depths.read(queues, admission.depth_cache, app)
-            if depth >= limits.max_queued:
-                raise _refuse(client, spec.name, DEPTH,
-                              f"{spec.name}: {depth} jobs are waiting, the limit is {limits.max_queued}; "
-                              f"try again in {limits.retry_after:g} s", limits.retry_after)  # fmt: skip
         if not _steps_down(spec):
             for pool in serving_pools(queue or spec.queue, pools):
                 why = pool_under_pressure(pool, client)
@@ -299,6 +296,19 @@ def admit(
                     retry = admission.pool(pool).pressure_retry_after
                     raise _refuse(client, spec.name, PRESSURE,
                                   f"{spec.name}: {why}; try again in {retry:g} s", retry)  # fmt: skip
+    queue_sets: list[tuple[str, ...]] = []
+    for spec, queue in jobs:
+        limits = admission.family(spec.name)
+        if not limits.max_queued:
+            continue
+        queues = family_queues(spec, queue, pools)
+        depth = _depths.take(queues, limits.max_queued, admission.depth_cache, app)
+        if depth is not None:
+            Admitted(queue_sets=tuple(queue_sets)).release(client)
+            raise _refuse(client, spec.name, DEPTH,
+                          f"{spec.name}: {depth} jobs are waiting, the limit is {limits.max_queued}; "
+                          f"try again in {limits.retry_after:g} s", limits.retry_after)  # fmt: skip
+        queue_sets.append(queues)
     taken: list[str] = []
     if tenant:
         meta_prefix = app.backend.task_keyprefix.decode()  # "celery-task-meta-"
@@ -310,7 +320,7 @@ def admit(
             waiting = client.eval(_TENANT_SCRIPT, 1, key, limit, time.time(), TENANT_HORIZON_S, job_id,
                                   keys.history(""), meta_prefix)  # fmt: skip
             if int(waiting) >= 0:
-                Admitted(tuple(taken), job_id).release(client)
+                Admitted(tuple(taken), job_id, tuple(queue_sets)).release(client)
                 retry = admission.family(spec.name).retry_after
                 raise _refuse(client, spec.name, TENANT,
                               f"{spec.name}: this caller has {waiting} jobs waiting, the limit is {limit}; "

@@ -104,16 +104,13 @@ def submit(
         if callable(as_pipeline):
             # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
             # handle is the fan-in job's. Admitted above, with its parts.
-            handle = _send_plan(as_pipeline(job_id), queue, priority)
-            admitted.sent()
-            return handle
+            return _send_plan(as_pipeline(job_id), queue, priority)
         # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
             spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
             soft_time_limit=None, time_limit=None, priority=_wire(priority),
         )  # fmt: skip
-        admitted.sent()
     except BaseException:
         admitted.release(client)
         if wrote_key:  # nothing was sent: the key must not stand for a job that never was
@@ -165,12 +162,10 @@ def send_plan(
     jobs = [(registry.get(p.family), queue) for p in (*plan.parts, plan.then)]
     admitted = admission.admit(jobs, job_id=plan.then.job_id, tenant=tenant, app=app)
     try:
-        handle = _send_plan(plan, queue, priority)
+        return _send_plan(plan, queue, priority)
     except BaseException:
         admitted.release(app.backend.client)
         raise
-    admitted.sent()
-    return handle
 
 
 def _send_plan(plan: Plan, queue: str | None, priority: int) -> PipelineHandle:
