@@ -327,6 +327,8 @@ def summary(samples: list[Sample], wall_s: float, cpu_s: float) -> dict[str, Any
         "queue_s": pct([s.queue_s for s in ok if s.queue_s is not None]),
         "wall_s": round(wall_s, 3), "requests_per_s": round(len(samples) / wall_s, 3),
         "gateway_cpu_ms_per_request": round(1000 * cpu_s / max(len(samples), 1), 2),
+        "gateway_cpu_ms_per_stream_s": round(1000 * cpu_s / max(sum(s.total_s or 0 for s in samples), 1e-9), 2),
+        "load_average": os.getloadavg()[0],
         "samples": [asdict(s) for s in samples],
     }  # fmt: skip
 
@@ -388,7 +390,10 @@ def one_client(farm: Farm, paths: list[str], rung: str, text: str, runs: int) ->
             if good else None,
             "queue_s": round(statistics.median(x[path]["queue_s"] for x in good), 4) if good else None,
             "gateway_cpu_ms_per_request": round(1000 * sum(x[path]["gateway_cpu_s"] for x in rounds) / runs, 1),
+            "gateway_cpu_ms_per_stream_s": round(1000 * sum(x[path]["gateway_cpu_s"] for x in rounds)
+                                                 / max(sum(x[path]["total_s"] or 0 for x in rounds), 1e-9), 2),
         }  # fmt: skip
+    result["load_average"] = os.getloadavg()[0]
     return result
 
 
@@ -414,42 +419,47 @@ def fmt(p: dict[str, float] | None, key: str) -> str:
 def report(results: dict[str, Any]) -> None:
     print(f"\nconditions: {results['conditions']}")
     print(f"\none client, medians of the alternating rounds:\n{'rung':7} {'text':9} {'path':6} {'engine first':>12} "
-          f"{'first':>7} {'ratio':>6} {'whole':>7} {'to start':>8} {'errors':>6} {'gw cpu ms/req':>13}")  # fmt: skip
+          f"{'first':>7} {'ratio':>6} {'whole':>7} {'to start':>8} {'errors':>6} {'gw cpu ms/req':>13} "
+          f"{'ms/stream s':>11}")  # fmt: skip
     for key, cell in results["one_client"].items():
         rung, text = key.split("/")
         for p in results["paths"]:
             c = cell[p]
             print(f"{rung:7} {text:9} {p:6} {cell['engine_first_s']:12.3f} {c['first_s'] or 0:7.3f} "
                   f"{c['ratio'] or 0:6.2f} {c['total_s'] or 0:7.3f} {c['queue_s'] or 0:8.3f} {c['errors']:6d} "
-                  f"{c['gateway_cpu_ms_per_request']:13.1f}")  # fmt: skip
+                  f"{c['gateway_cpu_ms_per_request']:13.1f} {c['gateway_cpu_ms_per_stream_s']:11.1f}")  # fmt: skip
     print(f"\n{'rung':7} {'text':9} {'path':6} {'clients':>7} {'reqs':>5} {'errors':>6} {'first p50':>9} "
           f"{'p95':>7} {'p99':>7} {'whole p50':>9} {'p95':>7} {'p99':>7} {'queue p50':>9} {'p99':>7} "
-          f"{'req/s':>6} {'gw cpu ms/req':>13}")  # fmt: skip
+          f"{'req/s':>6} {'gw cpu ms/req':>13} {'ms/stream s':>11}")  # fmt: skip
     for key, cell in results["levels"].items():
         rung, text, path, clients = key.split("/")
         f, t, q = cell["first_s"], cell["total_s"], cell["queue_s"]
         print(f"{rung:7} {text:9} {path:6} {clients:>7} {cell['requests']:5d} {cell['errors']:6d} {fmt(f, 'p50'):>9} "
               f"{fmt(f, 'p95'):>7} {fmt(f, 'p99'):>7} {fmt(t, 'p50'):>9} {fmt(t, 'p95'):>7} {fmt(t, 'p99'):>7} "
               f"{fmt(q, 'p50'):>9} {fmt(q, 'p99'):>7} {cell['requests_per_s']:6.2f} "
-              f"{cell['gateway_cpu_ms_per_request']:13.2f}")  # fmt: skip
+              f"{cell['gateway_cpu_ms_per_request']:13.2f} {cell['gateway_cpu_ms_per_stream_s']:11.2f}")  # fmt: skip
         for example in cell["error_examples"]:
             print(f"    error: {example}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small run: 1 and 4 clients, 3 rounds, 8 requests")
+    parser.add_argument("--quick", action="store_true", help="a small run: 1 and 4 clients, 3 rounds, 4 requests")
     parser.add_argument("--clients", default="1,4,16,64", help="concurrency levels, comma-separated")
     parser.add_argument("--runs", type=int, default=5, help="alternating rounds at one client")
-    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level (>= its clients)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level (>= its clients)")
     parser.add_argument("--rungs", default=",".join(RUNGS))
     parser.add_argument("--texts", default=",".join(TEXTS), help="sentence, 1000")
     parser.add_argument("--path", choices=sorted(PATHS), default="speech", help="the path measured under concurrency")
     parser.add_argument("--children", type=int, default=2, help="the worker's prefork children")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gateway.json")
+    parser.add_argument("--report", type=Path, help="print the tables of a results file (a run cut short too) and stop")
     args = parser.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return
     if args.quick:
-        args.clients, args.runs, args.requests = "1,4", 3, 8
+        args.clients, args.runs, args.requests = "1,4", 3, 4
     levels = [int(c) for c in args.clients.split(",")]
     paths = sorted(PATHS, key=lambda p: p != args.path)  # the measured path first
     workdir = Path(tempfile.mkdtemp(prefix="mediafarm-bench-gateway-"))
@@ -457,7 +467,15 @@ def main() -> None:
     farm = Farm(workdir, args.children)
     results: dict[str, Any] = {"paths": paths, "one_client": {}, "levels": {},
                                "texts": {k: len(TEXTS[k]) for k in args.texts.split(",")}}  # fmt: skip
-    load_before = os.getloadavg()
+    conditions = {"cpus": os.cpu_count(), "worker_children": args.children, "load_average_before": os.getloadavg(),
+                  "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "argv": sys.argv[1:]}  # fmt: skip
+
+    def save() -> None:  # after every cell: a long run cut short keeps what it measured
+        results["conditions"] = {**conditions, "load_average_now": os.getloadavg(),
+                                 "now_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}  # fmt: skip
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+
     try:
         farm.start_gateway()
         farm.start_worker()
@@ -470,21 +488,18 @@ def main() -> None:
                     results["one_client"][f"{rung}/{text_name}"] = cell
                     print(f"{rung} {text_name} 1 client: engine {cell['engine_first_s']} s, "
                           + ", ".join(f"{p} {cell[p]}" for p in paths), flush=True)  # fmt: skip
+                    save()
                 for clients in (c for c in levels if c > 1):
                     cell = asyncio.run(level(farm, args.path, rung, text, clients, max(args.requests, clients)))
                     results["levels"][f"{rung}/{text_name}/{args.path}/{clients}"] = cell
                     print(f"{rung} {text_name} {clients} clients: "
                           f"{ {k: v for k, v in cell.items() if k != 'samples'} }", flush=True)  # fmt: skip
                     shutil.rmtree(workdir / "storage", ignore_errors=True)  # ~2 MB a long job
+                    save()
     finally:
         farm.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    results["conditions"] = {
-        "cpus": os.cpu_count(), "worker_children": args.children, "load_average_before": load_before,
-        "load_average_after": os.getloadavg(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-    }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    save()
     report(results)
 
 
