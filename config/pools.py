@@ -65,8 +65,8 @@ class Pool:
         malloc_arena_max: ``MALLOC_ARENA_MAX`` in the worker's environment, which its children
             inherit: glibc's malloc arenas, one per thread by default up to 8 per core, multiply
             a threaded child's RSS. glibc reads it as a process starts, so it is set when the
-            worker is launched (``workers.launch``), not later. ``None``: glibc's default (any
-            value in the launching environment is removed: the pool's setting decides).
+            worker is launched (``workers.launch``), not later. 0 or ``None``: glibc's default
+            (any value in the launching environment is removed: the pool's setting decides).
     """
 
     name: str
@@ -89,8 +89,8 @@ class Pool:
             raise ConfigFileError(f"pool {self.name!r}: gpu_memory_fraction must be in (0, 1]")
         if self.gpu_fragmentation_limit is not None and not 0 < self.gpu_fragmentation_limit <= 1:
             raise ConfigFileError(f"pool {self.name!r}: gpu_fragmentation_limit must be in (0, 1]")
-        if self.malloc_arena_max is not None and self.malloc_arena_max < 1:
-            raise ConfigFileError(f"pool {self.name!r}: malloc_arena_max must be >= 1 (or absent: glibc's default)")
+        if self.malloc_arena_max is not None and self.malloc_arena_max < 0:
+            raise ConfigFileError(f"pool {self.name!r}: malloc_arena_max must be >= 0 (0: glibc's default)")
         if self.child_rss_cap_mb is not None and self.child_rss_cap_mb <= 0:
             raise ConfigFileError(f"pool {self.name!r}: child_rss_cap_mb must be positive")
 

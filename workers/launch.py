@@ -33,8 +33,8 @@ def pool_environment(pool: Pool, base: Mapping[str, str] | None = None) -> dict[
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
     # glibc malloc arenas multiply RSS in threaded children (the TTS story's saw-tooth); glibc
     # reads this at process start, so it goes in now and the children inherit it. The pool's
-    # setting decides (the image's ENV too): None gives glibc's own default.
-    if pool.malloc_arena_max is None:
+    # setting decides (the image's ENV too): 0 or None gives glibc's own default.
+    if not pool.malloc_arena_max:
         env.pop("MALLOC_ARENA_MAX", None)
     else:
         env["MALLOC_ARENA_MAX"] = str(pool.malloc_arena_max)

@@ -54,10 +54,11 @@ def test_malloc_arena_max_is_in_the_workers_environment_from_its_pool() -> None:
     pool = Pool("p", queues=("q",))
     assert pool.malloc_arena_max == 2
     assert pool_environment(pool, {"MALLOC_ARENA_MAX": "8"})["MALLOC_ARENA_MAX"] == "2"  # the pool decides
-    glibc_default = Pool("p", queues=("q",), malloc_arena_max=None)
-    assert "MALLOC_ARENA_MAX" not in pool_environment(glibc_default, {"MALLOC_ARENA_MAX": "2"})
+    for glibc_default in (None, 0):  # 0: what a TOML table can say
+        pool_env = pool_environment(Pool("p", queues=("q",), malloc_arena_max=glibc_default), {"MALLOC_ARENA_MAX": "2"})
+        assert "MALLOC_ARENA_MAX" not in pool_env
     with pytest.raises(ConfigFileError, match="malloc_arena_max"):
-        Pool("p", queues=("q",), malloc_arena_max=0)
+        Pool("p", queues=("q",), malloc_arena_max=-1)
     with pytest.raises(ConfigFileError, match="gpu_fragmentation_limit"):
         Pool("p", queues=("q",), gpu_fragmentation_limit=1.5)
     # glibc reads it at process start: a process started with that environment has it.
