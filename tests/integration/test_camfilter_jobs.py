@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mediafarm import JobRejected, submit
-from mediafarm.tasks.families.camfilter.cut import check_clip
+from mediafarm.tasks.families.camfilter.check import check_clip
 from mediafarm.tasks.families.camfilter.spec import CamfilterResult, stage_job_id
 from tests.support.kills import killing
 from tests.support.speech import espeak_available, make_track
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 QUEUE = "camfilter-test"
 MOVING = ((8.0, 11.0), (17.5, 19.0))  # the second overlaps the second sentence
 RULES = {"pad_before": 0.5, "pad_after": 0.5, "min_gap": 2.0, "min_clip": 1.0}
-TOLERANCE = 1.2  # seconds: the motion gate's stride and margins, and a copy's keyframe lead
+TOLERANCE = 1.2  # seconds: the motion gate's stride and margins
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,9 @@ def test_clips_where_someone_is_heard_or_moves_with_their_reasons(camfilter_work
     assert near(both, min(s2, MOVING[1][0]) - pad, max(e2, MOVING[1][1]) + pad)
     for clip, path in zip(result.clips, clip_files(envelope["job_id"], result), strict=True):
         frames, _ = check_clip(path)  # opens and decodes
-        assert clip.method == "copy" and abs(frames - (clip.end - clip.start) * 10) <= 3
+        # A keyframe every second: each clip is copied or smart-cut, re-encoding under a second.
+        assert clip.method in ("copy", "smart") and clip.reencoded < 1.0 and clip.reason == "", clip
+        assert clip.frames == frames and abs(frames - (clip.end - clip.start) * 10) <= 3
     assert result.stages["vad"].variant == "silero-onnx" and result.stages["vad"].flags == []
     assert result.stages["yolo"].variant == "motion" and result.stages["yolo"].flags == ["motion_only"]
     assert result.stages["vad"].job_id == stage_job_id(envelope["job_id"], "vad")

@@ -12,12 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mediafarm.tasks.families.camfilter.cut import check_clip, choose_cut, clip_suffix, cut_clip, keyframe_times
+from mediafarm.tasks.families.camfilter.check import ClipMismatch, verify_clip
+from mediafarm.tasks.families.camfilter.cut import JoinFailed, Mode, choose_cut, clip_suffix, cut_clip
 from mediafarm.tasks.families.camfilter.plan import Clip, plan_clips
+from mediafarm.tasks.families.camfilter.source import Source, probe_source
 from mediafarm.tasks.families.camfilter.spec import CamfilterRequest, CamfilterResult, ClipOut, CutParams, StageOut
 from mediafarm.tasks.families.vad.spec import VadResult
 from mediafarm.tasks.families.yolo.spec import MOTION_CLASS, YoloResult
-from mediafarm.tasks.kit import EngineContext, PermanentFailure, Span
+from mediafarm.tasks.kit import EngineContext, PermanentFailure, Span, UnreadableMedia
 
 CLIPS = "clips"
 
@@ -31,9 +33,8 @@ def cut(ctx: EngineContext, request: CamfilterRequest, params: CutParams) -> Cam
     spans = _spans_by_reason(vad, yolo, request.classes)
     duration = yolo.duration or vad.duration
     clips = plan_clips(spans, duration, request.rules)
-    source = Path(request.media)
-    keyframes = keyframe_times(source) if clips else []
-    written = [_cut_one(ctx, source, i, clip, keyframes, params, len(clips)) for i, clip in enumerate(clips, 1)]
+    source = probe_source(Path(request.media)) if clips else None
+    written = [_cut_one(ctx, source, i, clip, params.mode, len(clips)) for i, clip in enumerate(clips, 1)]
     result = CamfilterResult(
         clips=written, duration=round(duration, 3), kept=round(sum(c.end - c.start for c in written), 3),
         speech_spans=len(spans.get("speech", [])),
@@ -56,17 +57,31 @@ def _spans_by_reason(vad: VadResult, yolo: YoloResult, classes: list[str]) -> di
     return spans
 
 
-def _cut_one(ctx: EngineContext, source: Path, number: int, clip: Clip, keyframes: list[float],
-             params: CutParams, total: int) -> ClipOut:  # fmt: skip
+def _cut_one(ctx: EngineContext, source: Source | None, number: int, clip: Clip, mode: Mode, total: int) -> ClipOut:
+    assert source is not None
     ctx.check_cancelled()
-    method, _ = choose_cut(clip.start, keyframes, params.max_lead)
-    name = f"{CLIPS}/clip_{number:04d}{clip_suffix(method, source)}"
-    with ctx.artifacts.writing(name) as temp:
-        made = cut_clip(source, clip.start, clip.end, temp, keyframes, params.max_lead)
-        frames, _ = check_clip(temp)  # a clip that does not decode fails the rung, not the viewer
+    try:
+        out = _write(ctx, source, number, clip, mode)
+    except (ClipMismatch, JoinFailed) as exc:
+        if mode == "reencode":
+            raise UnreadableMedia(f"clip {number} ({clip.start:.3f}-{clip.end:.3f} s) fails its check: {exc}") from exc
+        # A cut that joined badly (an odd camera stream) is made again the slow, sure way, and says why.
+        out = _write(ctx, source, number, clip, "reencode", reason=f"the {choose_cut(clip.start, source)[0]} "
+                     f"cut failed its check: {exc}")  # fmt: skip
     ctx.progress(number / total, stage=f"clip {number}/{total}", media_seconds=clip.end)
+    return out
+
+
+def _write(ctx: EngineContext, source: Source, number: int, clip: Clip, mode: Mode, reason: str = "") -> ClipOut:
+    method, _ = choose_cut(clip.start, source, mode)
+    name = f"{CLIPS}/clip_{number:04d}{clip_suffix(method, source.path)}"
+    with ctx.artifacts.writing(name) as temp:
+        made = cut_clip(source, clip.start, clip.end, temp, mode)
+        # Decoded again, and its frames compared with the source's, before it counts.
+        checked = verify_clip(made.path, source, made.start, made.end, made.method)
     return ClipOut(file=name, start=round(made.start, 3), end=round(made.end, 3), reasons=list(clip.reasons),
-                   method=made.method, frames=frames)  # fmt: skip
+                   method=made.method, reason=reason or made.reason, reencoded=made.reencoded,
+                   frames=checked.frames)  # fmt: skip
 
 
 def _stage(envelope: dict[str, Any], output: VadResult | YoloResult) -> StageOut:

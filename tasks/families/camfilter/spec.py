@@ -15,7 +15,7 @@ Imported by every farm process, producers included: nothing heavy here.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from rich.table import Table
@@ -78,9 +78,11 @@ def stage_job_id(job_id: str, stage: str) -> str:
 
 class ClipOut(BaseModel):
     """A clip written. Attributes: file (artifact name), start, end (seconds of the source it
-    holds; a copy may start a little before the planned start, at a keyframe), reasons
-    (``speech``, a class name, or ``motion`` when YOLO ended on its motion rung), method (``copy``
-    or ``reencode``), frames (decoded again after writing)."""
+    holds: ``start`` is its first frame, the first at or after the planned start, or the keyframe
+    on it), reasons (``speech``, a class name, or ``motion`` when YOLO ended on its motion rung),
+    method (``copy``, ``smart``, ``editlist`` or ``reencode``: ``cut``), reason (why not a cheaper
+    method; empty when nothing stood in the way), reencoded (seconds of it encoded again), frames
+    (decoded again after writing, their times checked against the source's)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -90,6 +92,8 @@ class ClipOut(BaseModel):
     reasons: list[str]
     method: str
     frames: int
+    reason: str = ""
+    reencoded: float = 0.0
 
 
 class StageOut(BaseModel):
@@ -116,11 +120,10 @@ class CamfilterResult(BaseModel):
 
 
 class CutParams(Params):
-    """Attributes: max_lead (a clip is stream-copied from the last keyframe at most this many
-    seconds before its start; further back it is re-encoded from the start; 0: always re-encode
-    unless a keyframe falls exactly on it)."""
+    """Attributes: mode (``auto``: each clip copied, smart-cut or edit-listed where its codec and
+    container allow, re-encoded otherwise; ``reencode``: every clip re-encoded, H.264 + AAC)."""
 
-    max_lead: float = Field(1.5, ge=0, le=60)
+    mode: Literal["auto", "reencode"] = "auto"
 
 
 def summary(result: CamfilterResult) -> str:
@@ -135,7 +138,8 @@ def render(result: CamfilterResult) -> Table | str:
         return "nothing seen or heard: no clips"
     table = Table("#", "start (s)", "end (s)", "why", "file", "cut")
     for i, clip in enumerate(result.clips, 1):
-        table.add_row(str(i), f"{clip.start:.2f}", f"{clip.end:.2f}", "+".join(clip.reasons), clip.file, clip.method)
+        how = f"{clip.method} ({clip.reencoded:.1f} s re-encoded)" if clip.method == "smart" else clip.method
+        table.add_row(str(i), f"{clip.start:.2f}", f"{clip.end:.2f}", "+".join(clip.reasons), clip.file, how)
     return table
 
 
@@ -147,11 +151,12 @@ FAMILY = FamilySpec(
     result=CamfilterResult,
     engines={"cut": EngineSpec(f"{ENGINES}:cut", CutParams, needs=("av",), extra="media")},
     ladder=(
-        rung("copy", "cut", max_lead=1.5),
+        rung("smart", "cut", mode="auto"),
         # A cut killed or out of memory mid-copy tries again re-encoding every clip.
-        rung("reencode", "cut", max_lead=0.0),
+        rung("reencode", "cut", mode="reencode"),
     ),
-    # Cutting streams packets (a copy) or decodes only the clips' own frames (a re-encode).
+    # Cutting streams packets, and decodes only a clip's first GOP (a smart cut) or its own frames
+    # (a re-encode).
     limits=TimeLimits(soft=3600, hard=3700),
     cli_argument="media",
     summary=summary,

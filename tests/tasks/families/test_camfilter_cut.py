@@ -1,96 +1,248 @@
-"""Cutting clips with PyAV on videos made here: a stream copy from a nearby keyframe, a re-encode
-from the exact start when the last keyframe is too far back, and every clip decodes."""
+"""Cutting clips with PyAV from camera-like recordings made here (a keyframe every 5 s, B-frames,
+every frame showing its own number): a clip that starts between keyframes comes out frame-exact,
+re-encoded only up to the next keyframe (H.264: a smart cut) or copied behind an edit list (HEVC
+in MP4), with its copied packets byte for byte the source's; where neither fits (MPEG-4 Part 2 in
+Matroska) the clip is re-encoded and says why; the cut's memory does not grow with the clip."""
 
 from __future__ import annotations
 
-from fractions import Fraction
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import av
-import numpy as np
 import pytest
 
 from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.families.camfilter.cut import check_clip, choose_cut, clip_suffix, cut_clip, keyframe_times
+from mediafarm.tasks.families.camfilter.check import ClipCheck, ClipMismatch, check_clip, frame_times, verify_clip
+from mediafarm.tasks.families.camfilter.cut import CutClip, choose_cut, clip_suffix, cut_clip
+from mediafarm.tasks.families.camfilter.source import Source, probe_source
+from tests.support.camera import frame_numbers, make_numbered
 
-FPS, SECONDS, RATE = 10, 20, 16000
-
-
-def make_video(path: Path, gop: int) -> Path:
-    """H.264 (B-frames on, a keyframe every ``gop`` frames) with an AAC tone, 20 s."""
-    with av.open(str(path), "w") as out:
-        video = out.add_stream("libx264", rate=FPS)
-        video.width, video.height, video.pix_fmt = 160, 96, "yuv420p"
-        video.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0", "bf": "2"}
-        audio = out.add_stream("aac", rate=RATE)
-        for i in range(FPS * SECONDS):
-            image = np.full((96, 160, 3), (i * 7) % 255, np.uint8)
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-            frame.pts = i
-            frame.time_base = Fraction(1, FPS)
-            out.mux(video.encode(frame))
-        out.mux(video.encode(None))
-        tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(RATE * SECONDS) / RATE)).astype(np.float32)
-        for start in range(0, tone.size, 1024):
-            chunk = tone[start : start + 1024].reshape(1, -1)
-            frame = av.AudioFrame.from_ndarray(chunk, format="flt", layout="mono")
-            frame.sample_rate = RATE
-            out.mux(audio.encode(frame))
-        out.mux(audio.encode(None))
-    return path
+FPS, SECONDS, GOP = 10, 30, 5.0
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def short_gop(tmp_path_factory) -> Path:
-    return make_video(tmp_path_factory.mktemp("cut") / "short_gop.mp4", gop=FPS)  # a keyframe a second
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("camcut")
 
 
 @pytest.fixture(scope="module")
-def long_gop(tmp_path_factory) -> Path:
-    return make_video(tmp_path_factory.mktemp("cut") / "long_gop.mp4", gop=10 * FPS)  # one every 10 s
+def h264_mp4(folder: Path) -> Path:
+    return make_numbered(folder / "cam.mp4", seconds=SECONDS, fps=FPS, gop_seconds=GOP)
 
 
-def streams(path: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def h264_mkv(folder: Path, h264_mp4: Path) -> Path:
+    """The same stream remuxed into Matroska (packets unchanged)."""
+    target = folder / "cam.mkv"
+    with av.open(str(h264_mp4)) as inp, av.open(str(target), "w") as out:
+        mapped = {s.index: out.add_stream_from_template(s) for s in inp.streams}
+        for packet in inp.demux():
+            if packet.dts is not None:
+                packet.stream = mapped[packet.stream.index]
+                out.mux(packet)
+    return target
+
+
+def verify(clip: CutClip, source: Source) -> ClipCheck:
+    return verify_clip(clip.path, source, clip.start, clip.end, clip.method)
+
+
+def packets(path: Path, kind: str = "video") -> list[bytes]:
     with av.open(str(path)) as container:
-        return sorted(s.type for s in container.streams)
+        stream = container.streams.video[0] if kind == "video" else container.streams.audio[0]
+        return [bytes(p) for p in container.demux(stream) if p.size]
 
 
-def test_keyframes_are_found_from_the_packets(short_gop: Path, long_gop: Path) -> None:
-    assert keyframe_times(short_gop) == pytest.approx([float(s) for s in range(SECONDS)])
-    assert keyframe_times(long_gop) == pytest.approx([0.0, 10.0])
+def copied_tail(clip: Path, source: Path, from_keyframe: float) -> tuple[list[bytes], list[bytes]]:
+    """(the clip's packets from the first copied one on, the source's from ``from_keyframe`` on, as many)."""
+    src, out = packets(source), packets(clip)
+    with av.open(str(source)) as container:
+        stream = container.streams.video[0]
+        first = next(i for i, p in enumerate(p for p in container.demux(stream) if p.size)
+                     if p.is_keyframe and abs(float(p.pts * stream.time_base) - from_keyframe) < 0.05)  # fmt: skip
+    where = out.index(src[first])
+    return out[where:], src[first : first + len(out) - where]
 
 
-def test_a_clip_near_a_keyframe_is_copied_from_it_and_decodes(short_gop: Path, tmp_path: Path) -> None:
-    clip = cut_clip(short_gop, 4.3, 8.0, tmp_path / "a.mp4", keyframe_times(short_gop), max_lead=1.5)
-    assert (clip.method, clip.start, clip.end) == ("copy", pytest.approx(4.0), 8.0)
-    frames, last = check_clip(clip.path)
-    # A copy keeps the source's B-frame delay: its first frame may be shown a few frames after 0.
-    assert abs(frames - 4 * FPS) <= 2 and 3.5 <= last <= 4.0 + 3 / FPS
-    assert streams(clip.path) == ["audio", "video"]
+def ffmpeg_errors(path: Path) -> str:
+    """What FFmpeg's own decoder says decoding the whole clip ('' when it plays cleanly)."""
+    if not shutil.which("ffmpeg"):
+        pytest.skip("ffmpeg is not installed (apt-get install ffmpeg): it plays the clip as a player would")
+    proc = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "null", "-"], capture_output=True, text=True)
+    return proc.stderr + (f"exit {proc.returncode}" if proc.returncode else "")
 
 
-def test_a_clip_far_from_any_keyframe_is_reencoded_from_its_exact_start(long_gop: Path, tmp_path: Path) -> None:
-    keyframes = keyframe_times(long_gop)
-    assert choose_cut(4.3, keyframes, 1.5) == ("reencode", 4.3) and clip_suffix("reencode", long_gop) == ".mp4"
-    clip = cut_clip(long_gop, 4.3, 8.0, tmp_path / "b.mp4", keyframes, max_lead=1.5)
-    assert (clip.method, clip.start, clip.end) == ("reencode", 4.3, 8.0)
-    frames, last = check_clip(clip.path)
-    assert abs(frames - 37) <= 2 and 3.3 <= last <= 3.8
-    assert streams(clip.path) == ["audio", "video"]
+def test_keyframes_are_the_idr_pictures_found_from_the_packets(h264_mp4: Path) -> None:
+    source = probe_source(h264_mp4)
+    assert source.keyframes == pytest.approx([0.0, 5.0, 10.0, 15.0, 20.0, 25.0])
+    assert (source.codec, source.frame, source.reorder >= 1) == ("h264", pytest.approx(0.1), True)
 
 
-def test_clips_at_the_edges_of_the_video(short_gop: Path, tmp_path: Path) -> None:
-    keyframes = keyframe_times(short_gop)
-    first = cut_clip(short_gop, 0.0, 2.0, tmp_path / "first.mp4", keyframes)
-    last = cut_clip(short_gop, 18.5, 20.0, tmp_path / "last.mp4", keyframes)
-    assert first.method == last.method == "copy"
-    assert abs(check_clip(first.path)[0] - 2 * FPS) <= 2 and abs(check_clip(last.path)[0] - 2 * FPS) <= 2
+@pytest.mark.parametrize("container", ["mp4", "mkv"])
+def test_a_clip_starting_mid_gop_is_smart_cut_frame_exact_and_copied_from_the_next_keyframe(
+    container: str, h264_mp4: Path, h264_mkv: Path, tmp_path: Path
+) -> None:
+    path = h264_mp4 if container == "mp4" else h264_mkv
+    source = probe_source(path)
+    assert choose_cut(7.33, source) == ("smart", "") and clip_suffix("smart", path) == f".{container}"
+    clip = cut_clip(source, 7.33, 21.0, tmp_path / f"clip.{container}")
+    assert clip.method == "smart" and clip.start == pytest.approx(7.4, abs=0.03)  # Matroska: milliseconds
+    assert clip.reencoded == pytest.approx(2.6, abs=0.03)
+    # Frame-exact: the first frame shown is source frame 74 (the first at or after 7.33 s), then
+    # every frame in order through the join at frame 100 to the end, by what the frames show.
+    numbers = frame_numbers(clip.path)
+    assert numbers[0] == 74 and numbers == list(range(74, 74 + len(numbers))) and numbers[-1] >= 207
+    times = frame_times(clip.path)
+    assert times[0] == pytest.approx(0.0, abs=1e-3)
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) == pytest.approx(0.1, abs=2e-3)
+    assert verify(clip, source).frames == len(numbers)
+    # Past the join nothing was re-encoded: the packets are the source's, byte for byte.
+    ours, theirs = copied_tail(clip.path, path, 10.0)
+    assert len(ours) >= 105 and ours == theirs
+    assert ffmpeg_errors(clip.path) == ""
 
 
-def test_a_file_that_is_not_a_video_fails_the_check(tmp_path: Path) -> None:
+def test_the_smart_cut_keeps_the_sources_codec_size_and_profile(h264_mp4: Path, tmp_path: Path) -> None:
+    clip = cut_clip(probe_source(h264_mp4), 3.05, 8.0, tmp_path / "clip.mp4")
+    with av.open(str(h264_mp4)) as src, av.open(str(clip.path)) as out:
+        a, b = src.streams.video[0].codec_context, out.streams.video[0].codec_context
+        assert (b.name, b.width, b.height, b.pix_fmt, b.profile) == (a.name, a.width, a.height, a.pix_fmt, a.profile)
+        assert [s.type for s in out.streams] == ["video", "audio"]
+    # The audio is copied too, trimmed to the clip: its packets are the source's.
+    audio = packets(clip.path, "audio")
+    assert audio and set(audio) <= set(packets(h264_mp4, "audio"))
+    with av.open(str(clip.path)) as out:
+        seconds = sum(f.samples for f in out.decode(audio=0)) / out.streams.audio[0].sample_rate
+    assert seconds == pytest.approx(8.0 - 3.1, abs=0.05)
+
+
+def test_a_clip_on_a_keyframe_is_copied_whole(h264_mp4: Path, tmp_path: Path) -> None:
+    source = probe_source(h264_mp4)
+    clip = cut_clip(source, 10.0, 14.0, tmp_path / "clip.mp4")
+    assert (clip.method, clip.reason, clip.reencoded) == ("copy", "", 0.0)
+    numbers = frame_numbers(clip.path)
+    assert numbers[0] == 100 and numbers == list(range(100, 100 + len(numbers))) and len(numbers) >= 37
+    ours, theirs = copied_tail(clip.path, h264_mp4, 10.0)
+    assert ours == theirs and len(ours) == len(packets(clip.path))
+    verify(clip, source)
+
+
+def test_a_clip_inside_one_gop_is_all_head(h264_mp4: Path, tmp_path: Path) -> None:
+    source = probe_source(h264_mp4)
+    clip = cut_clip(source, 11.2, 13.0, tmp_path / "clip.mp4")
+    assert (clip.method, clip.reencoded) == ("smart", pytest.approx(1.8))
+    assert frame_numbers(clip.path) == list(range(112, 130))
+    assert verify(clip, source).frames == 18 and ffmpeg_errors(clip.path) == ""
+
+
+def test_hevc_in_mp4_is_copied_from_the_keyframe_before_behind_an_edit_list(folder: Path, tmp_path: Path) -> None:
+    path = make_numbered(folder / "cam-hevc.mp4", seconds=15, fps=FPS, gop_seconds=GOP, codec="libx265")
+    source = probe_source(path)
+    clip = cut_clip(source, 7.33, 12.0, tmp_path / "clip.mp4")
+    assert clip.method == "editlist" and "hevc" in clip.reason and clip.reencoded == 0.0
+    numbers = frame_numbers(clip.path)  # a copied end may lack the B-frames after its last P-frame
+    assert numbers == list(range(74, 74 + len(numbers))) and len(numbers) >= 43
+    verify(clip, source)
+    ours, theirs = copied_tail(clip.path, path, 5.0)  # every packet copied, from the keyframe at 5 s
+    assert ours == theirs and len(ours) == len(packets(clip.path))
+    assert ffmpeg_errors(clip.path) == ""
+
+
+def test_a_codec_with_no_smart_cut_in_matroska_falls_back_to_a_reencode_and_says_why(
+    folder: Path, tmp_path: Path
+) -> None:
+    path = make_numbered(folder / "cam-mpeg4.mkv", seconds=15, fps=FPS, gop_seconds=GOP, codec="mpeg4")
+    source = probe_source(path)
+    method, reason = choose_cut(7.33, source)
+    assert method == "reencode" and "mpeg4" in reason and "no edit list" in reason
+    assert clip_suffix(method, path) == ".mp4"
+    clip = cut_clip(source, 7.33, 12.0, tmp_path / "clip.mp4")
+    assert (clip.method, clip.reason, clip.reencoded) == ("reencode", reason, pytest.approx(4.6))
+    assert frame_numbers(clip.path) == list(range(74, 120))
+    verify(clip, source)
+    with av.open(str(clip.path)) as out:
+        assert out.streams.video[0].codec_context.name == "h264"
+
+
+def test_the_reencode_rung_reencodes_even_an_h264_clip(h264_mp4: Path, tmp_path: Path) -> None:
+    source = probe_source(h264_mp4)
+    clip = cut_clip(source, 7.33, 9.0, tmp_path / "clip.mp4", mode="reencode")
+    assert (clip.method, clip.reason) == ("reencode", "the ladder's reencode rung")
+    assert frame_numbers(clip.path) == list(range(74, 90))
+    assert not set(packets(clip.path)) & set(packets(h264_mp4))
+
+
+def jumped(source: Path, target: Path, at: float, jump: float) -> Path:
+    """The source's packets from 10 s to 20 s, those from the keyframe at ``at`` on shown ``jump`` s later."""
+    with av.open(str(source)) as inp, av.open(str(target), "w") as out:
+        video = inp.streams.video[0]
+        mapped = out.add_stream_from_template(video)
+        inp.seek(int(10 / video.time_base), stream=video, backward=True)
+        zero, shift = int(10 / video.time_base), 0
+        for packet in inp.demux(video):
+            if packet.pts is None or packet.dts is None:
+                continue
+            if packet.pts * video.time_base >= 20:
+                break
+            if packet.is_keyframe and packet.pts * video.time_base >= at:
+                shift = int(jump / video.time_base)
+            packet.pts, packet.dts = packet.pts - zero + shift, packet.dts - zero + shift
+            packet.stream = mapped
+            out.mux(packet)
+    return target
+
+
+def test_the_check_names_a_clip_that_does_not_hold_the_frames_it_claims(h264_mp4: Path, tmp_path: Path) -> None:
+    source = probe_source(h264_mp4)
+    bad = jumped(h264_mp4, tmp_path / "jump.mp4", at=15.0, jump=1.0)
+    assert frame_numbers(bad)[:3] == [100, 101, 102]  # it decodes; only its times are wrong
+    with pytest.raises(ClipMismatch, match="a frame at 6.000 s where the source has one at 5.000 s"):
+        verify_clip(bad, source, 10.0, 20.0, "copy")
+    good = jumped(h264_mp4, tmp_path / "good.mp4", at=15.0, jump=0.0)
+    assert verify_clip(good, source, 10.0, 20.0, "copy").frames >= 97
+    with pytest.raises(ClipMismatch, match="frames, the source has"):
+        verify_clip(good, source, 10.0, 23.5, "copy")  # claims 3.5 s more
+
+
+def test_a_file_that_is_not_a_video_fails_the_check(tmp_path: Path, h264_mp4: Path) -> None:
     bogus = tmp_path / "clip.mp4"
     bogus.write_bytes(b"\x00" * 4096)
     with pytest.raises(UnreadableMedia):
         check_clip(bogus)
     with pytest.raises(ValueError, match="empty clip"):
-        cut_clip(bogus, 5.0, 5.0, tmp_path / "x.mp4", [0.0])
+        cut_clip(probe_source(h264_mp4), 5.0, 5.0, tmp_path / "x.mp4")
+
+
+_PEAK = """
+import json, resource, sys
+from pathlib import Path
+from mediafarm.tasks.families.camfilter.cut import cut_clip
+from mediafarm.tasks.families.camfilter.source import probe_source
+source = probe_source(Path(sys.argv[1]))
+clip = cut_clip(source, float(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4]))
+print(json.dumps({"method": clip.method, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def cut_in_child(source: Path, start: float, end: float, target: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _PEAK, str(source), str(start), str(end), str(target)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_cuts_memory_is_bounded_and_does_not_grow_with_the_clips_length(folder: Path, tmp_path: Path) -> None:
+    # A 100 s recording: a 2.5 s clip and a 95 s one, each smart-cut in a child of its own.
+    path = make_numbered(folder / "cam-long.mp4", seconds=100, fps=FPS, gop_seconds=GOP)
+    short = cut_in_child(path, 2.3, 4.8, tmp_path / "short.mp4")
+    long = cut_in_child(path, 2.3, 97.3, tmp_path / "long.mp4")
+    assert short["method"] == long["method"] == "smart"
+    # Stated bound: 300 MiB for the whole child (the interpreter, PyAV and FFmpeg's libraries are
+    # most of it); 38x the clip's length costs under 16 MiB more.
+    assert long["peak_mib"] < 300, long
+    assert long["peak_mib"] - short["peak_mib"] < 16, (short, long)
