@@ -80,8 +80,11 @@ class JobMetrics:
             # Clocks of two machines disagree a little: a negative wait is a zero one.
             self.queue_wait.labels(family=family).observe(max(0.0, wait))
 
-    def observe_end(self, family: str, state: str, attempts: Sequence[Mapping[str, Any]], first_output: Any) -> None:
-        """Count one ended job from its stored state and its attempt history (JSON dicts)."""
+    def observe_end(
+        self, family: str, state: str, attempts: Sequence[Mapping[str, Any]], first_output: Any, exc_type: str = ""
+    ) -> None:
+        """Count one ended job from its stored state, its attempt history (JSON dicts), the time of
+        its first partial output and, for a failure, its stored error's class."""
         for attempt in attempts:
             variant, outcome = str(attempt.get("variant", "")), str(attempt.get("outcome") or "open")
             self.attempts.labels(family=family, variant=variant, outcome=outcome).inc()
@@ -99,7 +102,7 @@ class JobMetrics:
                 ).inc()  # fmt: skip
         last = attempts[-1] if attempts else {}
         variant = str(last.get("variant", "")) or "-"
-        self.jobs.labels(family=family, variant=variant, outcome=job_outcome(state, last)).inc()
+        self.jobs.labels(family=family, variant=variant, outcome=job_outcome(state, last, exc_type)).inc()
         first = _number(first_output)
         started = _number(last.get("started"))
         if state == "SUCCESS" and first is not None and started is not None:
@@ -119,9 +122,14 @@ def downgrade_reason(attempt: Mapping[str, Any]) -> str:
     return "pressure" if "pressure" in reason else outcome
 
 
-def job_outcome(state: str, last: Mapping[str, Any]) -> str:
+# A job refused before any rung ran has no attempt: its stored error's class says why.
+REJECTIONS = frozenset({"PermanentFailure", "InvalidRequest", "MediaNotFound", "MediaOutsideRoots", "UnreadableMedia"})
+
+
+def job_outcome(state: str, last: Mapping[str, Any], exc_type: str = "") -> str:
     """How a job ended, in one word: ``ok``, ``cancelled``, ``rejected``, ``error``, or
-    ``exhausted`` (every rung ran out of resources: its last attempt moved it down, nowhere)."""
+    ``exhausted`` (every rung ran out of resources: its last attempt moved it down, nowhere).
+    ``exc_type``: the class of a failed job's stored error, for a job with no attempt."""
     if state == "SUCCESS":
         return "ok"
     if state == "REVOKED":
@@ -129,7 +137,9 @@ def job_outcome(state: str, last: Mapping[str, Any]) -> str:
     outcome = str(last.get("outcome") or "")
     if outcome in TERMINAL_OUTCOMES:
         return outcome
-    return "exhausted" if outcome else "error"
+    if outcome:
+        return "exhausted"
+    return "rejected" if exc_type in REJECTIONS else "exhausted" if exc_type == "NoRungLeft" else "error"
 
 
 def _number(value: Any, default: float | None = None) -> float | None:
@@ -167,7 +177,8 @@ class EndReader:
         if isinstance(result, Mapping) and isinstance(result.get("attempts"), list):
             # A SUCCESS made the envelope's history the job's (tasks.result_backend): read that one.
             attempts = [a for a in result["attempts"] if isinstance(a, Mapping)]
-        self.metrics.observe_end(family, state, attempts, _float_or_none(first_output))
+        exc_type = str(result.get("exc_type", "")) if isinstance(result, Mapping) and state == "FAILURE" else ""
+        self.metrics.observe_end(family, state, attempts, _float_or_none(first_output), exc_type)
         if state == "SUCCESS" and self.on_success is not None:
             self.on_success(result)
         return True

@@ -1,0 +1,48 @@
+"""Counting an ended job from its history as Redis stores it: the breaker's and memory pressure's
+skips are downgrades with their own reasons, and a job refused before any rung is a rejection."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from mediafarm.workers.job_metrics import JobMetrics
+
+
+def attempt(rung: int, variant: str, outcome: str, reason: str = "", **more: float) -> dict:
+    return {"rung": rung, "variant": variant, "outcome": outcome, "reason": reason, "started": 1000.0 + rung, **more}
+
+
+def test_skips_by_breaker_and_pressure_are_downgrades_with_their_reasons() -> None:
+    registry = CollectorRegistry()
+    metrics = JobMetrics(registry)
+    history = [
+        attempt(0, "large", "skipped", "breaker open since 2026-11-30 18:00:00 UTC, 3 failures in 60 s on pool gpu0"),
+        attempt(1, "small", "skipped", "host memory 3% available; the ladder steps down under pressure (...)"),
+        attempt(2, "tiny", "ok", duration=2.5, peak_rss_mb=300.0),
+    ]
+    metrics.observe_end("subtitle", "SUCCESS", history, first_output=1002.75)
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("mediafarm_downgrades_total", family="subtitle", from_variant="large", to_variant="small",
+                 reason="breaker") == 1  # fmt: skip
+    assert value("mediafarm_downgrades_total", family="subtitle", from_variant="small", to_variant="tiny",
+                 reason="pressure") == 1  # fmt: skip
+    assert value("mediafarm_jobs_total", family="subtitle", variant="tiny", outcome="ok") == 1
+    assert value("mediafarm_attempts_total", family="subtitle", variant="large", outcome="skipped") == 1
+    assert value("mediafarm_first_output_seconds_sum", family="subtitle", variant="tiny") == 0.75
+    assert value("mediafarm_attempt_seconds_sum", family="subtitle", variant="tiny", outcome="ok") == 2.5
+    assert value("mediafarm_attempt_peak_rss_bytes_sum", family="subtitle", variant="tiny") == 300 * 1024 * 1024
+
+
+def test_failed_jobs_end_rejected_exhausted_or_in_error() -> None:
+    registry = CollectorRegistry()
+    metrics = JobMetrics(registry)
+    metrics.observe_end("vad", "FAILURE", [], None, exc_type="InvalidRequest")  # refused before any rung
+    metrics.observe_end("vad", "FAILURE", [attempt(0, "silero", "killed"), attempt(1, "webrtc", "oom")], None)
+    metrics.observe_end("vad", "FAILURE", [attempt(0, "silero", "error", "EngineError: boom")], None)
+    metrics.observe_end("vad", "REVOKED", [attempt(0, "silero", "cancelled")], None)
+    ends = {(s.labels["variant"], s.labels["outcome"]): s.value for m in registry.collect() for s in m.samples
+            if s.name == "mediafarm_jobs_total"}  # fmt: skip
+    assert ends == {("-", "rejected"): 1, ("webrtc", "exhausted"): 1, ("silero", "error"): 1, ("silero", "cancelled"): 1}
