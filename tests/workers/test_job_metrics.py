@@ -45,4 +45,5 @@ def test_failed_jobs_end_rejected_exhausted_or_in_error() -> None:
     metrics.observe_end("vad", "REVOKED", [attempt(0, "silero", "cancelled")], None)
     ends = {(s.labels["variant"], s.labels["outcome"]): s.value for m in registry.collect() for s in m.samples
             if s.name == "mediafarm_jobs_total"}  # fmt: skip
-    assert ends == {("-", "rejected"): 1, ("webrtc", "exhausted"): 1, ("silero", "error"): 1, ("silero", "cancelled"): 1}
+    expected = {("-", "rejected"): 1, ("webrtc", "exhausted"): 1, ("silero", "error"): 1, ("silero", "cancelled"): 1}
+    assert ends == expected
