@@ -14,7 +14,9 @@ A frame that does not fit is answered with an ``error`` frame naming the field; 
 
 from __future__ import annotations
 
+import io
 import json
+import wave
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +32,10 @@ TOKEN_PROTOCOL_PREFIX = "bearer."
 ROOM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 # The largest line number: job ids stay short, and JSON numbers exact in every client language.
 MAX_SEQ = 2**31 - 1
+# A chunk's audio goes in binary frames of at most this many seconds, each a WAV file of its own:
+# an engine's chunk can hold 25 s (over 1 MB), past the message size clients accept by default
+# (1 MiB in the Python websockets client), and a second is a jitter buffer's natural step.
+AUDIO_FRAME_SECONDS = 1.0
 # Close codes (RFC 6455 and the 4000-4999 range left to applications).
 CLOSE_NORMAL = 1000  # the room ended: the client's end, every line sent or cancelled
 CLOSE_POLICY = 1008  # no token, or one the gateway does not accept
@@ -131,3 +137,37 @@ def error(message: str, *, code: str, seq: int | None = None, field: str | None 
     farm's admission control refused the job: ``retry_after``), ``unavailable`` (the farm's broker
     cannot be reached)."""
     return {"type": "error", "code": code, "seq": seq, "field": field, "message": message, **extra}
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    """One binary frame of a chunk's audio. Attributes: wav (a whole WAV file), offset and
+    samples (where it is in the chunk, in samples), rate (None: the chunk was not a PCM WAV and
+    goes whole)."""
+
+    wav: bytes
+    offset: int
+    samples: int
+    rate: int | None
+
+
+def audio_frames(data: bytes, seconds: float = AUDIO_FRAME_SECONDS) -> list[AudioFrame]:
+    """A chunk's WAV file cut into WAV files of at most ``seconds`` each, in order."""
+    try:
+        with wave.open(io.BytesIO(data)) as source:
+            params = source.getparams()
+            pcm = source.readframes(params.nframes)
+    except (wave.Error, EOFError):
+        return [AudioFrame(data, 0, 0, None)]
+    width = params.sampwidth * params.nchannels
+    total = len(pcm) // width
+    step = max(int(params.framerate * seconds), 1)
+    frames = []
+    for offset in range(0, max(total, 1), step):
+        count = min(step, total - offset)
+        out = io.BytesIO()
+        with wave.open(out, "wb") as piece:
+            piece.setparams(params)
+            piece.writeframes(pcm[offset * width : (offset + count) * width])
+        frames.append(AudioFrame(out.getvalue(), offset, count, params.framerate))
+    return frames

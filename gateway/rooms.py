@@ -23,10 +23,8 @@ land on another gateway process).
 from __future__ import annotations
 
 import asyncio
-import io
 import re
 import uuid
-import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +36,7 @@ from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
 from mediafarm.gateway.events import read_snapshot
-from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart, Step
+from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
 from mediafarm.gateway.room_frames import (
     CLOSE_BAD_ROOM,
     CLOSE_NORMAL,
@@ -50,6 +48,7 @@ from mediafarm.gateway.room_frames import (
     End,
     FrameError,
     Line,
+    audio_frames,
     error,
     parse_frame,
     room_job_id,
@@ -310,6 +309,7 @@ async def _sender(room: _Room, leave: Callable[[], Any]) -> None:
 
 async def _stream_line(room: _Room, head: _Accepted) -> None:
     feed = LineFeed()
+    frames = 0  # audio frames sent of the attempt being streamed
     while True:
         try:
             snapshot = await anyio.to_thread.run_sync(read_snapshot, head.job)
@@ -317,57 +317,70 @@ async def _stream_line(room: _Room, head: _Accepted) -> None:
             await anyio.sleep(REDIS_RETRY_S)
             continue
         for step in feed.steps(snapshot):
-            if not await _send_step(room, head, step):
-                break  # that chunk's attempt is gone: the next snapshot says what followed it
+            if isinstance(step, Chunk):
+                sent = await _send_chunk(room, head, step)
+                if sent is None:
+                    break  # that chunk's attempt is gone: the next snapshot says what followed it
+                frames = (frames if step.attempt == feed.attempt else 0) + sent
+            elif isinstance(step, Restart):
+                await room.send_json({
+                    "type": "restart", "seq": head.line.seq, "speaker": head.line.speaker, "attempt": step.attempt,
+                    "rung": step.rung, "discarded": frames, "reason": step.reason, "start": round(room.track, 3),
+                })  # fmt: skip
+                frames = 0
+            elif isinstance(step, Done):
+                await _send_line_end(room, head, step)
+            else:
+                await room.send_json(error(
+                    f"line {head.line.seq} was not spoken: {step.failure.get('reason', '')}", code="failed",
+                    seq=head.line.seq, kind=step.failure.get("kind"), job=head.job.id,
+                ))  # fmt: skip
             feed.commit(step)
             if isinstance(step, (Done, Failed)):
                 return
         await anyio.sleep(room.config.poll_interval)
 
 
-async def _send_step(room: _Room, head: _Accepted, step: Step) -> bool:
-    """Send one step; False when a chunk's audio could not be read as its attempt's."""
-    line = head.line
-    if isinstance(step, Chunk):
-        audio = await anyio.to_thread.run_sync(_read_chunk, room.config, head.job, step)
-        if audio is None:
-            return False
-        data, rate = audio
-        start, end = float(step.partial.get("start", 0.0)), float(step.partial.get("end", 0.0))
+async def _send_chunk(room: _Room, head: _Accepted, step: Chunk) -> int | None:
+    """Send a chunk's audio frames, each announced; how many, or None when its audio could not be
+    read as its attempt's."""
+    data = await anyio.to_thread.run_sync(_read_chunk, room.config, head.job, step)
+    if data is None:
+        return None
+    pieces = audio_frames(data)
+    start = float(step.partial.get("start", 0.0))
+    for number, piece in enumerate(pieces):
+        at = start + (piece.offset / piece.rate if piece.rate else 0.0)
+        length = piece.samples / piece.rate if piece.rate else float(step.partial.get("end", start)) - start
         announce = {
-            "type": "chunk", "seq": line.seq, "speaker": line.speaker, "chunk": step.index,
-            "attempt": step.attempt, "rung": step.rung, "start": round(room.track + start, 3),
-            "end": round(room.track + end, 3), "line_start": start, "sample_rate": rate, "format": "wav",
-            "bytes": len(data),
+            "type": "chunk", "seq": head.line.seq, "speaker": head.line.speaker, "chunk": step.index,
+            "piece": number, "pieces": len(pieces), "attempt": step.attempt, "rung": step.rung,
+            "start": round(room.track + at, 3), "end": round(room.track + at + length, 3), "line_start": round(at, 3),
+            "samples": piece.samples, "sample_rate": piece.rate, "format": "wav", "bytes": len(piece.wav),
         }  # fmt: skip
         async with room.send_lock:  # the announcement and its audio, with nothing between them
             await room.websocket.send_json(announce)
-            await room.websocket.send_bytes(data)
-    elif isinstance(step, Restart):
-        await room.send_json({"type": "restart", "seq": line.seq, "speaker": line.speaker, "attempt": step.attempt,
-                              "rung": step.rung, "discarded": step.discarded, "reason": step.reason,
-                              "start": round(room.track, 3)})  # fmt: skip
-    elif isinstance(step, Done):
-        output = step.envelope.get("output", {})
-        duration = float(output.get("duration", 0.0))
-        await room.send_json({
-            "type": "line_end", "seq": line.seq, "speaker": line.speaker, "job": head.job.id,
-            "rung": output.get("rung", step.envelope.get("variant", "")), "voice": output.get("voice", ""),
-            "start": round(room.track, 3), "end": round(room.track + duration, 3), "duration": duration,
-            "chunks": output.get("chunks"), "sample_rate": output.get("sample_rate"),
-            "attempts": [{k: a.get(k) for k in ("variant", "outcome", "reason")}
-                         for a in step.envelope.get("attempts", [])],
-        })  # fmt: skip
-        room.track += duration
-        room.sent.append(line.seq)
-    elif isinstance(step, Failed):
-        await room.send_json(error(f"line {line.seq} was not spoken: {step.failure.get('reason', '')}", code="failed",
-                                   seq=line.seq, kind=step.failure.get("kind"), job=head.job.id))  # fmt: skip
-    return True
+            await room.websocket.send_bytes(piece.wav)
+    return len(pieces)
 
 
-def _read_chunk(config: GatewayConfig, job: JobHandle, step: Chunk) -> tuple[bytes, int | None] | None:
-    """A chunk's WAV bytes and sample rate, or None if they cannot be known to be its attempt's.
+async def _send_line_end(room: _Room, head: _Accepted, step: Done) -> None:
+    output = step.envelope.get("output", {})
+    duration = float(output.get("duration", 0.0))
+    await room.send_json({
+        "type": "line_end", "seq": head.line.seq, "speaker": head.line.speaker, "job": head.job.id,
+        "rung": output.get("rung", step.envelope.get("variant", "")), "voice": output.get("voice", ""),
+        "start": round(room.track, 3), "end": round(room.track + duration, 3), "duration": duration,
+        "chunks": output.get("chunks"), "sample_rate": output.get("sample_rate"),
+        "attempts": [{k: a.get(k) for k in ("variant", "outcome", "reason")}
+                     for a in step.envelope.get("attempts", [])],
+    })  # fmt: skip
+    room.track += duration
+    room.sent.append(head.line.seq)
+
+
+def _read_chunk(config: GatewayConfig, job: JobHandle, step: Chunk) -> bytes | None:
+    """A chunk's WAV file, or None if it cannot be known to be its attempt's.
 
     A newer attempt clears the job's folder after its record is written (``tasks.base``), so the
     file read is the chunk's own if no attempt was added by the time it was read.
@@ -379,9 +392,4 @@ def _read_chunk(config: GatewayConfig, job: JobHandle, step: Chunk) -> tuple[byt
         return None
     if celery_app.backend.client.llen(keys.history(job.id)) != step.attempt + 1:
         return None
-    try:
-        with wave.open(io.BytesIO(data)) as audio:
-            rate: int | None = audio.getframerate()
-    except (wave.Error, EOFError):
-        rate = None
-    return data, rate
+    return data

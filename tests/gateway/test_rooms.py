@@ -219,6 +219,21 @@ def job_end(job_id: str) -> float:
     return last["started"] + last["duration"]
 
 
+def assert_tiled(frames: list[dict[str, Any]]) -> None:
+    """The audio frames of one attempt of a line: every piece of every chunk, in order, each
+    starting in the room's track where the one before it ended."""
+    assert frames and (frames[0]["chunk"], frames[0]["piece"]) == (0, 0)
+    for before, after in zip(frames, frames[1:]):
+        if after["chunk"] == before["chunk"]:
+            assert after["piece"] == before["piece"] + 1
+        else:
+            assert (after["chunk"], after["piece"]) == (before["chunk"] + 1, 0)
+            assert before["piece"] == before["pieces"] - 1
+        assert abs(after["start"] - before["end"]) < 0.0015
+    assert frames[-1]["piece"] == frames[-1]["pieces"] - 1
+    assert all(f["end"] - f["start"] <= 1.001 for f in frames)  # at most a second each
+
+
 def decode(chunks: list[dict[str, Any]]) -> tuple[np.ndarray, int]:
     parts = [sf.read(io.BytesIO(c["audio"]), dtype="float32") for c in chunks]
     assert all(rate == parts[0][1] == c["sample_rate"] for (_, rate), c in zip(parts, chunks, strict=True))
@@ -244,7 +259,9 @@ def test_lines_come_back_in_seq_order_in_their_speakers_voices(room_url, speaker
                                                            key=lambda x: (x[0], x[1] == "line_end"))  # fmt: skip
     chunks = {seq: [f for f in audio if f["type"] == "chunk" and f["seq"] == seq] for seq in range(3)}
     ends = {f["seq"]: f for f in audio if f["type"] == "line_end"}
-    assert [c["chunk"] for c in chunks[0]] == [0, 1, 2] and len(chunks[1]) == 1 == len(chunks[2])
+    for seq in range(3):
+        assert_tiled(chunks[seq])
+    assert chunks[0][-1]["chunk"] == 2 and chunks[1][-1]["chunk"] == 0 == chunks[2][-1]["chunk"]
     # The short lines ran beside the long one and ended first; they waited only for their turn,
     # and the long line's first chunk reached the client before its job had ended.
     assert job_end(ids[1]) < job_end(ids[0]) and job_end(ids[2]) < job_end(ids[0])
@@ -277,14 +294,19 @@ def test_a_line_killed_mid_way_comes_back_on_its_next_rung_in_its_place(room_url
         frames = first + read_frames(ws, line_ended(8))
     line = [f for f in frames if f.get("seq") == 7 and f["type"] in ("chunk", "restart", "line_end")]
     kinds = [f["type"] for f in line]
-    assert kinds[:2] == ["chunk", "restart"] and kinds[-1] == "line_end", kinds
-    restart = line[1]
-    assert (restart["rung"], restart["attempt"], restart["discarded"], restart["start"]) == ("piper", 1, 1, 0.0)
+    cut = kinds.index("restart")  # the killed attempt's frames (its first chunk), then the restart
+    killed = line[:cut]
+    assert killed and all(f["type"] == "chunk" and f["attempt"] == 0 and f["chunk"] == 0 for f in killed), kinds
+    assert kinds.count("restart") == 1 and kinds[-1] == "line_end", kinds
+    restart = line[cut]
+    assert (restart["rung"], restart["attempt"], restart["discarded"], restart["start"]) == ("piper", 1, len(killed),
+                                                                                            0.0)  # fmt: skip
     assert restart["reason"].startswith("killed")
-    again = [f for f in line[2:] if f["type"] == "chunk"]
-    assert again and all(c["rung"] == "piper" and c["attempt"] == 1 for c in again)
-    assert [c["chunk"] for c in again] == list(range(len(again))) and again[0]["start"] == 0.0
+    again = [f for f in line[cut + 1 :] if f["type"] == "chunk"]
+    assert all(c["rung"] == "piper" and c["attempt"] == 1 for c in again)
+    assert_tiled(again)
     end = line[-1]
+    assert again[0]["start"] == 0.0 and again[-1]["chunk"] + 1 == end["chunks"]
     assert end["rung"] == "piper" and end["voice"].startswith("piper ")
     assert [(a["variant"], a["outcome"]) for a in end["attempts"]] == [("espeak", "killed"), ("piper", "ok")]
     decode(again)
@@ -376,6 +398,6 @@ def test_the_docs_room_client_runs_against_a_gateway_without_tokens(room_worker,
     printed = [ast.literal_eval(line) for line in run.stdout.splitlines()]  # the client prints the frames' dicts
     assert [f["type"] for f in printed] == ["ready", "line_end", "line_end", "end"]
     assert printed[-1] == {"type": "end", "sent": [0, 1], "cancelled": []}
-    written = sorted(tmp_path.glob("line*.wav"))
-    assert {p.name.split("-")[0] for p in written} == {"line0", "line1"}
-    assert all(sf.info(p).duration > 0.3 for p in written)
+    for end in printed[1:3]:  # each line's files hold its audio, whole
+        written = list(tmp_path.glob(f"line{end['seq']}-*.wav"))
+        assert written and abs(sum(sf.info(p).frames for p in written) / end["sample_rate"] - end["duration"]) < 0.002
