@@ -163,9 +163,13 @@ def _family(request: Request) -> str | None:
     return getattr(spec, "name", None)
 
 
+# Set by ``serve``: nothing is read back for metrics nobody scrapes (FARM_METRICS_PORT=0).
+_COUNTING = False
+
+
 def _ended(request: Request) -> None:
     family = _family(request)
-    if family is not None:
+    if _COUNTING and family is not None:
         _READER.submit(request.task.app, request.id, family)
 
 
@@ -219,17 +223,20 @@ class MeteredRequest(Request):
 
 
 def serve(port: int, worker: Any = None, pool: Pool | None = None) -> None:
-    """Expose the metrics over HTTP (all addresses: bind the port as the container needs).
+    """Expose the metrics over HTTP (all addresses: bind the port as the container needs). Port 0:
+    no endpoint, and ended jobs are not read back (a worker nobody scrapes pays nothing per job).
 
     With a running ``worker`` and its ``pool``, also the scrape-time collectors
     (``workers.collectors``): the depth of the queues it consumes, the pool's breakers and
     admission refusals, NVML's GPU memory and the GPU children's allocator figures.
     """
+    global _COUNTING
     result_metrics()  # every declared metric listed from the start, before its first job
     job_metrics()
     if worker is not None and pool is not None:
         install_collectors(worker, pool)
     if port:
+        _COUNTING = True
         start_http_server(port)
 
 
