@@ -122,6 +122,13 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
     # (a refused handshake is only an HTTP status it does not show). The token subprotocol is never
     # echoed back: only ``farm.v1``, when offered.
     await websocket.accept(subprotocol=PROTOCOL if PROTOCOL in websocket.scope.get("subprotocols", []) else None)
+    origin = websocket.headers.get("origin")
+    if origin is not None and origin not in config.cors_origins:
+        # A browser names the page that opened the socket, and a WebSocket has no CORS: without
+        # this check any web page a user visits could open a room on a loopback gateway that has
+        # no tokens. Clients that are not browsers send no Origin.
+        await websocket.close(CLOSE_POLICY, f"origin {origin[:100]} may not open rooms (FARM_CORS_ORIGINS)")
+        return
     owner = LOCAL
     if config.tokens:
         token = _credentials(websocket)

@@ -387,6 +387,21 @@ def test_a_client_without_an_accepted_token_is_refused_and_a_browsers_subprotoco
         assert json.loads(ws.recv(timeout=10))["type"] == "ready"
 
 
+def test_a_web_page_of_an_origin_not_allowed_cannot_open_a_room_on_a_gateway_without_tokens() -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    allowed = "https://game.example"
+    with running_gateway(gateway_config(tokens=(), cors_origins=(allowed,))) as url:
+        base = url.replace("http://", "ws://")
+        with connect(base, "r1", additional_headers={}, origin="https://evil.example") as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1008 and "evil.example" in closed.value.rcvd.reason
+        for origin in (allowed, None):  # the page allowed, and a client that is not a browser
+            with connect(base, "r1", additional_headers={}, origin=origin) as ws:
+                assert json.loads(ws.recv(timeout=10))["type"] == "ready"
+
+
 def test_the_docs_room_client_runs_against_a_gateway_without_tokens(room_worker, tmp_path: Path) -> None:
     (block,) = [b for b in code_blocks(REPO / "docs" / "gateway.md") if "/v1/rooms/" in b.text and b.lang == "python"]
     assert "ws://127.0.0.1:8000/v1/rooms/" in block.text
