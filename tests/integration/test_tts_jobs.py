@@ -19,6 +19,7 @@ import soundfile as sf
 
 from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from tests.conftest import REPO
 from tests.support.kills import kill_running
@@ -67,6 +68,10 @@ def test_a_killed_chattts_cpu_attempt_comes_back_on_piper_under_the_same_id(tts_
     assert outcomes(envelope["attempts"]) == ["unavailable", "killed", "ok"]
     assert "GPU" in envelope["attempts"][0]["reason"]
     assert envelope["output"]["rung"] == "piper" and len(envelope["output"]["sentences"]) == 4
+    # The time of the first chunk is the answering attempt's (the workers' first-output metric).
+    piper = envelope["attempts"][-1]
+    first = float(app.backend.client.get(keys.first_output(job.id)))
+    assert piper["started"] < first < piper["started"] + piper["duration"]
 
 
 def test_end_to_end_on_chattts_cpu_with_chunks_fetchable_in_order(tts_worker, tmp_path: Path) -> None:
