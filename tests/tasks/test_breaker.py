@@ -186,3 +186,22 @@ def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: s
     envelope = run(calm, guard(b, calm.job_id, pressure=lambda: None), lambda r: {})
     assert [a.variant for a in envelope.attempts] == ["big"]
     log.client.delete(keys.history(calm.job_id))
+
+
+def test_the_watchdog_counts_a_kill_once_with_the_settling_delivery(redis_url: str, pool: str, log: AttemptLog) -> None:
+    from mediafarm.tasks.breaker import count_kill
+
+    client = log.client
+    # farm-test.toml: breaker_oom opens after 2 failures; kill_once has the test session's breaker (off).
+    assert count_kill(client, pool, "farm.test.chaos", {"ladder": "kill_once"}, log.job_id, 1, Outcome.KILLED) == ""
+    running = Attempt(0, "heavy", pid=4242, worker="chaos@h")
+    log.append(running)
+    assert count_kill(client, pool, "farm.test.chaos", {"ladder": "breaker_oom"}, log.job_id, 999, Outcome.KILLED) == ""
+    assert count_kill(client, pool, "farm.test.chaos", {"ladder": "breaker_oom"}, log.job_id, 4242,
+                      Outcome.KILLED) == "counted"  # fmt: skip
+    # The job's next delivery settles the same attempt and counts it again: still one failure.
+    settled = Attempt(0, "heavy", Outcome.KILLED, pid=4242, worker="chaos@h", started=running.started)
+    b = Breakers(client, pool)
+    assert b.failed("breaker_oom", "heavy", BreakerPolicy(failures=2), settled, log.job_id) == "counted"
+    assert read_breakers(client, pool) == []
+    assert count_kill(client, pool, "celery.backend_cleanup", {}, log.job_id, 4242, Outcome.KILLED) == ""
