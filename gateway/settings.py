@@ -31,6 +31,8 @@ class GatewayConfig:
         room_max_lines: Lines a dialogue room holds in flight, accepted and not yet wholly sent
             (``FARM_ROOM_MAX_LINES``, default 8); a line past it is answered ``busy``.
         room_queue: Where a room's line jobs go; None: the TTS family's queue.
+        room_poll: Seconds between two looks at a room's head line (one Redis round trip each,
+            the whole job read only when it changed): what a chunk may wait before it is sent.
         room_linger: Seconds a dropped room connection's unfinished lines wait for the client to
             connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
     """
@@ -46,6 +48,7 @@ class GatewayConfig:
     heartbeat: float = 15.0
     room_max_lines: int = 8
     room_queue: str | None = None
+    room_poll: float = 0.03
     room_linger: float = 10.0
 
     @classmethod
