@@ -85,8 +85,9 @@ def submit(
         key = keys.submitted(job_id)
         first = client.get(key)
         if first is None:
+            plan = as_pipeline(job_id) if callable(as_pipeline) else None
             # Refused before the key is written: a refused job leaves nothing behind.
-            admitted = _admit(spec, queue, job_id, tenant, as_pipeline)
+            admitted = _admit(spec, queue, job_id, tenant, plan)
             wrote_key = bool(client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)))
             if not wrote_key:  # a racing submit of the same id took it first
                 admitted.release(client)
@@ -99,12 +100,13 @@ def submit(
             return JobHandle(id=job_id, family=spec.name)
     else:
         job_id = str(uuid.uuid4()) if callable(as_pipeline) or tenant else None
-        admitted = _admit(spec, queue, job_id or "", tenant, as_pipeline)
+        plan = as_pipeline(job_id) if callable(as_pipeline) else None
+        admitted = _admit(spec, queue, job_id or "", tenant, plan)
     try:
-        if callable(as_pipeline):
+        if plan is not None:
             # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
             # handle is the fan-in job's. Admitted above, with its parts.
-            return _send_plan(as_pipeline(job_id), queue, priority)
+            return _send_plan(plan, queue, priority)
         # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
@@ -123,11 +125,10 @@ def _wire(priority: int) -> int:
     return wire_priority(priority, get_settings().broker_is_rabbitmq)
 
 
-def _admit(spec: FamilySpec, queue: str | None, job_id: str, tenant: str | None, as_pipeline: Any) -> Any:
+def _admit(spec: FamilySpec, queue: str | None, job_id: str, tenant: str | None, plan: Plan | None) -> Any:
     """Admission control for one submit: a pipeline family's every job (its plan), else the one."""
     jobs = [(spec, queue)]
-    if callable(as_pipeline):
-        plan = as_pipeline(job_id)
+    if plan is not None:
         jobs = [(registry.get(p.family), queue) for p in (*plan.parts, plan.then)]
     return admission.admit(jobs, job_id=job_id, tenant=tenant, app=app)
 
