@@ -130,28 +130,28 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
         # A browser names the page that opened the socket, and a WebSocket has no CORS: without
         # this check any web page a user visits could open a room on a loopback gateway that has
         # no tokens. Clients that are not browsers send no Origin.
-        await websocket.close(CLOSE_POLICY, f"origin {origin[:100]} may not open rooms (FARM_CORS_ORIGINS)")
+        await _close(websocket, CLOSE_POLICY, f"origin {origin[:100]} may not open rooms (FARM_CORS_ORIGINS)")
         return
     owner = LOCAL
     if config.tokens:
         token = _credentials(websocket)
         if token is None:
-            await websocket.close(CLOSE_POLICY, "this gateway needs a bearer token: an Authorization header, "
+            await _close(websocket, CLOSE_POLICY, "this gateway needs a bearer token: an Authorization header, "
                                                 f"or the subprotocol {TOKEN_PROTOCOL_PREFIX}<token>")  # fmt: skip
             return
         if not known_token(config, token):
-            await websocket.close(CLOSE_POLICY, "the bearer token is not one this gateway accepts")
+            await _close(websocket, CLOSE_POLICY, "the bearer token is not one this gateway accepts")
             return
         owner = owner_of(token)
     if not _ROOM.match(room):
-        await websocket.close(CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
+        await _close(websocket, CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
         return
     state = _Room(websocket, config, owner, room)
     lease = keys.room_lease(owner, room)
     try:
         await anyio.to_thread.run_sync(lambda: celery_app.backend.client.set(lease, state.connection, ex=LEASE_TTL_S))
     except (RedisError, OperationalError) as exc:
-        await websocket.close(CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}"[:120])
+        await _close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
         return
     await state.send_json({"type": "ready", "room": room, "protocol": PROTOCOL, "max_lines": config.room_max_lines,
                            "linger": config.room_linger})  # fmt: skip
@@ -169,6 +169,11 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
             await _say_end(websocket, state, cancelled)
         else:
             _linger(state, lease)
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    # A close frame's reason holds at most 123 bytes of UTF-8 (RFC 6455 5.5); longer ones fail.
+    await websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
 
 
 async def _say_end(websocket: WebSocket, room: _Room, cancelled: list[int]) -> None:
