@@ -4,7 +4,9 @@
 registry: every family gets ``POST /v1/jobs/<family>`` with its own request model as the body, and
 every job can be followed (``GET /v1/jobs/<id>``, Server-Sent Events at ``/events``), fetched
 (``/artifacts/<name>``) and cancelled (``DELETE``). Media may be uploaded first (``POST
-/v1/uploads``) and named as ``upload:<id>`` by a job. docs/gateway.md is the manual.
+/v1/uploads``) and named as ``upload:<id>`` by a job. A dialogue room (``WebSocket
+/v1/rooms/<room>``, :mod:`mediafarm.gateway.rooms`) takes lines and streams their speech back in
+line order. docs/gateway.md is the manual.
 
 The gateway submits and follows jobs with the producer API (``tasks.client``, ``tasks.handles``)
 and never imports the worker side. Nothing here is imported by ``import mediafarm``: the FastAPI
