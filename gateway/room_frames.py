@@ -5,7 +5,7 @@ protocol's manual; this module is its one definition.
 A client sends JSON text frames:
 
 - a line: ``{"seq": 0, "speaker": "narrator", "text": "...", "language": "en", "speed": 1.0}``
-  (``"type": "line"`` may be given; ``language`` and ``speed`` are optional): one TTS job;
+  (``"type": "line"`` may be given; ``language``, ``speed`` and ``ladder`` are optional): one TTS job;
 - ``{"type": "end"}``: leave the room now (unfinished lines are cancelled), or
   ``{"type": "end", "finish": true}``: no more lines; send every accepted line, then close.
 
@@ -61,6 +61,7 @@ class _Line(BaseModel):
     text: str
     language: str | None = None
     speed: float | None = None
+    ladder: str | None = None
 
 
 class _End(BaseModel):
@@ -114,7 +115,8 @@ def parse_frame(text: str) -> Line | End:
     try:
         line = _Line.model_validate(data)
         fields: dict[str, Any] = {"text": line.text, "speaker": line.speaker, "format": "wav"}
-        fields.update({k: v for k, v in (("language", line.language), ("speed", line.speed)) if v is not None})
+        optional = (("language", line.language), ("speed", line.speed), ("ladder", line.ladder))
+        fields.update({k: v for k, v in optional if v is not None})
         # The TTS family's own request model: the same rules as a job sent any other way.
         TtsRequest.model_validate(fields)
     except ValidationError as exc:

@@ -113,6 +113,12 @@ def test_a_failed_line_sends_no_chunk_of_its_last_attempt_and_says_why() -> None
     assert isinstance(run_feed([Snapshot("SUCCESS", (attempt("ok", "espeak"),), (), envelope={})])[0], Done)
 
 
+def test_a_line_frame_is_the_tts_request_it_stands_for() -> None:
+    line = parse_frame('{"seq": 3, "speaker": "narrator", "text": "Hi.", "speed": 1.5, "ladder": "piper"}')
+    assert (line.seq, line.speaker) == (3, "narrator")
+    assert line.fields == {"text": "Hi.", "speaker": "narrator", "format": "wav", "speed": 1.5, "ladder": "piper"}
+
+
 @pytest.mark.parametrize(
     ("frame", "field"),
     [
@@ -125,6 +131,7 @@ def test_a_failed_line_sends_no_chunk_of_its_last_attempt_and_says_why() -> None
         ('{"seq": 1, "speaker": "a", "text": "Hi.", "volume": 3}', "volume"),
         ('{"type": "shout", "seq": 1}', "type"),
         ('{"type": "end", "finish": "yes"}', "finish"),
+        ('{"seq": 1, "speaker": "a", "text": "Hi.", "ladder": 3}', "ladder"),
         ("[1, 2]", None),
         ("not json", None),
     ],
