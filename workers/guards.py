@@ -187,10 +187,6 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 record_kill(self._redis, request.id, record, ttl=int(worker.app.conf.result_expires))
             except Exception:  # the kill matters more than its record
                 log.exception("could not record the kill reason of job %s", request.id)
-            try:  # now, not when the job comes back from the end of its queue (tasks.breaker.count_kill)
-                count_kill(self._redis, self.pool.name, request.name, request.kwargs, request.id, child.pid, outcome)
-            except Exception:  # noqa: BLE001 - nor does its count
-                log.exception("could not count the kill of job %s against its rung's breaker", request.id)
         try:
             # psutil checks the process is still the one we measured (pid reuse).
             child.kill()
@@ -200,6 +196,11 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         killed_by_watchdog(child.pid)  # billiard's own ERROR for its exit becomes INFO (workers.logs)
         log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
         CHILD_KILLS.labels(pool=self.pool.name, reason=outcome.value).inc()
+        if request is not None:
+            try:  # now, not when the job comes back from the end of its queue (tasks.breaker.count_kill)
+                count_kill(self._redis, self.pool.name, request.name, request.kwargs, request.id, child.pid, outcome)
+            except Exception:  # noqa: BLE001 - the kill matters more than its count
+                log.exception("could not count the kill of job %s against its rung's breaker", request.id)
 
 
 def _on_child_start(**_: Any) -> None:
