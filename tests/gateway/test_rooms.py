@@ -323,6 +323,21 @@ def test_a_line_killed_mid_way_comes_back_on_its_next_rung_in_its_place(room_url
     assert frames.index(after[0]) > frames.index(end)
 
 
+def test_a_line_that_fails_for_good_gets_an_error_in_its_place_and_the_room_goes_on(room_url, speakers) -> None:
+    room = f"fail-{uuid.uuid4().hex[:6]}"
+    with connect(room_url, room) as ws:
+        ws.recv(timeout=10)
+        ws.send(json.dumps({"seq": 0, "speaker": speakers[0], "text": "Never spoken.", "ladder": "no-such-ladder"}))
+        ws.send(json.dumps({"seq": 1, "speaker": speakers[1], "text": "Spoken all the same."}))
+        frames = read_frames(ws, line_ended(1))
+    told = [f for f in frames if f["type"] in ("chunk", "line_end", "error")]
+    failed = told[0]
+    assert (failed["type"], failed["code"], failed["seq"], failed["kind"]) == ("error", "failed", 0, "rejected")
+    assert "no-such-ladder" in failed["message"]
+    assert {f["seq"] for f in told[1:]} == {1} and told[-1]["type"] == "line_end"
+    assert told[1]["start"] == 0.0 == told[-1]["start"]  # a failed line takes no time in the track
+
+
 def test_a_room_past_its_bound_is_told_so_and_end_cancels_its_lines(idle_room_url) -> None:
     room = f"bound-{uuid.uuid4().hex[:6]}"
     with connect(idle_room_url, room) as ws:
