@@ -12,17 +12,12 @@ Two coroutines per connection: the reader (frames in: lines, end) and the sender
 chunks out); a lock keeps each chunk's announcement and its audio frame adjacent. Every farm call
 blocks, so each runs in a worker thread.
 
-Leaving: an ``end`` frame cancels the room's unfinished lines at once. A connection that drops
-(a phone changing networks) gets a grace period instead (``room_linger``): a client that connects
-again to the room within it and sends its lines again finds the same jobs, still running or done,
-and nothing is spoken twice; if none has connected by then, the unfinished lines are cancelled.
-A connection takes the room as it opens (``keys.room_lease``, in Redis, so the next connection may
-land on another gateway process).
+Leaving: an ``end`` frame cancels the room's unfinished lines at once; a dropped connection's
+wait for their client first (``room_lease``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 import uuid
@@ -54,6 +49,7 @@ from mediafarm.gateway.room_frames import (
     parse_frame,
     room_job_id,
 )
+from mediafarm.gateway.room_lease import Lease
 from mediafarm.gateway.security import LOCAL, known_token, owner_of
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks import keys
@@ -63,7 +59,6 @@ from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import InvalidRequest, Overloaded, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
 from mediafarm.tasks.handles import JobHandle
-from mediafarm.tasks.plan import READY
 
 router = APIRouter()
 _ROOM = re.compile(ROOM_NAME)
@@ -74,10 +69,6 @@ MAX_FRAME_CHARS = 500_000
 REDIS_RETRY_S = 1.0
 # The head line's job is read in full at least this often, changed or not (``_read_if_changed``).
 FULL_READ_S = 1.0
-# A room's lease outlives any grace period; refreshed by every connection.
-LEASE_TTL_S = 24 * 3600
-# The grace periods of dropped connections still running (a reference, or asyncio may collect them).
-_LINGERING: set[asyncio.Task[None]] = set()
 
 
 @dataclass
@@ -147,9 +138,9 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
         await _close(websocket, CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
         return
     state = _Room(websocket, config, owner, room)
-    lease = keys.room_lease(owner, room)
+    lease = Lease(owner, room, state.connection)
     try:
-        await anyio.to_thread.run_sync(lambda: celery_app.backend.client.set(lease, state.connection, ex=LEASE_TTL_S))
+        await anyio.to_thread.run_sync(lease.take)
     except (RedisError, OperationalError) as exc:
         await _close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
         return
@@ -163,12 +154,13 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
     except* (WebSocketDisconnect, OSError):  # the client left while a frame was being sent to it
         pass
     finally:
+        lines = [(accepted.line.seq, accepted.job) for accepted in state.pending]
         if state.ended:
             with anyio.CancelScope(shield=True):
-                cancelled = await anyio.to_thread.run_sync(_leave, state, lease)
+                cancelled = await anyio.to_thread.run_sync(lease.leave, lines)
             await _say_end(websocket, state, cancelled)
         else:
-            _linger(state, lease)
+            lease.linger(config.room_linger, lines)
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
@@ -184,48 +176,6 @@ async def _say_end(websocket: WebSocket, room: _Room, cancelled: list[int]) -> N
         await websocket.close(CLOSE_NORMAL)
     except (WebSocketDisconnect, RuntimeError):  # the client left first
         pass
-
-
-def _linger(room: _Room, lease: str) -> None:
-    """The grace period of a dropped connection: its unfinished lines are cancelled after
-    ``room_linger`` seconds unless a newer connection has taken the room. A gateway stopping
-    meanwhile leaves them to finish."""
-    if not room.pending:
-        return
-
-    async def wait_then_leave() -> None:
-        await anyio.sleep(room.config.room_linger)
-        await anyio.to_thread.run_sync(_leave, room, lease)
-
-    task = asyncio.get_running_loop().create_task(wait_then_leave())
-    _LINGERING.add(task)
-    task.add_done_callback(_LINGERING.discard)
-
-
-def _leave(room: _Room, lease: str) -> list[int]:
-    """Cancel the room's unfinished lines if this connection still holds the room (or no one
-    does); the seqs cancelled."""
-    client = celery_app.backend.client
-    try:
-        holder = client.get(lease)
-        if holder is not None and holder.decode() != room.connection:
-            return []  # a newer connection took the room and its lines
-        client.delete(lease)
-    except (RedisError, OperationalError):  # unknown: the lines run to their end, nothing is lost
-        return []
-    return _cancel_unfinished(room.pending)
-
-
-def _cancel_unfinished(pending: list[_Accepted]) -> list[int]:
-    cancelled = []
-    for accepted in pending:
-        try:
-            if accepted.job.state() not in READY:
-                accepted.job.cancel()
-                cancelled.append(accepted.line.seq)
-        except (RedisError, OperationalError):  # the jobs run to their end; nothing else is lost
-            pass
-    return cancelled
 
 
 async def _reader(room: _Room) -> None:
