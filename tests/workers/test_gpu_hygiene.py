@@ -66,3 +66,24 @@ def test_malloc_arena_max_is_in_the_workers_environment_from_its_pool() -> None:
     out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['MALLOC_ARENA_MAX'])"], env=env,
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "2"
+
+
+def test_gpu_memory_is_read_through_nvml_where_a_driver_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from mediafarm.workers.collectors import GpuMemory
+
+    # Here: nvidia-ml-py is installed, no driver answers: no metric, no error.
+    assert list(GpuMemory((0,)).collect()) == []
+    # Where one does (the library's own calls, answered as a driver would).
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=(handle + 1) * GB, total=141 * GB),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    families = {m.name: m for m in GpuMemory((0, 3)).collect()}
+    used = {s.labels["gpu"]: s.value for s in families["mediafarm_gpu_memory_used_bytes"].samples}
+    assert used == {"0": 1 * GB, "3": 4 * GB}
+    assert {s.value for s in families["mediafarm_gpu_memory_total_bytes"].samples} == {141 * GB}
+    assert list(GpuMemory(()).collect()) == []  # a pool without GPUs asks NVML nothing
