@@ -98,13 +98,15 @@ child_rss_cap_mb = 2048
 class Sample:
     """One request. Attributes: first_s (the first audio byte, or for ``sse`` the first partial
     event, from just before the request was sent), total_s (the whole response), bytes (audio),
-    queue_s (the job's first attempt start minus the send time), error (None: a success), job (its
-    id), sent (the wall-clock time it was sent)."""
+    queue_s (the job's first attempt start minus the send time), attempt_s (that attempt's own
+    duration in the worker's child), error (None: a success), job (its id), sent (the wall-clock
+    time it was sent)."""
 
     first_s: float | None = None
     total_s: float | None = None
     bytes: int = 0
     queue_s: float | None = None
+    attempt_s: float | None = None
     error: str | None = None
     job: str | None = None
     sent: float = 0.0
@@ -206,6 +208,7 @@ def add_queue_waits(samples: list[Sample]) -> None:
             attempts = JobHandle(id=sample.job, family="tts").attempts()
             if attempts:
                 sample.queue_s = attempts[0]["started"] - sample.sent
+                sample.attempt_s = attempts[0].get("duration")
 
 
 # -- the farm this script starts -------------------------------------------------------------------
@@ -389,6 +392,7 @@ def one_client(farm: Farm, paths: list[str], rung: str, text: str, runs: int) ->
             "ratio": round(statistics.median(x[path]["first_s"] / x["engine_first_s"] for x in good), 2)
             if good else None,
             "queue_s": round(statistics.median(x[path]["queue_s"] for x in good), 4) if good else None,
+            "attempt_s": round(statistics.median(x[path]["attempt_s"] or 0 for x in good), 4) if good else None,
             "gateway_cpu_ms_per_request": round(1000 * sum(x[path]["gateway_cpu_s"] for x in rounds) / runs, 1),
             "gateway_cpu_ms_per_stream_s": round(1000 * sum(x[path]["gateway_cpu_s"] for x in rounds)
                                                  / max(sum(x[path]["total_s"] or 0 for x in rounds), 1e-9), 2),
@@ -418,15 +422,17 @@ def fmt(p: dict[str, float] | None, key: str) -> str:
 
 def report(results: dict[str, Any]) -> None:
     print(f"\nconditions: {results['conditions']}")
-    print(f"\none client, medians of the alternating rounds:\n{'rung':7} {'text':9} {'path':6} {'engine first':>12} "
-          f"{'first':>7} {'ratio':>6} {'whole':>7} {'to start':>8} {'errors':>6} {'gw cpu ms/req':>13} "
-          f"{'ms/stream s':>11}")  # fmt: skip
+    print("\none client, medians of the alternating rounds:")
+    print(f"{'rung':7} {'text':9} {'path':6} {'engine first':>12} {'whole':>7} {'first':>7} {'ratio':>6} {'whole':>7} "
+          f"{'to start':>8} {'attempt':>7} {'errors':>6} {'gw cpu ms/req':>13} {'ms/stream s':>11}")  # fmt: skip
     for key, cell in results["one_client"].items():
         rung, text = key.split("/")
         for p in results["paths"]:
             c = cell[p]
-            print(f"{rung:7} {text:9} {p:6} {cell['engine_first_s']:12.3f} {c['first_s'] or 0:7.3f} "
-                  f"{c['ratio'] or 0:6.2f} {c['total_s'] or 0:7.3f} {c['queue_s'] or 0:8.3f} {c['errors']:6d} "
+            print(f"{rung:7} {text:9} {p:6} {cell['engine_first_s']:12.3f} {cell['engine_total_s']:7.3f} "
+                  f"{c['first_s'] or 0:7.3f} "
+                  f"{c['ratio'] or 0:6.2f} {c['total_s'] or 0:7.3f} {c['queue_s'] or 0:8.3f} "
+                  f"{c.get('attempt_s') or 0:7.3f} {c['errors']:6d} "
                   f"{c['gateway_cpu_ms_per_request']:13.1f} {c['gateway_cpu_ms_per_stream_s']:11.1f}")  # fmt: skip
     print(f"\n{'rung':7} {'text':9} {'path':6} {'clients':>7} {'reqs':>5} {'errors':>6} {'first p50':>9} "
           f"{'p95':>7} {'p99':>7} {'whole p50':>9} {'p95':>7} {'p99':>7} {'queue p50':>9} {'p99':>7} "
