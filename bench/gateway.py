@@ -435,14 +435,14 @@ def report(results: dict[str, Any]) -> None:
                   f"{c.get('attempt_s') or 0:7.3f} {c['errors']:6d} "
                   f"{c['gateway_cpu_ms_per_request']:13.1f} {c['gateway_cpu_ms_per_stream_s']:11.1f}")  # fmt: skip
     print(f"\n{'rung':7} {'text':9} {'path':6} {'clients':>7} {'reqs':>5} {'errors':>6} {'first p50':>9} "
-          f"{'p95':>7} {'p99':>7} {'whole p50':>9} {'p95':>7} {'p99':>7} {'queue p50':>9} {'p99':>7} "
+          f"{'p95':>7} {'p99':>7} {'whole p50':>9} {'p95':>7} {'p99':>7} {'queue p50':>9} {'p95':>7} {'p99':>7} "
           f"{'req/s':>6} {'gw cpu ms/req':>13} {'ms/stream s':>11}")  # fmt: skip
     for key, cell in results["levels"].items():
         rung, text, path, clients = key.split("/")
         f, t, q = cell["first_s"], cell["total_s"], cell["queue_s"]
         print(f"{rung:7} {text:9} {path:6} {clients:>7} {cell['requests']:5d} {cell['errors']:6d} {fmt(f, 'p50'):>9} "
               f"{fmt(f, 'p95'):>7} {fmt(f, 'p99'):>7} {fmt(t, 'p50'):>9} {fmt(t, 'p95'):>7} {fmt(t, 'p99'):>7} "
-              f"{fmt(q, 'p50'):>9} {fmt(q, 'p99'):>7} {cell['requests_per_s']:6.2f} "
+              f"{fmt(q, 'p50'):>9} {fmt(q, 'p95'):>7} {fmt(q, 'p99'):>7} {cell['requests_per_s']:6.2f} "
               f"{cell['gateway_cpu_ms_per_request']:13.2f} {cell['gateway_cpu_ms_per_stream_s']:11.2f}")  # fmt: skip
         for example in cell["error_examples"]:
             print(f"    error: {example}")
