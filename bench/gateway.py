@@ -37,7 +37,11 @@ succeeded, ``GET .../artifacts``), then ``end``, then the whole ``speech.wav`` d
 "first byte" is therefore the first partial event, the earliest moment this path tells a client
 that audio exists.
 
-Results go to ``bench/results/gateway.json`` (every request's timings).
+At one client the worker's own attempt time (its record) is shown beside send → start, so that
+what the gateway adds to the first byte can be read off: send → start, the attempt, the rest.
+
+Results go to ``bench/results/gateway.json`` (every request's timings), saved after every cell;
+``--report FILE`` prints the tables of a results file, a run cut short too.
 """
 
 from __future__ import annotations
