@@ -129,3 +129,26 @@ def test_other_parameters_give_the_iterators_spans_too(tracks, stock_model, para
     track = next(t for t in tracks if t.name == "short-utterances")
     got = engines.silero(EngineContext.local(), VadRequest(media=str(track.path)), params).spans
     assert_within_a_window([(s.start, s.end) for s in got], iterator_spans(decoded(track.path), stock_model, params))
+
+
+def test_speech_running_to_the_end_and_files_shorter_than_a_window(tracks, stock_model, tmp_path: Path) -> None:
+    import soundfile as sf
+
+    track = next(t for t in tracks if t.name == "noise")
+    audio, rate = sf.read(track.path, dtype="int16")
+    start, end = track.truth[-1]
+    cut = tmp_path / "cut.wav"  # a recording stopped mid-sentence: the last span runs to the end
+    sf.write(cut, audio[: int((start + end) / 2 * rate) + 77], rate, subtype="PCM_16")
+    got = [(s.start, s.end) for s in engines.silero(EngineContext.local(), VadRequest(media=str(cut)), PARAMS).spans]
+    expected = iterator_spans(decoded(cut), stock_model)
+    assert expected[-1][1] == pytest.approx(sf.info(cut).duration)
+    assert_within_a_window(got, expected)
+    for samples in (300, 0):  # part of one window; an empty recording
+        tiny = tmp_path / f"tiny-{samples}.wav"
+        sf.write(tiny, audio[int(start * rate) : int(start * rate) + samples], rate, subtype="PCM_16")
+        result = engines.silero(EngineContext.local(), VadRequest(media=str(tiny)), PARAMS)
+        assert result.duration == pytest.approx(samples / rate)
+        if samples:
+            assert_within_a_window([(s.start, s.end) for s in result.spans], iterator_spans(decoded(tiny), stock_model))
+        else:
+            assert result.spans == []
