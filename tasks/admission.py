@@ -13,10 +13,11 @@ producer, through them). Three checks, each with limits from ``config.admission`
 - **tenant**: the jobs one tenant (a gateway token) submitted to the family that have not started,
   against ``max_queued_per_tenant`` (a sorted set per tenant and family, pruned of started and
   ended jobs atomically as it is read).
-- **pressure**: each pool that consumes the job's queue publishes its memory reading
-  (``workers.pressure``, every second, with a TTL); a pool whose reading is below its thresholds
-  refuses new work (:func:`pool_under_pressure`). A family whose ladder steps down under pressure
-  (``config.ladder_policy``) is not refused: its jobs start on a lighter rung instead.
+- **pressure**: each worker publishes its memory reading and the queues it consumes
+  (``workers.pressure``, every second, with a TTL); a reading of a worker that consumes the job's
+  queue below its pool's thresholds refuses the job (:func:`queue_under_pressure`; a pool's own
+  state for its workers: :func:`pool_under_pressure`). A family whose ladder steps down under
+  pressure (``config.ladder_policy``) is not refused: its jobs start on a lighter rung instead.
 
 A refusal writes only its count (``keys.refusals``, for the metrics); a job already accepted (an
 idempotent re-submit of its id) is never refused, and nothing accepted is ever dropped.
@@ -80,6 +81,8 @@ class Reading:
             usage (inactive file pages counted free), whichever is smaller.
         total_mb: The host's memory, or the cgroup's limit when smaller.
         gpus: ``{"<index>": [free_mb, total_mb]}`` of the pool's GPUs (NVML), empty without one.
+        queues: The queues the worker consumes (its pool's, or what ``farm worker --queues`` gave
+            it); empty: not said, the pool's declared queues are taken instead.
     """
 
     worker: str
@@ -87,16 +90,18 @@ class Reading:
     available_mb: float
     total_mb: float
     gpus: Mapping[str, Sequence[float]]
+    queues: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Reading:
         data = json.loads(raw)
         return cls(str(data["worker"]), float(data["at"]), float(data["available_mb"]), float(data["total_mb"]),
-                   dict(data.get("gpus") or {}))  # fmt: skip
+                   dict(data.get("gpus") or {}), tuple(data.get("queues") or ()))  # fmt: skip
 
     def to_json(self) -> str:
         return json.dumps({"worker": self.worker, "at": self.at, "available_mb": round(self.available_mb, 1),
-                           "total_mb": round(self.total_mb, 1), "gpus": dict(self.gpus)})  # fmt: skip
+                           "total_mb": round(self.total_mb, 1), "gpus": dict(self.gpus),
+                           "queues": list(self.queues)})  # fmt: skip
 
     def pressure(self, limits: PoolAdmission) -> str | None:
         """Why this reading is under the pool's thresholds, or None."""
@@ -123,9 +128,12 @@ def publish_reading(client: Any, pool: str, reading: Reading) -> None:
 
 def readings(client: Any, pool: str, now: float | None = None) -> list[Reading]:
     """The fresh readings of ``pool``'s workers (stale and unreadable ones left out)."""
-    now = time.time() if now is None else now
+    return _fresh(client.hvals(keys.pressure(pool)), time.time() if now is None else now)
+
+
+def _fresh(raws: Iterable[bytes], now: float) -> list[Reading]:
     out = []
-    for raw in client.hvals(keys.pressure(pool)):
+    for raw in raws:
         try:
             reading = Reading.from_json(raw)
         except (ValueError, KeyError, TypeError):
@@ -152,6 +160,30 @@ def pool_under_pressure(pool: str, client: Any) -> str | None:
     return None
 
 
+def queue_under_pressure(queue: str, pools: Mapping[str, Pool], client: Any) -> tuple[str, str] | None:
+    """(pool, why) when a worker that consumes ``queue`` is under its pool's memory thresholds, or
+    None. Every declared pool's readings in one round trip; a worker that consumes ``queue`` is one
+    whose reading lists it (its pool's queues, or ``farm worker --queues``), else one of a pool
+    that declares it."""
+    names = list(pools)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hvals(keys.pressure(name))
+    admission, now = get_admission(), time.time()
+    family_queues = None
+    for name, raws in zip(names, pipe.execute(), strict=True):
+        for reading in _fresh(raws, now):
+            if reading.queues:
+                serves = queue in reading.queues
+            else:
+                family_queues = registry.default_queues() if family_queues is None else family_queues
+                serves = queue in expand_queues(pools[name].queues, family_queues)
+            why = reading.pressure(admission.pool(name)) if serves else None
+            if why is not None:
+                return name, f"pool {name!r} is under memory pressure: {why}"
+    return None
+
+
 def family_queues(spec: FamilySpec, queue: str | None, pools: Mapping[str, Pool]) -> tuple[str, ...]:
     """The queues whose waiting jobs count as ``spec``'s: the one the job goes to, the family
     queue, and its GPU affinity queue on every pool with GPUs."""
@@ -159,12 +191,6 @@ def family_queues(spec: FamilySpec, queue: str | None, pools: Mapping[str, Pool]
     for pool in pools.values():
         names += [gpu_queue(g, spec.queue) for g in pool.gpus]
     return tuple(dict.fromkeys(names))
-
-
-def serving_pools(queue: str, pools: Mapping[str, Pool]) -> list[str]:
-    """The pools that consume ``queue``."""
-    family_queues = registry.default_queues()
-    return [p.name for p in pools.values() if queue in expand_queues(p.queues, family_queues)]
 
 
 class _Depths:
@@ -290,12 +316,12 @@ def admit(
     jobs = list({(spec.name, queue): (spec, queue) for spec, queue in jobs}.values())
     for spec, queue in jobs:
         if not _steps_down(spec):
-            for pool in serving_pools(queue or spec.queue, pools):
-                why = pool_under_pressure(pool, client)
-                if why is not None:
-                    retry = admission.pool(pool).pressure_retry_after
-                    raise _refuse(client, spec.name, PRESSURE,
-                                  f"{spec.name}: {why}; try again in {retry:g} s", retry)  # fmt: skip
+            pressed = queue_under_pressure(queue or spec.queue, pools, client)
+            if pressed is not None:
+                pool, why = pressed
+                retry = admission.pool(pool).pressure_retry_after
+                raise _refuse(client, spec.name, PRESSURE,
+                              f"{spec.name}: {why}; try again in {retry:g} s", retry)  # fmt: skip
     queue_sets: list[tuple[str, ...]] = []
     for spec, queue in jobs:
         limits = admission.family(spec.name)

@@ -3,7 +3,10 @@
 Producers run elsewhere and cannot see a pool's memory, so each worker's main process writes what
 it sees to Redis every second (``keys.pressure``: a field per worker, expiring when the pool goes
 quiet): memory available to the worker (the host's, or its memory cgroup's limit minus usage,
-whichever is smaller) and, where NVML sees GPUs, the free memory of the pool's. Admission compares
+whichever is smaller), where NVML sees GPUs the free memory of the pool's, and the queues the
+worker consumes (whose jobs that memory would run). The memory cgroup is the one the worker
+started in (containers and systemd units start it there); a worker moved to another one later is
+not followed. Admission compares
 it with the pool's thresholds (``[admission.pools.<pool>]``); so does a ladder that steps down
 under pressure.
 """
@@ -110,21 +113,23 @@ class PressureReporter(bootsteps.StartStopStep):
         cgroup_text, mountinfo = _read("/proc/self/cgroup"), _read("/proc/self/mountinfo")
         cgroup = locate_memory_cgroup(cgroup_text, mountinfo) if cgroup_text and mountinfo else None
         client = redis.Redis.from_url(get_settings().backend_url, socket_timeout=1, socket_connect_timeout=1)
+        # What this worker takes (its pool's queues, or --queues): the jobs its memory speaks for.
+        queues = tuple(sorted(worker.app.amqp.queues.consume_from or ()))
         self._thread = threading.Thread(
-            target=self._run, args=(worker.hostname, client, cgroup), name="farm-pressure", daemon=True
+            target=self._run, args=(worker.hostname, client, cgroup, queues), name="farm-pressure", daemon=True
         )
         self._thread.start()
 
     def stop(self, worker: Any) -> None:
         self._stop.set()
 
-    def _run(self, node: str, client: Any, cgroup: tuple[int, str] | None) -> None:
+    def _run(self, node: str, client: Any, cgroup: tuple[int, str] | None, queues: tuple[str, ...]) -> None:
         gpus = GpuMemory()
         failing = False
         while True:
             try:
                 available, total = read_memory(cgroup)
-                reading = Reading(node, time.time(), available, total, gpus.read(self.pool.gpus))
+                reading = Reading(node, time.time(), available, total, gpus.read(self.pool.gpus), queues)
                 publish_reading(client, self.pool.name, reading)
                 failing = False
             except Exception:  # Redis away: admission then sees no reading, and takes work

@@ -105,6 +105,7 @@ def test_a_family_at_its_depth_limit_refuses_and_accepts_again_once_drained(work
     # The worker publishes its pool's memory reading (``workers.pressure``), what pressure is judged on.
     mine = [r for r in admission.readings(backend, "chaos") if r.worker == worker.node]
     assert mine and 0 < mine[0].available_mb <= mine[0].total_mb, admission.readings(backend, "chaos")
+    assert set(mine[0].queues) == {DEPTH_QUEUE, PRIORITY_QUEUE}
     first = blocker(DEPTH_QUEUE, backend, seconds=2.0)
     waiting = [submit("chaos", queue=DEPTH_QUEUE, job_id=f"adm-{uuid.uuid4()}", tenant="t-a") for _ in range(2)]
     waiting.append(submit("chaos", queue=DEPTH_QUEUE))
@@ -154,6 +155,17 @@ def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root
         # The gpu0 pool serves gpu0.vad and reads no pressure: its job is taken.
         job = submit("vad", queue="gpu0.vad", media=str(media_root / "pressure.wav"))
         assert take_back(backend, "gpu0.vad", job.id)
+    # A worker says which queues it consumes (`farm worker --queues`): its pressure refuses their
+    # jobs, whatever its pool declares, and no other queue's.
+    own = f"admission-own-{uuid.uuid4().hex[:6]}"
+    publish_reading(backend, "gpu0", Reading("gpu0-x@test", time.time(), 10.0, 16000.0, {}, (own,)))
+    try:
+        with pytest.raises(Overloaded, match="pool 'gpu0' is under memory pressure"):
+            submit("chaos", queue=own)
+        job = submit("vad", queue="gpu0.vad", media=str(media_root / "pressure.wav"))
+        assert take_back(backend, "gpu0.vad", job.id)
+    finally:
+        backend.delete(keys.pressure("gpu0"))
     # A reading older than the TTL is ignored: a stopped worker does not refuse work for ever.
     publish_reading(backend, "chaos", Reading("chaos@test", time.time() - 60, 10.0, 16000.0, {}))
     assert admission.pool_under_pressure("chaos", backend) is None
