@@ -20,12 +20,15 @@ producer, through them). Three checks, each with limits from ``config.admission`
   pressure (``config.ladder_policy``) is not refused: its jobs start on a lighter rung instead.
 
 A refusal writes only its count (``keys.refusals``, for the metrics); a job already accepted (an
-idempotent re-submit of its id) is never refused, and nothing accepted is ever dropped.
+idempotent re-submit of its id) is never refused, and nothing accepted is ever dropped. A limit
+that cannot be read (the broker restarting) is not applied: the job's send waits for the broker as
+before, rather than every blip becoming a refusal.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -42,6 +45,7 @@ from mediafarm.tasks import keys
 from mediafarm.tasks.errors import Overloaded
 from mediafarm.tasks.family import FamilySpec
 
+log = logging.getLogger("mediafarm.admission")
 # Refusal reasons, the field names of ``keys.refusals``.
 DEPTH, TENANT, PRESSURE = "depth", "tenant", "pressure"
 # A tenant's job not started after this long no longer counts against it (a job lost outside the farm).
@@ -286,6 +290,28 @@ def _refuse(client: Any, family: str, reason: str, message: str, retry_after: fl
     return Overloaded(message, retry_after=retry_after, family=family, reason=reason)
 
 
+def _away() -> tuple[type[BaseException], ...]:
+    """What a read of the broker or the result backend raises while it is away (a restart, a cut)."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return (RedisConnectionError, RedisTimeoutError, OperationalError, OSError)
+
+
+_last_warning = [0.0]
+
+
+def _unread(what: str, exc: BaseException) -> None:
+    """A limit that could not be read is not applied: the job is taken, and its send waits for the
+    broker as it always did (``task_publish_retry_policy``: a restart of up to a minute). Refusing
+    instead would turn every broker blip into refusals; a warning at most every 10 s says so."""
+    now = time.monotonic()
+    if now - _last_warning[0] >= 10:
+        _last_warning[0] = now
+        log.warning("admission control could not read %s (%s); jobs are taken without that check", what, exc)
+
+
 def _steps_down(spec: FamilySpec) -> bool:
     try:
         from mediafarm.config.ladder_policy import ladder_policy
@@ -314,9 +340,14 @@ def admit(
         return Admitted()
     pools = get_pools()
     jobs = list({(spec.name, queue): (spec, queue) for spec, queue in jobs}.values())
+    away = _away()
     for spec, queue in jobs:
         if not _steps_down(spec):
-            pressed = queue_under_pressure(queue or spec.queue, pools, client)
+            try:
+                pressed = queue_under_pressure(queue or spec.queue, pools, client)
+            except away as exc:
+                _unread("the workers' memory readings", exc)
+                pressed = None
             if pressed is not None:
                 pool, why = pressed
                 retry = admission.pool(pool).pressure_retry_after
@@ -328,7 +359,11 @@ def admit(
         if not limits.max_queued:
             continue
         queues = family_queues(spec, queue, pools)
-        depth = _depths.take(queues, limits.max_queued, admission.depth_cache, app)
+        try:
+            depth = _depths.take(queues, limits.max_queued, admission.depth_cache, app)
+        except away as exc:
+            _unread(f"the depth of {', '.join(queues)}", exc)
+            continue
         if depth is not None:
             Admitted(queue_sets=tuple(queue_sets)).release(client)
             raise _refuse(client, spec.name, DEPTH,
@@ -343,8 +378,12 @@ def admit(
             if not limit:
                 continue
             key = keys.tenant_jobs(spec.name, tenant)
-            waiting = client.eval(_TENANT_SCRIPT, 1, key, limit, time.time(), TENANT_HORIZON_S, job_id,
-                                  keys.history(""), meta_prefix)  # fmt: skip
+            try:
+                waiting = client.eval(_TENANT_SCRIPT, 1, key, limit, time.time(), TENANT_HORIZON_S, job_id,
+                                      keys.history(""), meta_prefix)  # fmt: skip
+            except away as exc:
+                _unread(f"the jobs of tenant {tenant!r}", exc)
+                continue
             if int(waiting) >= 0:
                 Admitted(tuple(taken), job_id, tuple(queue_sets)).release(client)
                 retry = admission.family(spec.name).retry_after

@@ -237,3 +237,19 @@ def test_on_rabbitmq_the_depth_is_the_quorum_queues_message_count(amqp_url, redi
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused depth" in proc.stdout and "2 jobs are waiting, the limit is 2" in proc.stdout, proc.stdout
+
+
+def test_a_limit_that_cannot_be_read_takes_the_job(backend, limits, monkeypatch) -> None:
+    # The broker restarting under a producer: its send rides the restart out (the publish retry
+    # policy), so admission must not turn the blip into a refusal or an error.
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    limits(max_queued=1)
+
+    def away(*_: Any) -> int:
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(admission._depths, "_read", away)
+    queue = f"admission-away-{uuid.uuid4().hex[:6]}"
+    jobs = [submit("chaos", queue=queue) for _ in range(2)]  # past the limit of 1: not applied
+    assert all(take_back(backend, queue, job.id) for job in jobs)
