@@ -312,16 +312,22 @@ def _unread(what: str, exc: BaseException) -> None:
         log.warning("admission control could not read %s (%s); jobs are taken without that check", what, exc)
 
 
-def _steps_down(spec: FamilySpec) -> bool:
+def _steps_down(spec: FamilySpec, ladder_name: str | None) -> bool:
+    """Does the ladder the job will run (its family's, or the one its ladder field names) step down
+    under pressure instead of being refused? The worker reads the same policy (``tasks.base``)."""
+    from mediafarm.config.ladder_policy import ladder_policy
+    from mediafarm.tasks.breaker import ladder_identity
+    from mediafarm.tasks.errors import InvalidRequest
+
     try:
-        from mediafarm.config.ladder_policy import ladder_policy
-    except ImportError:  # pragma: no cover - an older config without ladder policies
-        return False
-    return ladder_policy(spec.name).step_down_under_pressure
+        ladder = registry.ladder_for(spec, ladder_name)
+    except InvalidRequest:  # the worker rejects the job; pressure is judged as for its family
+        ladder = registry.ladder_for(spec)
+    return ladder_policy(ladder_identity(ladder)).step_down_under_pressure
 
 
 def admit(
-    jobs: Iterable[tuple[FamilySpec, str | None]],
+    jobs: Iterable[tuple[FamilySpec, str | None] | tuple[FamilySpec, str | None, str | None]],
     *,
     job_id: str,
     tenant: str | None = None,
@@ -330,19 +336,19 @@ def admit(
 ) -> Admitted:
     """Take the jobs, or raise :class:`Overloaded` naming the first limit they pass.
 
-    ``jobs``: (family, queue override) of each job sent together (one for ``submit``, every part
-    and the fan-in of a plan); ``job_id``: the id the tenant's place is held under (a plan's
-    fan-in); ``app``: the Celery app (its broker and result backend).
+    ``jobs``: (family, queue override[, the ladder its request names]) of each job sent together
+    (one for ``submit``, every part and the fan-in of a plan); ``job_id``: the id the tenant's
+    place is held under (a plan's fan-in); ``app``: the Celery app (its broker and result backend).
     """
     client = app.backend.client
     admission = admission or get_admission()
     if not admission.enabled:
         return Admitted()
     pools = get_pools()
-    jobs = list({(spec.name, queue): (spec, queue) for spec, queue in jobs}.values())
+    named = [(job[0], job[1], job[2] if len(job) > 2 else None) for job in jobs]
     away = _away()
-    for spec, queue in jobs:
-        if not _steps_down(spec):
+    for spec, queue, ladder_name in named:
+        if not _steps_down(spec, ladder_name):
             try:
                 pressed = queue_under_pressure(queue or spec.queue, pools, client)
             except away as exc:
@@ -353,6 +359,7 @@ def admit(
                 retry = admission.pool(pool).pressure_retry_after
                 raise _refuse(client, spec.name, PRESSURE,
                               f"{spec.name}: {why}; try again in {retry:g} s", retry)  # fmt: skip
+    jobs = list({(spec.name, queue): (spec, queue) for spec, queue, _ in named}.values())
     queue_sets: list[tuple[str, ...]] = []
     for spec, queue in jobs:
         limits = admission.family(spec.name)

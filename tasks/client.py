@@ -87,7 +87,7 @@ def submit(
         if first is None:
             plan = as_pipeline(job_id) if callable(as_pipeline) else None
             # Refused before the key is written: a refused job leaves nothing behind.
-            admitted = _admit(spec, queue, job_id, tenant, plan)
+            admitted = _admit(spec, queue, job_id, tenant, plan, kwargs)
             wrote_key = bool(client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)))
             if not wrote_key:  # a racing submit of the same id took it first
                 admitted.release(client)
@@ -101,7 +101,7 @@ def submit(
     else:
         job_id = str(uuid.uuid4()) if callable(as_pipeline) or tenant else None
         plan = as_pipeline(job_id) if callable(as_pipeline) else None
-        admitted = _admit(spec, queue, job_id or "", tenant, plan)
+        admitted = _admit(spec, queue, job_id or "", tenant, plan, kwargs)
     try:
         if plan is not None:
             # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
@@ -125,12 +125,22 @@ def _wire(priority: int) -> int:
     return wire_priority(priority, get_settings().broker_is_rabbitmq)
 
 
-def _admit(spec: FamilySpec, queue: str | None, job_id: str, tenant: str | None, plan: Plan | None) -> Any:
-    """Admission control for one submit: a pipeline family's every job (its plan), else the one."""
-    jobs = [(spec, queue)]
+def _admit(
+    spec: FamilySpec, queue: str | None, job_id: str, tenant: str | None, plan: Plan | None, fields: dict[str, Any]
+) -> Any:
+    """Admission control for one submit: a pipeline family's every job (its plan), else the one
+    (with the ladder its fields name: a ladder may step down under pressure instead)."""
     if plan is not None:
-        jobs = [(registry.get(p.family), queue) for p in (*plan.parts, plan.then)]
+        jobs = [_job(registry.get(p.family), queue, p.fields) for p in (*plan.parts, plan.then)]
+    else:
+        jobs = [_job(spec, queue, fields)]
     return admission.admit(jobs, job_id=job_id, tenant=tenant, app=app)
+
+
+def _job(spec: FamilySpec, queue: str | None, fields: Mapping[str, Any]) -> tuple[FamilySpec, str | None, Any]:
+    """(family, queue, the ladder the fields name) as admission control takes a job."""
+    ladder = fields.get(spec.ladder_field) if spec.ladder_field else None
+    return spec, queue, ladder if isinstance(ladder, str) else None
 
 
 def handle(job_id: str, family: str = "") -> JobHandle:
@@ -160,7 +170,7 @@ def send_plan(
     What a plan is, and why its chord survives the farm's kills: ``tasks.plan``.
     """
     priority = checked_priority(priority)
-    jobs = [(registry.get(p.family), queue) for p in (*plan.parts, plan.then)]
+    jobs = [_job(registry.get(p.family), queue, p.fields) for p in (*plan.parts, plan.then)]
     admitted = admission.admit(jobs, job_id=plan.then.job_id, tenant=tenant, app=app)
     try:
         return _send_plan(plan, queue, priority)

@@ -152,6 +152,9 @@ def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root
         assert refused.value.reason == "pressure" and refused.value.retry_after == 15
         assert not backend.exists(keys.submitted(refused_id), keys.history(refused_id))
         assert sum(backend.llen(name) for name in priority_lists("chaos")) == queued
+        # A job whose ladder steps down under pressure is taken: it will start a rung lower instead.
+        stepping = submit("chaos", ladder="pressure_steps")
+        assert take_back(backend, "chaos", stepping.id)
         # The gpu0 pool serves gpu0.vad and reads no pressure: its job is taken.
         job = submit("vad", queue="gpu0.vad", media=str(media_root / "pressure.wav"))
         assert take_back(backend, "gpu0.vad", job.id)
