@@ -57,9 +57,13 @@ SMART_CONTAINERS = {"mp4", "mov", "matroska"}
 # Threads of each decoder and encoder: enough for two cores' worth of work, and at 4K each thread
 # of frame-threaded decoding holds a frame (~12 MiB) or two, so the count bounds the memory.
 THREADS = max(1, min(4, os.cpu_count() or 1))
-# x264 for the re-encoded parts: close to the source's quality, a short look-ahead (each frame of
-# look-ahead holds a 4K frame or more), no B-frames in a head (its timestamps stay simple).
+# x264 for a whole re-encode: close to the source's quality, a short look-ahead (each frame of
+# look-ahead holds a 4K frame or more).
 X264 = {"preset": "veryfast", "crf": "18", "rc-lookahead": "10"}
+# x264 for a smart cut's head (at most a GOP): no look-ahead at all, so the encoder holds only the
+# frames its threads work on (1080p: 165 MiB peak against 225 with the above, and faster), and no
+# B-frames (the head's timestamps stay simple).
+HEAD_X264 = {"preset": "veryfast", "crf": "18", "rc-lookahead": "0", "sync-lookahead": "0"}
 _MS = Fraction(1, 1000)
 
 
@@ -272,7 +276,7 @@ class _Head:
         params = f"sps-id={set_id}:bframes=0"
         if ctx.level and ctx.level > 0:
             params += f":level={ctx.level / 10:.1f}"
-        enc.options = {**X264, "x264-params": params}
+        enc.options = {**HEAD_X264, "x264-params": params}
         if ctx.color_range:
             enc.color_range = ctx.color_range
         enc.open()

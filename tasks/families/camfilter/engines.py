@@ -1,8 +1,9 @@
 """The cam-filter's cut: read the VAD and YOLO stages' results, plan the clips, cut them.
 
 Runs as the fan-in job of the pipeline (``spec``): both stages have ended when it starts. Every
-clip is written atomically into the job's artifact folder (``clips/clip_0001.mp4`` ...) and
-decoded again before it counts; ``clips.json`` lists them with the stages' histories. A rung that
+clip is written atomically into the job's artifact folder (``clips/clip_0001.mp4`` ...), cut as
+cheaply as its codec allows (``cut``), and decoded again and compared with the source before it
+counts (``check``); ``clips.json`` lists them with the stages' histories. A rung that
 is killed part-way starts clean (the farm clears the folder between attempts).
 """
 

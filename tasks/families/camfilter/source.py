@@ -63,11 +63,6 @@ def probe_source(source: Path) -> Source:
         )  # fmt: skip
 
 
-def keyframe_times(source: Path) -> list[float]:
-    """Seconds of every keyframe of the first video stream a decoder can start at."""
-    return probe_source(source).keyframes
-
-
 def source_frame_times(source: Source, start: float, end: float) -> list[float]:
     """Seconds of the source's video frames in ``[start, end)``, from its packets alone."""
     with open_media(source.path) as container:
