@@ -160,28 +160,50 @@ class EndReader:
 
     def count(self, backend: Any, job_id: str, family: str, ttl: int) -> bool:
         """Count job ``job_id`` if it has ended and no worker has counted it yet; True if counted."""
+        return self.count_many(backend, [(job_id, family)], ttl) == 1
+
+    def count_many(self, backend: Any, jobs: Sequence[tuple[str, str]], ttl: int) -> int:
+        """Count every job of ``jobs`` (id, family) that has ended and that no worker counted yet,
+        in two pipelined round trips for them all; how many were counted."""
         client = backend.client
         pipe = client.pipeline(transaction=False)
-        pipe.get(backend.get_key_for_task(job_id))
-        pipe.lrange(keys.history(job_id), 0, -1)
-        pipe.get(keys.first_output(job_id))
-        raw_meta, raw_history, first_output = pipe.execute()
-        meta = json.loads(raw_meta) if raw_meta else {}
-        state = str(meta.get("status", ""))
-        if state not in READY_STATES:
-            return False
-        if not client.set(keys.metered(job_id), 1, nx=True, ex=max(ttl, 1)):
-            return False  # another worker (or an earlier end of this one) counted it
-        attempts = [json.loads(raw) for raw in raw_history]
+        for job_id, _ in jobs:
+            pipe.get(backend.get_key_for_task(job_id))
+            pipe.lrange(keys.history(job_id), 0, -1)
+            pipe.get(keys.first_output(job_id))
+        replies = pipe.execute()
+        ended = []
+        for i, (job_id, family) in enumerate(jobs):
+            raw_meta, raw_history, first_output = replies[3 * i : 3 * i + 3]
+            meta = json.loads(raw_meta) if raw_meta else {}
+            if str(meta.get("status", "")) in READY_STATES:
+                ended.append((job_id, family, meta, raw_history, first_output))
+        if not ended:
+            return 0
+        pipe = client.pipeline(transaction=False)
+        for job_id, *_ in ended:
+            pipe.set(keys.metered(job_id), 1, nx=True, ex=max(ttl, 1))
+        first_counts = pipe.execute()
+        counted = 0
+        for (_, family, meta, raw_history, first_output), first in zip(ended, first_counts, strict=True):
+            if not first:
+                continue  # another worker (or an earlier end of this one) counted it
+            self._observe(family, meta, raw_history, first_output)
+            counted += 1
+        return counted
+
+    def _observe(self, family: str, meta: Mapping[str, Any], raw_history: Sequence[bytes], first_output: Any) -> None:
+        state = str(meta["status"])
         result = meta.get("result")
         if isinstance(result, Mapping) and isinstance(result.get("attempts"), list):
             # A SUCCESS made the envelope's history the job's (tasks.result_backend): read that one.
             attempts = [a for a in result["attempts"] if isinstance(a, Mapping)]
+        else:
+            attempts = [json.loads(raw) for raw in raw_history]
         exc_type = str(result.get("exc_type", "")) if isinstance(result, Mapping) and state == "FAILURE" else ""
         self.metrics.observe_end(family, state, attempts, _float_or_none(first_output), exc_type)
         if state == "SUCCESS" and self.on_success is not None:
             self.on_success(result)
-        return True
 
 
 def _float_or_none(raw: Any) -> float | None:
