@@ -40,6 +40,8 @@ CANCEL_INTERVAL = 0.5
 # After a Redis error, stay quiet this long: redis-py retries for seconds against a Redis that is
 # down, and the engine must not stall on every report.
 BACKOFF_AFTER_ERROR = 5.0
+# Unix time, for what other processes compare with the attempts' own start times.
+wall_clock = time.time
 
 
 class JobChannel:
@@ -83,7 +85,7 @@ class JobChannel:
         pipe.expire(keys.partials(self.job_id), self.ttl)
         if not self._published:
             # The attempt's time to first output (the workers' metrics), in the same round trip.
-            pipe.set(keys.first_output(self.job_id), repr(time.time()), ex=self.ttl)
+            pipe.set(keys.first_output(self.job_id), repr(wall_clock()), ex=self.ttl)
         try:
             pipe.execute()
         except RedisError as exc:

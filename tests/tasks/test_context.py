@@ -158,9 +158,14 @@ def test_reset_clears_partials_and_progress(client: redis.Redis, job_id: str, cl
     channel = JobChannel(client, job_id, ttl=60)
     channel.publish({"n": 1})
     channel.report(Progress(0.5))
-    assert client.exists(keys.partials(job_id), keys.progress(job_id)) == 2
+    assert client.exists(keys.partials(job_id), keys.progress(job_id), keys.first_output(job_id)) == 3
     channel.reset()
-    assert client.exists(keys.partials(job_id), keys.progress(job_id)) == 0
+    assert client.exists(keys.partials(job_id), keys.progress(job_id), keys.first_output(job_id)) == 0
+    # The next attempt's first output is its own: stamped again by its first publish only.
+    channel.publish({"n": 1})
+    first = client.get(keys.first_output(job_id))
+    channel.publish({"n": 2})
+    assert client.get(keys.first_output(job_id)) == first
 
 
 @pytest.fixture()
