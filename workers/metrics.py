@@ -25,7 +25,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from mediafarm.config.pools import Pool
 from mediafarm.tasks import families
-from mediafarm.tasks.app import SENT_HEADER
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
 from mediafarm.workers.job_metrics import EndReader, JobMetrics
@@ -221,6 +220,10 @@ class MeteredRequest(Request):
         super().on_accepted(pid, time_accepted)
         family = _family(self)
         if family is not None and self.time_start:
+            # Imported here: this module is imported by `farm up` before it has set the broker the
+            # app is built for (the worker itself has built it long before a job is accepted).
+            from mediafarm.tasks.app import SENT_HEADER
+
             job_metrics().observe_wait(family, self._request_dict.get(SENT_HEADER), self.time_start)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
