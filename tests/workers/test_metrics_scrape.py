@@ -111,26 +111,43 @@ def test_jobs_in_two_children_are_both_counted_once(metered_worker) -> None:
     assert app.backend.client.exists(keys.metered(jobs[0].id))
 
 
-def test_a_breaker_opening_and_a_refusal_show_in_the_scrape(metered_worker) -> None:
-    # As tasks.breaker and tasks.admission keep them: a field per rung whose breaker is not closed
-    # (keys.breakers), a count per family and reason that only grows (keys.refusals).
+def test_a_refusal_moves_its_counter(metered_worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A real refusal: the family's depth limit 1 (every depth read fresh), one job already waiting
+    # on a queue no worker takes, so the next submit there is refused with Overloaded.
+    from mediafarm.config.admission import parse
+    from mediafarm.tasks import admission
+    from mediafarm.tasks.client import submit as farm_submit
+    from mediafarm.tasks.errors import Overloaded
+
+    url = metered_worker.metrics_url
+    refused = {"family": "chaos", "reason": "depth"}
+    parked = f"metrics-parked-{time.monotonic_ns()}"
+    settings = parse({"depth_cache": 0, "families": {"chaos": {"max_queued": 1}}})
+    monkeypatch.setattr(admission, "get_admission", lambda: settings)
+    before = scrape(url)
+    try:
+        farm_submit("chaos", queue=parked)
+        with pytest.raises(Overloaded):
+            farm_submit("chaos", queue=parked)
+    finally:
+        app.backend.client.delete(parked)
+    assert moved_by(before, scrape(url), "mediafarm_admission_refusals_total", **refused) == 1
+
+
+def test_a_breaker_opening_shows_in_the_scrape(metered_worker) -> None:
+    # As tasks.breaker keeps it (keys.breakers): a field per rung whose breaker is not closed.
     client = app.backend.client
     url = metered_worker.metrics_url
     field = "kill_once/hungry"
     labels = {"pool": "chaos", "ladder": "kill_once", "rung": "hungry"}
-    refused = {"family": "chaos", "reason": "depth"}
-    before = scrape(url)
-    assert value(before, "mediafarm_breaker_state", **labels, state="open") == 0
+    assert value(scrape(url), "mediafarm_breaker_state", **labels, state="open") == 0
     now = time.time()
     breaker = {"state": "open", "since": now, "until": now + 30, "failures": 3, "window_s": 60, "opened": 1}
     client.hset(keys.breakers("chaos"), field, json.dumps(breaker))
-    client.hincrby(keys.refusals("chaos"), "depth", 1)
     try:
         samples = scrape(url)
         assert value(samples, "mediafarm_breaker_state", **labels, state="open") == 1
         assert value(samples, "mediafarm_breaker_openings", **labels) == 1
-        moved = value(samples, "mediafarm_admission_refusals_total", **refused)
-        assert moved - value(before, "mediafarm_admission_refusals_total", **refused) == 1
     finally:
         client.hdel(keys.breakers("chaos"), field)
     assert value(scrape(url), "mediafarm_breaker_state", **labels, state="open") == 0
