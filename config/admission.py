@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from mediafarm.config.file import ConfigFileError, section
+from mediafarm.config.file import ConfigFileError, section, table_over
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,9 @@ class FamilyAdmission:
 
     def __post_init__(self) -> None:
         if self.max_queued < 0 or self.max_queued_per_tenant < 0:
-            raise ConfigFileError("admission: max_queued and max_queued_per_tenant must be >= 0 (0: no limit)")
+            raise ConfigFileError("max_queued and max_queued_per_tenant must be >= 0 (0: no limit)")
         if self.retry_after <= 0:
-            raise ConfigFileError("admission: retry_after must be positive")
+            raise ConfigFileError("retry_after must be positive")
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ class PoolAdmission:
 
     def __post_init__(self) -> None:
         if self.min_available_mb < 0 or self.min_gpu_free_mb < 0 or not 0 <= self.min_available_fraction < 1:
-            raise ConfigFileError("admission pool thresholds: MB values >= 0, min_available_fraction in [0, 1)")
+            raise ConfigFileError("thresholds: MB values >= 0, min_available_fraction in [0, 1)")
         if self.pressure_retry_after <= 0:
-            raise ConfigFileError("admission: pressure_retry_after must be positive")
+            raise ConfigFileError("pressure_retry_after must be positive")
 
 
 @dataclass(frozen=True)
@@ -107,19 +107,6 @@ _FAMILY_KEYS = {f.name for f in fields(FamilyAdmission)}
 _POOL_KEYS = {f.name for f in fields(PoolAdmission)}
 
 
-def _take(where: str, table: Any, keys: set[str], base: Any) -> Any:
-    if not isinstance(table, dict):
-        raise ConfigFileError(f"[{where}] must be a table")
-    unknown = set(table) - keys
-    if unknown:
-        raise ConfigFileError(f"[{where}] unknown keys: {sorted(unknown)}")
-    try:
-        values = {k: (float(v) if isinstance(getattr(base, k), float) else int(v)) for k, v in table.items()}
-        return replace(base, **values)
-    except (TypeError, ValueError) as exc:
-        raise ConfigFileError(f"[{where}]: {exc}") from None
-
-
 def parse(table: dict[str, Any]) -> Admission:
     """The ``[admission]`` table as settings (ConfigFileError naming a wrong key or value)."""
     table = dict(table)
@@ -136,8 +123,8 @@ def parse(table: dict[str, Any]) -> Admission:
     unknown = set(table) - _FAMILY_KEYS - _POOL_KEYS
     if unknown:
         raise ConfigFileError(f"[admission] unknown keys: {sorted(unknown)}")
-    family_default = _take("admission", family_keys, _FAMILY_KEYS, FamilyAdmission())
-    pool_default = _take("admission", pool_keys, _POOL_KEYS, PoolAdmission())
+    family_default = table_over(FamilyAdmission(), family_keys, "[admission]")
+    pool_default = table_over(PoolAdmission(), pool_keys, "[admission]")
     if not isinstance(families, dict) or not isinstance(pools, dict):
         raise ConfigFileError("[admission.families] and [admission.pools] must be tables of tables")
     return Admission(
@@ -146,10 +133,10 @@ def parse(table: dict[str, Any]) -> Admission:
         family_default=family_default,
         pool_default=pool_default,
         families=MappingProxyType(
-            {n: _take(f"admission.families.{n}", t, _FAMILY_KEYS, family_default) for n, t in families.items()}
+            {n: table_over(family_default, t, f"[admission.families.{n}]") for n, t in families.items()}
         ),
         pools=MappingProxyType(
-            {n: _take(f"admission.pools.{n}", t, _POOL_KEYS, pool_default) for n, t in pools.items()}
+            {n: table_over(pool_default, t, f"[admission.pools.{n}]") for n, t in pools.items()}
         ),
     )
 

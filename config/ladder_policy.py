@@ -23,10 +23,10 @@ The breaker itself is ``tasks.breaker``; the pressure reading is the admission c
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.config.file import ConfigFileError, section
+from mediafarm.config.file import ConfigFileError, section, table_over
 
 # The keys of a ladders table that are policy, not rungs (``config.ladders`` skips a table of only these).
 POLICY_KEYS = frozenset({"breaker", "step_down_under_pressure"})
@@ -54,10 +54,10 @@ class BreakerPolicy:
 
     def __post_init__(self) -> None:
         if self.failures < 1:
-            raise ConfigFileError(f"breaker: failures must be >= 1, got {self.failures}")
+            raise ConfigFileError(f"failures must be >= 1, got {self.failures}")
         for name in ("window_s", "cooldown_s", "refresh_s"):
             if getattr(self, name) < 0:
-                raise ConfigFileError(f"breaker: {name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigFileError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def describe(self) -> str:
         if not self.enabled:
@@ -74,25 +74,9 @@ class LadderPolicy:
     step_down_under_pressure: bool = False
 
 
-_BREAKER_FIELDS = {f.name for f in fields(BreakerPolicy)}
-
-
-def _breaker(base: BreakerPolicy, table: Any, where: str) -> BreakerPolicy:
-    if not isinstance(table, dict):
-        raise ConfigFileError(f"{where} must be a table")
-    unknown = set(table) - _BREAKER_FIELDS
-    if unknown:
-        raise ConfigFileError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(_BREAKER_FIELDS)}")
-    try:
-        return replace(base, **table)
-    except (TypeError, ConfigFileError) as exc:
-        raise ConfigFileError(f"{where}: {exc}") from None
-
-
-@functools.lru_cache(maxsize=1)
 def default_breaker() -> BreakerPolicy:
     """The ``[breaker]`` table over the built-in defaults."""
-    return _breaker(BreakerPolicy(), section("breaker"), "[breaker]")
+    return table_over(BreakerPolicy(), section("breaker"), "[breaker]")
 
 
 @functools.lru_cache(maxsize=64)
@@ -109,7 +93,7 @@ def ladder_policy(ladder: str) -> LadderPolicy:
         return LadderPolicy(default_breaker())
     breaker = default_breaker()
     if "breaker" in table:
-        breaker = _breaker(breaker, table["breaker"], f"[ladders.{ladder}] breaker")
+        breaker = table_over(breaker, table["breaker"], f"[ladders.{ladder}] breaker")
     step_down = table.get("step_down_under_pressure", False)
     if not isinstance(step_down, bool):
         raise ConfigFileError(f"[ladders.{ladder}] step_down_under_pressure must be true or false")

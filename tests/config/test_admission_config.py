@@ -17,10 +17,12 @@ def test_defaults_family_and_pool_tables_and_mistakes_named() -> None:
     assert settings.family("tts").max_queued == 50 and settings.family("tts").max_queued_per_tenant == 200
     assert settings.pool("gpu0").min_gpu_free_mb == 1024 and settings.pool("gpu0").min_available_mb == 512
     assert parse({}).family("vad").max_queued == 1000 and parse({}).pool("cpu").min_available_fraction == 0.05
-    with pytest.raises(ConfigFileError, match=r"\[admission.families.tts\] unknown keys: \['max_queue'\]"):
+    with pytest.raises(ConfigFileError, match=r"\[admission.families.tts\]: unknown keys \['max_queue'\]"):
         parse({"families": {"tts": {"max_queue": 5}}})
     with pytest.raises(ConfigFileError, match="must be >= 0"):
         parse({"max_queued": -1})
+    with pytest.raises(ConfigFileError, match=r"\[admission.pools.cpu\]: min_available_mb must be a number, got '1G'"):
+        parse({"pools": {"cpu": {"min_available_mb": "1G"}}})
     with pytest.raises(ConfigFileError, match="enabled must be true or false"):
         parse({"enabled": "no"})
 
