@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.farm import REPO, chaos_farm, worker
 
 CONFIG = """
 [limits.chaos]
@@ -67,41 +63,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "breaker.json")
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="mediafarm-bench-"))
-    (workdir / "farm.toml").write_text(CONFIG)
-    from mediafarm.workers.embedded import EmbeddedRedis
+    with chaos_farm(CONFIG) as workdir, worker("bench", workdir):
+        from mediafarm.tasks.app import app
 
-    # A SIGTERM (timeout, Ctrl-C from a supervisor) must still stop the worker and Redis we started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    redis = EmbeddedRedis(data_dir=workdir / "redis").start()
-    try:
-        run(args, workdir, redis)
-    finally:
-        redis.stop()
-
-
-def run(args: argparse.Namespace, workdir: Path, redis) -> None:
-    os.environ.update(
-        FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url, FARM_CONFIG_FILE=str(workdir / "farm.toml"),
-        FARM_POOL="bench", FARM_MEDIA_ROOTS=str(workdir), PYTHONPATH=str(REPO),
-        FARM_STORAGE_DIR=str(workdir / "storage"), FARM_FAMILY_MODULES="tests.support.chaos",
-    )  # fmt: skip
-    from mediafarm.config.pools import get_pool
-    from mediafarm.tasks.app import app
-    from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
-
-    node = f"bench-{os.getpid()}@{os.uname().nodename}"
-    with (workdir / "worker.log").open("wb") as log:
-        worker = spawn_worker(get_pool("bench"), logfile=log, node=node, loglevel="WARNING")
-    try:
-        wait_ready(app, node, worker)
         rounds = []
         for r in range(args.rounds):
             order = LADDERS if r % 2 == 0 else LADDERS[::-1]
             rounds.append({ladder: batch(app, ladder, args.jobs) for ladder in order})
             print(f"round {r + 1}: {json.dumps(rounds[-1])}", flush=True)
-    finally:
-        stop_worker(worker)
     results = {"jobs": args.jobs, "rounds": rounds, "median": {
         ladder: {k: statistics.median(r[ladder][k] for r in rounds) for k in rounds[0][ladder]} for ladder in LADDERS
     }}  # fmt: skip

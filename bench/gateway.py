@@ -68,13 +68,7 @@ import httpx
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-SENTENCES = (
-    "The quick brown fox jumps over the lazy dog.", "Please leave the package at the front door.",
-    "Someone is walking across the garden now.", "Turn off the lights before you go to sleep.",
-    "We will meet again early in the evening.", "The train to the coast leaves every hour on the hour.",
-    "She read the letter twice before she put it away.", "Rain is expected later, so bring a coat.",
-)  # fmt: skip
+from bench.farm import REPO, SENTENCES
 
 
 def long_text(chars: int = 1000) -> str:

@@ -30,9 +30,7 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -40,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.farm import REPO, farm, worker
+
 QUEUE = "chaos"  # the family's own queue: where the gateway's route sends too
 
 CONFIG = """
@@ -79,14 +78,9 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="mediafarm-load-"))
-    from mediafarm.workers.embedded import EmbeddedRedis
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop what we started
-    redis = EmbeddedRedis(data_dir=workdir / "redis").start()
-    try:
-        run(args, workdir, redis)
-    finally:
-        redis.stop()
+    on = write_config(workdir, args, True)
+    with farm(workdir, config=on, pool="load", families="tests.support.chaos"):
+        run(args, workdir, on)
 
 
 def write_config(workdir: Path, args: argparse.Namespace, enabled: bool) -> Path:
@@ -105,42 +99,31 @@ def use_config(path: Path) -> None:
     get_admission.cache_clear()
 
 
-def run(args: argparse.Namespace, workdir: Path, redis: Any) -> None:
-    on, off = write_config(workdir, args, True), write_config(workdir, args, False)
-    os.environ.update(
-        FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url, FARM_CONFIG_FILE=str(on),
-        FARM_POOL="load", FARM_MEDIA_ROOTS=str(workdir), PYTHONPATH=str(REPO),
-        FARM_STORAGE_DIR=str(workdir / "storage"), FARM_FAMILY_MODULES="tests.support.chaos",
-    )  # fmt: skip
-    from mediafarm.config.pools import get_pool
+def run(args: argparse.Namespace, workdir: Path, on: Path) -> None:
+    off = write_config(workdir, args, False)
     from mediafarm.config.settings import get_settings
     from mediafarm.gateway.server import GatewayThread, bind
     from mediafarm.gateway.settings import GatewayConfig
-    from mediafarm.tasks.app import app
-    from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 
-    node = f"load-{os.getpid()}@{os.uname().nodename}"
-    with (workdir / "worker.log").open("wb") as log:
-        worker = spawn_worker(get_pool("load"), logfile=log, node=node, loglevel="WARNING")
-    gateway = GatewayThread(bind("127.0.0.1", 0), GatewayConfig.from_settings(get_settings())).start()
-    try:
-        wait_ready(app, node, worker)
-        use_config(off)
-        capacity = measure_capacity(args)
-        print(f"capacity: {capacity:.1f} jobs/s ({args.children} children, {args.work} s of work a job)", flush=True)
-        levels = []
-        factors = [float(f) for f in args.factors.split(",")]
-        rng = random.Random(args.seed)
-        use_config(on)
-        for factor in factors:
-            levels.append(level(args, factor, capacity, gateway.url, rng, admission=True))
+    with worker("load", workdir, node=f"load-{os.getpid()}@{os.uname().nodename}"):
+        gateway = GatewayThread(bind("127.0.0.1", 0), GatewayConfig.from_settings(get_settings())).start()
+        try:
+            use_config(off)
+            capacity = measure_capacity(args)
+            print(f"capacity: {capacity:.1f} jobs/s ({args.children} children, {args.work} s of work a job)",
+                  flush=True)  # fmt: skip
+            levels = []
+            factors = [float(f) for f in args.factors.split(",")]
+            rng = random.Random(args.seed)
+            use_config(on)
+            for factor in factors:
+                levels.append(level(args, factor, capacity, gateway.url, rng, admission=True))
+                report(levels[-1])
+            use_config(off)
+            levels.append(level(args, max(factors), capacity, gateway.url, rng, admission=False))
             report(levels[-1])
-        use_config(off)
-        levels.append(level(args, max(factors), capacity, gateway.url, rng, admission=False))
-        report(levels[-1])
-    finally:
-        gateway.stop()
-        stop_worker(worker)
+        finally:
+            gateway.stop()
     results = {"capacity_jobs_per_s": round(capacity, 2), "args": {k: str(v) for k, v in vars(args).items()},
                "levels": levels}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

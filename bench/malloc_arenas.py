@@ -27,15 +27,12 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-SENTENCES = (
-    "The quick brown fox jumps over the lazy dog.", "Please leave the package at the front door.",
-    "Someone is walking across the garden now.", "Turn off the lights before you go to sleep.",
-    "We will meet again early in the evening.", "The train to the coast leaves every hour on the hour.",
-    "She read the letter twice before she put it away.", "Rain is expected later, so bring a coat.",
-)  # fmt: skip
+from bench.farm import SENTENCES, farm, worker
+
 SETTINGS = {"arenas-2": 2, "glibc-default": 0}
 MB = 1024 * 1024
 
@@ -96,29 +93,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-arenas-") as tmp:
         base = Path(tmp)
-        from mediafarm.workers.embedded import EmbeddedRedis
+        with farm(base, config=pools_toml(base), models=piper_models(base / "models")), ExitStack() as running:
+            from mediafarm.tasks.client import submit
 
-        redis = EmbeddedRedis(data_dir=base / "redis").start()
-        os.environ.update(
-            FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url, FARM_STORAGE_DIR=str(base / "storage"),
-            FARM_MODELS_DIR=str(piper_models(base / "models")), FARM_CONFIG_FILE=str(pools_toml(base)),
-            FARM_MEDIA_ROOTS=str(base),
-        )  # fmt: skip
-        os.environ.pop("FARM_FAMILY_MODULES", None)
-        from mediafarm.config.pools import get_pool
-        from mediafarm.tasks.app import app
-        from mediafarm.tasks.client import submit
-        from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
-
-        workers = {}
-        try:
-            for name in SETTINGS:
-                log = (base / f"{name}.log").open("wb")
-                node = f"{name}@bench"
-                process = spawn_worker(get_pool(name), env={**os.environ, "FARM_POOL": name}, logfile=log,
-                                       node=node, loglevel="WARNING")  # fmt: skip
-                wait_ready(app, node, process, timeout=120)
-                workers[name] = process
+            workers = {
+                name: running.enter_context(worker(name, base, node=f"{name}@bench", log=f"{name}.log", timeout=120,
+                                                   env={**os.environ, "FARM_POOL": name}))
+                for name in SETTINGS
+            }  # fmt: skip
             rss: dict[str, list[int]] = {name: [] for name in SETTINGS}
             seconds: dict[str, list[float]] = {name: [] for name in SETTINGS}
             seen: dict[str, str] = {}
@@ -142,10 +124,6 @@ def main() -> None:
                     vms[name], threads[name] = memory.vms, child.num_threads()
                 if (i + 1) % 50 == 0:
                     print(f"{i + 1} jobs each, {time.monotonic() - started:.0f} s", file=sys.stderr)
-        finally:
-            for process in workers.values():
-                stop_worker(process)
-            redis.stop()
     report = {
         "jobs_per_worker": args.jobs, "cpus": os.cpu_count(), "rung": "piper (en_US-joe-medium)",
         "workers": {

@@ -48,7 +48,6 @@ import json
 import os
 import platform
 import resource
-import signal
 import statistics
 import sys
 import tempfile
@@ -59,8 +58,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "peers.json"
+from bench.farm import REPO, farm, worker
+
+RESULTS = REPO / "bench" / "results" / "peers.json"
 ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")}
 
 
@@ -119,42 +119,11 @@ class FamilyBench:
 
 # ---------------------------------------------------------------- the farm side: a real worker
 @contextlib.contextmanager
-def farm_redis(workdir: Path) -> Iterator[None]:
-    """An embedded Redis, and the farm settings that point at it: entered before any farm module
-    is imported (the farm reads its settings once), so nothing here reaches another Redis."""
-    from mediafarm.workers.embedded import EmbeddedRedis
-
-    redis = EmbeddedRedis(data_dir=workdir / "redis").start()
-    try:
-        os.environ.update(
-            FARM_BROKER_URL=redis.url, FARM_RESULT_BACKEND=redis.url, FARM_MEDIA_ROOTS=str(workdir),
-            FARM_STORAGE_DIR=str(workdir / "storage"), FARM_MODELS_DIR=str(workdir / "models"),
-            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        )  # fmt: skip
-        os.environ.pop("FARM_CONFIG_FILE", None)
-        os.environ.pop("FARM_FAMILY_MODULES", None)
-        yield
-    finally:
-        redis.stop()
-
-
-@contextlib.contextmanager
 def farm_worker(workdir: Path, queue: str) -> Iterator[int]:
     """One prefork worker with one child on ``queue``, stopped on the way out. Yields its pid."""
-    from mediafarm.config.pools import get_pool
-    from mediafarm.tasks.app import app
-    from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
-
     node = f"peers-{os.getpid()}@{os.uname().nodename}"
-    with (workdir / f"worker-{queue}.log").open("wb") as log:
-        worker = spawn_worker(
-            get_pool("cpu"), logfile=log, node=node, loglevel="WARNING", concurrency=1, queues=[queue]
-        )
-    try:
-        wait_ready(app, node, worker)
-        yield worker.pid
-    finally:
-        stop_worker(worker)
+    with worker("cpu", workdir, node=node, log=f"worker-{queue}.log", concurrency=1, queues=[queue]) as process:
+        yield process.pid
 
 
 # ---------------------------------------------------------------- vad
@@ -363,11 +332,12 @@ def main() -> None:
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         ap.error(f"unknown family {unknown}; known: {', '.join(FAMILIES)}")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the worker and Redis we started still stop
     args.workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results = {}
-    with farm_redis(args.workdir):
+    # An embedded Redis and the farm's settings, before any farm module is imported (the farm reads
+    # them once), so nothing here reaches another Redis.
+    with farm(args.workdir, models=args.workdir / "models"):
         for name in names:
             results[name] = run_family(FAMILIES[name](args, args.workdir), args.pairs)
             report(name, results[name])
@@ -381,7 +351,7 @@ def main() -> None:
         "python": platform.python_version(),
     }
     RESULTS.write_text(json.dumps({"meta": meta, "families": results}, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    print(f"\nwrote {RESULTS.relative_to(REPO)}")
 
 
 if __name__ == "__main__":

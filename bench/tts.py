@@ -25,16 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.farm import SENTENCES
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.tts import engines
 from mediafarm.tasks.families.tts.spec import ChatTTSParams, EspeakParams, PiperParams, TtsRequest
 
-SENTENCES = (
-    "The quick brown fox jumps over the lazy dog.", "Please leave the package at the front door.",
-    "Someone is walking across the garden now.", "Turn off the lights before you go to sleep.",
-    "We will meet again early in the evening.", "The train to the coast leaves every hour on the hour.",
-    "She read the letter twice before she put it away.", "Rain is expected later, so bring a coat.",
-)  # fmt: skip
 # tests/support (the tiny ChatTTS) is imported from the repository, as the other benches do.
 REPO = Path(__file__).resolve().parent.parent
 TEXT = " ".join(SENTENCES * 6)[:2000]
