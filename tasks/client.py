@@ -25,7 +25,7 @@ from mediafarm.tasks import families as registry
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, folder_name
-from mediafarm.tasks.errors import InvalidRequest
+from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.handles import JobHandle, PipelineHandle
 from mediafarm.tasks.plan import Part, Plan
@@ -87,7 +87,15 @@ def submit(
         if first is None:
             plan = as_pipeline(job_id) if callable(as_pipeline) else None
             # Refused before the key is written: a refused job leaves nothing behind.
-            admitted = _admit(spec, queue, job_id, tenant, plan, kwargs)
+            try:
+                admitted = _admit(spec, queue, job_id, tenant, plan, kwargs)
+            except Overloaded:
+                # A racing submit of the same id may have been accepted meanwhile (taking the last
+                # place): an accepted id is never refused, its re-submit gets the handle below.
+                first = client.get(key)
+                if first is None:
+                    raise
+        if first is None:
             wrote_key = bool(client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)))
             if not wrote_key:  # a racing submit of the same id took it first
                 admitted.release(client)

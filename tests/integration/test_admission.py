@@ -256,3 +256,27 @@ def test_a_limit_that_cannot_be_read_takes_the_job(backend, limits, monkeypatch)
     queue = f"admission-away-{uuid.uuid4().hex[:6]}"
     jobs = [submit("chaos", queue=queue) for _ in range(2)]  # past the limit of 1: not applied
     assert all(take_back(backend, queue, job.id) for job in jobs)
+
+
+def test_a_racing_resubmit_of_an_accepted_id_gets_its_handle_not_a_refusal(backend, limits, monkeypatch) -> None:
+    # Two submits of one id (a client retrying on a timeout) race: the second reads no key yet,
+    # the first then takes the last place and writes its key, and the second's admission finds the
+    # family at its limit. The job was accepted: the second gets its handle, nothing more is sent.
+    from mediafarm.tasks import client as client_module
+
+    limits(max_queued=1)
+    queue = f"admission-race-{uuid.uuid4().hex[:6]}"
+    job_id = f"adm-race-{uuid.uuid4()}"
+    real_admit = client_module.admission.admit
+    raced: list[Any] = []
+
+    def admit_while_the_other_wins(*args: Any, **kwargs: Any) -> Any:
+        if not raced:
+            raced.append(None)
+            raced.append(submit("chaos", queue=queue, job_id=job_id, plan={"sleep": 0}))
+        return real_admit(*args, **kwargs)
+
+    monkeypatch.setattr(client_module.admission, "admit", admit_while_the_other_wins)
+    job = submit("chaos", queue=queue, job_id=job_id, plan={"sleep": 0})
+    assert job.id == raced[1].id == job_id
+    assert take_back(backend, queue, job_id) and not take_back(backend, queue, job_id)
