@@ -98,7 +98,8 @@ def submit(
         if first is None:
             wrote_key = bool(client.set(key, fingerprint, nx=True, ex=int(app.conf.result_expires)))
             if not wrote_key:  # a racing submit of the same id took it first
-                admitted.release(client)
+                # Its queue places only: the tenant's place is held under the id, the job's own.
+                admission.Admitted(queue_sets=admitted.queue_sets).release(client)
                 first = client.get(key)
         if first is not None:
             if first.decode() != fingerprint:

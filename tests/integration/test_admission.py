@@ -280,3 +280,29 @@ def test_a_racing_resubmit_of_an_accepted_id_gets_its_handle_not_a_refusal(backe
     job = submit("chaos", queue=queue, job_id=job_id, plan={"sleep": 0})
     assert job.id == raced[1].id == job_id
     assert take_back(backend, queue, job_id) and not take_back(backend, queue, job_id)
+
+
+def test_a_resubmit_that_loses_the_race_leaves_the_tenants_place_to_the_job(backend, limits, monkeypatch) -> None:
+    # Both submits of one id pass admission; the other writes the key first. The loser gives back
+    # what it took, but the tenant's place is the job's own (one member per id), which was sent:
+    # it must still count against the tenant.
+    from mediafarm.tasks import client as client_module
+
+    limits(max_queued=100, max_queued_per_tenant=5)
+    queue = f"admission-race-{uuid.uuid4().hex[:6]}"
+    job_id, tenant = f"adm-race-{uuid.uuid4()}", f"t-race-{uuid.uuid4().hex[:6]}"
+    real_admit = client_module.admission.admit
+    raced: list[Any] = []
+
+    def admitted_then_the_other_wins(*args: Any, **kwargs: Any) -> Any:
+        taken = real_admit(*args, **kwargs)
+        if not raced:
+            raced.append(None)
+            raced.append(submit("chaos", queue=queue, job_id=job_id, tenant=tenant, plan={"sleep": 0}))
+        return taken
+
+    monkeypatch.setattr(client_module.admission, "admit", admitted_then_the_other_wins)
+    job = submit("chaos", queue=queue, job_id=job_id, tenant=tenant, plan={"sleep": 0})
+    assert job.id == raced[1].id == job_id
+    assert backend.zrange(keys.tenant_jobs("chaos", tenant), 0, -1) == [job_id.encode()]
+    assert take_back(backend, queue, job_id) and not take_back(backend, queue, job_id)
