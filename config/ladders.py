@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mediafarm.config.file import ConfigFileError, section
-from mediafarm.config.ladder_policy import POLICY_KEYS, ladder_policy
+from mediafarm.config.ladder_policy import POLICY_KEYS, default_breaker, ladder_policy
 
 DEVICES = ("cpu", "cuda")
 
@@ -110,6 +110,7 @@ def declared_ladders() -> Mapping[str, Ladder]:
     Cached for the life of the process: a worker reads its configuration once, at start.
     """
     ladders = {}
+    default_breaker()  # a mistake in [breaker] stops the worker at start too, not every job it runs
     for name, table in section("ladders").items():
         ladder_policy(name)  # a mistake in its breaker or step-down stops the worker at start, as one in its rungs
         if isinstance(table, dict) and "rungs" not in table and set(table) <= POLICY_KEYS:

@@ -75,6 +75,9 @@ def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pyte
         ("[ladders.vad]\nrungs = [{ name = 'a' }]\n", "needs at least name and engine"),
         ("[ladders.vad]\nrungs = []\n", "has no rungs"),
         ("not toml [", "not valid TOML"),
+        # The [breaker] defaults with no [ladders] table: still read at start, not at each job.
+        ("[breaker]\nfailures = 0\n", "failures must be >= 1"),
+        ("[breaker]\ncooldown = 30\n", "cooldown"),
     ],
 )
 def test_bad_config_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, message: str) -> None:
