@@ -123,9 +123,11 @@ def submit(
             soft_time_limit=None, time_limit=None, priority=_wire(priority),
         )  # fmt: skip
     except BaseException:
-        admitted.release(client)
-        if wrote_key:  # nothing was sent: the key must not stand for a job that never was
-            client.delete(keys.submitted(job_id))
+        try:
+            if wrote_key:  # nothing was sent: the key must not stand for a job that never was
+                client.delete(keys.submitted(job_id))
+        finally:
+            admitted.release(client)
         raise
     return JobHandle(id=async_result.id, family=spec.name)
 

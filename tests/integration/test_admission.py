@@ -306,3 +306,30 @@ def test_a_resubmit_that_loses_the_race_leaves_the_tenants_place_to_the_job(back
     assert job.id == raced[1].id == job_id
     assert backend.zrange(keys.tenant_jobs("chaos", tenant), 0, -1) == [job_id.encode()]
     assert take_back(backend, queue, job_id) and not take_back(backend, queue, job_id)
+
+
+def test_a_send_that_fails_leaves_no_idempotency_key_even_if_giving_back_its_place_fails(
+    backend, limits, monkeypatch
+) -> None:
+    # The send failed and the tenant's place could not be given back (Redis blipping): the key
+    # must still go, or a retry with the same id would get the handle of a job never sent.
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from mediafarm.tasks import client as client_module
+
+    limits(max_queued=100, max_queued_per_tenant=5)
+    job_id = f"adm-unsent-{uuid.uuid4()}"
+
+    def broker_away(*_: Any, **__: Any) -> Any:
+        raise OperationalError("broker away")
+
+    def blip(*_: Any, **__: Any) -> None:
+        raise RedisConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(client_module.app, "send_task", broker_away)
+    monkeypatch.setattr(admission.Admitted, "release", blip)
+    with pytest.raises((OperationalError, RedisConnectionError)):
+        submit("chaos", queue="admission-unsent", job_id=job_id, tenant="t-unsent", plan={"sleep": 0})
+    assert not backend.exists(keys.submitted(job_id))
+    backend.delete(keys.tenant_jobs("chaos", "t-unsent"))  # the place the blip kept
