@@ -175,8 +175,10 @@ def _told(running: _Running, guard: RungGuard, note: str) -> Callable[..., None]
     """``running.finish`` that also adds the guard's note to the reason and tells the guard the outcome."""
 
     def finish(outcome: Outcome, reason: str = "") -> None:
-        running.finish(outcome, f"{reason}; {note}" if reason and note else reason or note)
-        guard.ended(running.attempt)
+        try:
+            running.finish(outcome, f"{reason}; {note}" if reason and note else reason or note)
+        finally:  # written or not (StaleAttempt, a Redis error), the rung ran: a probe must end
+            guard.ended(running.attempt)
 
     return finish
 

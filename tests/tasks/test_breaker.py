@@ -205,3 +205,26 @@ def test_the_watchdog_counts_a_kill_once_with_the_settling_delivery(redis_url: s
     assert b.failed("breaker_oom", "heavy", BreakerPolicy(failures=2), settled, log.job_id) == "counted"
     assert read_breakers(client, pool) == []
     assert count_kill(client, pool, "celery.backend_cleanup", {}, log.job_id, 4242, Outcome.KILLED) == ""
+
+
+def test_a_probe_whose_job_had_succeeded_elsewhere_still_closes_it(redis_url: str, pool: str, log: AttemptLog) -> None:
+    # A duplicate delivery of a job that had already succeeded claims the probe; the rung runs
+    # well, but the attempt writes nothing (StaleAttempt). The rung did succeed: the breaker
+    # closes, rather than every job of the pool skipping it until the claim lapses (hard limit + 60 s).
+    import json
+
+    from mediafarm.tasks.errors import StaleAttempt
+
+    clock = Clock()
+    b = worker(redis_url, pool, clock)
+    for job in ("j1", "j2", "j3"):
+        fail(b, job, clock)
+    clock.now += 30
+    result_key = f"celery-task-meta-{log.job_id}"
+    log.client.set(result_key, json.dumps({"status": "SUCCESS"}), ex=60)
+    job = LadderRun(log.job_id, LADDER, ENGINES, log, worker="bt@a", fresh=True, result_key=result_key,
+                    guard=guard(b, log.job_id))  # fmt: skip
+    with pytest.raises(StaleAttempt):
+        run_ladder(job, lambda rung_, index, attempt: ({}, ()))
+    assert read_breakers(b.client, pool) == []
+    log.client.delete(result_key)
