@@ -247,19 +247,24 @@ class _Depths:
         return sum(int(n) for n in pipe.execute())
 
     def _amqp(self, queues: tuple[str, ...], app: Any) -> int:
+        from kombu.exceptions import OperationalError
+
         total = 0
         with app.pool.acquire(block=True) as conn:
-            for queue in queues:
-                channel = conn.channel()
-                try:
-                    total += channel.queue_declare(queue=queue, passive=True).message_count
-                except conn.channel_errors:
-                    pass  # not declared yet (404): nothing waits on it
-                finally:
+            try:
+                for queue in queues:
+                    channel = conn.channel()
                     try:
-                        channel.close()
-                    except Exception:  # a channel the 404 closed
-                        pass
+                        total += channel.queue_declare(queue=queue, passive=True).message_count
+                    except conn.channel_errors:
+                        pass  # not declared yet (404): nothing waits on it
+                    finally:
+                        try:
+                            channel.close()
+                        except Exception:  # a channel the 404 closed
+                            pass
+            except conn.connection_errors as exc:  # py-amqp's own (CONNECTION_FORCED ...) are no OSError
+                raise OperationalError(f"RabbitMQ: {exc}") from exc
         return total
 
 
