@@ -31,6 +31,10 @@ def pool_environment(pool: Pool, base: Mapping[str, str] | None = None) -> dict[
     env = dict(os.environ if base is None else base)
     env["FARM_POOL"] = pool.name
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
+    # A pool's GPU numbers are nvidia-smi's and NVML's (PCI bus order), which the pressure reading
+    # and the GPU metrics use; CUDA numbers fastest-first unless told, so on a host with mixed GPUs
+    # the pool would run on one GPU and watch another.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     # glibc malloc arenas multiply RSS in threaded children (the TTS story's saw-tooth); glibc
     # reads this at process start, so it goes in now and the children inherit it. The pool's
     # setting decides (the image's ENV too): 0 or None gives glibc's own default.

@@ -87,3 +87,10 @@ def test_gpu_memory_is_read_through_nvml_where_a_driver_answers(monkeypatch: pyt
     assert used == {"0": 1 * GB, "3": 4 * GB}
     assert {s.value for s in families["mediafarm_gpu_memory_total_bytes"].samples} == {141 * GB}
     assert list(GpuMemory(()).collect()) == []  # a pool without GPUs asks NVML nothing
+
+
+def test_a_pools_gpu_ids_are_numbered_as_nvml_numbers_them() -> None:
+    # NVML (the pressure reading, the GPU metrics) and nvidia-smi count in PCI bus order; CUDA
+    # counts fastest-first unless told, which on a host with mixed GPUs is another order.
+    env = pool_environment(Pool("p", queues=("q",), gpus=(1, 0)), {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
