@@ -141,6 +141,16 @@ def parse(table: dict[str, Any]) -> Admission:
     )
 
 
+def admission_problems() -> list[str]:
+    """A mistake in ``[admission]``, for the worker's and the gateway's start checks: read lazily
+    by ``submit``, it would otherwise refuse every job of the farm, one 422 at a time."""
+    try:
+        get_admission()
+    except ConfigFileError as exc:
+        return [str(exc)]
+    return []
+
+
 @functools.lru_cache(maxsize=1)
 def get_admission() -> Admission:
     """The farm's admission settings, read once per process from ``FARM_CONFIG_FILE``."""

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as ProgressBar
 from rich.table import Table
 
+from mediafarm.config.admission import admission_problems
 from mediafarm.config.celery import celery_config
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.pools import expand_queues, get_pool
@@ -327,7 +328,7 @@ def serve_gateway(
     host = settings.gateway_host if host is None else host
     port = settings.gateway_port if port is None else port
     config = GatewayConfig.from_settings(settings)
-    problem = bind_problem(host, config)
+    problem = bind_problem(host, config) or next(iter(admission_problems()), None)
     if problem:
         _fail(problem)
     try:

@@ -27,6 +27,7 @@ from celery import bootsteps, signals
 from celery.worker import state as worker_state
 from celery.worker.control import inspect_command
 
+from mediafarm.config.admission import admission_problems
 from mediafarm.config.celery import UnsafeConfiguration, config_problems
 from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
@@ -78,7 +79,7 @@ def startup_problems(
         conf, families.hard_limits() | tasks, retry_delay=settings.retry_delay,
         consumer_timeout=settings.consumer_timeout, consumed_limits=consumed,
     )  # fmt: skip
-    return problems + families.ladder_problems()
+    return problems + families.ladder_problems() + admission_problems()
 
 
 def hard_limits(app: Any) -> dict[str, float]:

@@ -45,3 +45,26 @@ def test_the_priority_scale_and_what_each_broker_is_sent() -> None:
     for bad in (-1, 10, 4.5, True, "7"):
         with pytest.raises(ValueError, match="priority must be an integer from 0 to 9"):
             checked_priority(bad)
+
+
+def test_a_mistake_in_the_admission_table_is_a_start_problem(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read lazily by submit, it would refuse every job one by one: the worker and the gateway
+    # check it at start instead (workers.guards.startup_problems, `farm gateway`).
+    from mediafarm.config.admission import admission_problems, get_admission
+    from mediafarm.config.settings import get_settings
+
+    try:
+        cases = (("[admission]\nmax_queued = 10\n", []),
+                 ("[admission.families.tts]\nmax_queue = 5\n", ["unknown keys ['max_queue']"]))  # fmt: skip
+        for n, (body, expected) in enumerate(cases):
+            path = tmp_path / f"farm-{n}.toml"  # a file is read once per process (config.file)
+            path.write_text(body)
+            monkeypatch.setenv("FARM_CONFIG_FILE", str(path))
+            get_settings.cache_clear()
+            get_admission.cache_clear()
+            problems = admission_problems()
+            assert len(problems) == len(expected) and all(e in p for e, p in zip(expected, problems, strict=True))
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+        get_admission.cache_clear()
