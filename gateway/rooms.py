@@ -19,7 +19,6 @@ wait for their client first (``room_lease``).
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
 from mediafarm.gateway.events import Snapshot, read_snapshot
+from mediafarm.gateway.job_watch import JobWatch
 from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
 from mediafarm.gateway.room_frames import (
     CLOSE_BAD_ROOM,
@@ -67,8 +67,6 @@ _ROOM = re.compile(ROOM_NAME)
 MAX_FRAME_CHARS = 500_000
 # How long the sender waits out an unreachable Redis before it tries again.
 REDIS_RETRY_S = 1.0
-# The head line's job is read in full at least this often, changed or not (``_read_if_changed``).
-FULL_READ_S = 1.0
 
 
 @dataclass
@@ -272,35 +270,18 @@ async def _sender(room: _Room, leave: Callable[[], Any]) -> None:
         room.pending.pop(0)
 
 
-def _read_if_changed(job: JobHandle, seen: list[Any]) -> Snapshot | None:
-    """The job's snapshot if anything a room follows changed since ``seen`` (or a full read is
-    due), else None. ``seen``: [signature, time of the last full read], updated here.
-
-    A snapshot is several Redis round trips; the signature is one: the lengths of the partial
-    outputs and of the history (a chunk; a new attempt) and of Celery's result (the state), read
-    before the snapshot so that nothing changed after it goes unseen. An attempt's outcome is
-    written in place, so a full read comes at least every FULL_READ_S anyway.
-    """
-    client = celery_app.backend.client
-    pipe = client.pipeline(transaction=False)
-    pipe.llen(keys.partials(job.id))
-    pipe.llen(keys.history(job.id))
-    pipe.strlen(celery_app.backend.get_key_for_task(job.id))
-    signature = tuple(pipe.execute())
-    now = time.monotonic()
-    if signature == seen[0] and now - seen[1] < FULL_READ_S:
-        return None
-    seen[:] = [signature, now]
-    return read_snapshot(job)
+def _read_if_changed(job: JobHandle, watch: JobWatch) -> Snapshot | None:
+    """The job's snapshot if anything a room follows changed (``job_watch``), else None."""
+    return read_snapshot(job) if watch.changed() else None
 
 
 async def _stream_line(room: _Room, head: _Accepted) -> None:
     feed = LineFeed()
     frames = 0  # audio frames sent of the attempt being streamed
-    seen: list[Any] = [None, 0.0]
+    watch = JobWatch(head.job.id)
     while True:
         try:
-            snapshot = await anyio.to_thread.run_sync(_read_if_changed, head.job, seen)
+            snapshot = await anyio.to_thread.run_sync(_read_if_changed, head.job, watch)
         except (RedisError, OperationalError):
             await anyio.sleep(REDIS_RETRY_S)
             continue

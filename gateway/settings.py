@@ -33,6 +33,8 @@ class GatewayConfig:
         room_queue: Where a room's line jobs go; None: the TTS family's queue.
         room_poll: Seconds between two looks at a room's head line (one Redis round trip each,
             the whole job read only when it changed): what a chunk may wait before it is sent.
+        speech_poll: Seconds between two looks at a speech stream's job (``POST /v1/audio/speech``;
+            one Redis round trip each, the whole job read only when it changed, ``job_watch``).
         room_linger: Seconds a dropped room connection's unfinished lines wait for the client to
             connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
     """
@@ -49,6 +51,7 @@ class GatewayConfig:
     room_max_lines: int = 8
     room_queue: str | None = None
     room_poll: float = 0.03
+    speech_poll: float = 0.03
     room_linger: float = 10.0
 
     @classmethod

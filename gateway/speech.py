@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from mediafarm.gateway.job_watch import JobWatch
 from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, _json_body, job_url, overloaded
 from mediafarm.gateway.openai_models import SPEECH, UnknownModel, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
@@ -141,8 +142,11 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
     """Wait for the first chunk (the headers name its rung), then stream the rest as it comes."""
     follower = SpeechFollower(job, config.storage_dir)
     encoder = StreamEncoder(fmt)
+    watch = JobWatch(job.id)
 
-    def step() -> bytes:
+    def step() -> bytes:  # one Redis round trip; the job is read in full only when it changed
+        if not watch.changed():
+            return b""
         return b"".join(encoder.feed(pcm) for pcm in follower.poll())
 
     try:
@@ -154,7 +158,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
                 if cancel_on_hang_up:
                     await anyio.to_thread.run_sync(job.cancel)
                 raise HTTPException(499, "the client went away before the first chunk")
-            await anyio.sleep(config.poll_interval)
+            await anyio.sleep(config.speech_poll)
     except NoAudio as exc:
         kind = (exc.failure or {}).get("kind")
         status = 422 if kind == "rejected" else 409 if kind == "cancelled" else 500
@@ -170,7 +174,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
         try:
             yield first
             while not follower.done:
-                await anyio.sleep(config.poll_interval)
+                await anyio.sleep(config.speech_poll)
                 data = await anyio.to_thread.run_sync(step)
                 if data:
                     yield data
