@@ -218,14 +218,18 @@ def test_a_file_that_is_not_a_video_fails_the_check(tmp_path: Path, h264_mp4: Pa
         cut_clip(probe_source(h264_mp4), 5.0, 5.0, tmp_path / "x.mp4")
 
 
+# The child's own peak is VmHWM, its address space's high-water mark. Not ru_maxrss: Linux carries
+# that over from the parent's memory at the fork across the exec, so a child of a pytest process
+# grown past 1 GiB (the YOLO tests before this one) "peaked" at 1 GiB before it ran a line.
 _PEAK = """
-import json, resource, sys
+import json, re, sys
 from pathlib import Path
 from mediafarm.tasks.families.camfilter.cut import cut_clip
 from mediafarm.tasks.families.camfilter.source import probe_source
 source = probe_source(Path(sys.argv[1]))
 clip = cut_clip(source, float(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4]))
-print(json.dumps({"method": clip.method, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+hwm_kib = int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
+print(json.dumps({"method": clip.method, "peak_mib": hwm_kib / 1024}))
 """
 
 
