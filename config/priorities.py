@@ -29,6 +29,13 @@ REDIS_PRIORITY_STEPS = tuple(range(10))
 REDIS_PRIORITY_SEP = "\x06\x16"
 
 
+def redis_lists(queue: str) -> tuple[str, ...]:
+    """The Redis lists kombu keeps ``queue``'s messages in, one per priority step of the farm: the
+    queue's own name for step 0, ``<queue>\\x06\\x16<step>`` for the others. A queue's depth is
+    the sum of their lengths."""
+    return tuple(f"{queue}{REDIS_PRIORITY_SEP}{step}" if step else queue for step in REDIS_PRIORITY_STEPS)
+
+
 def checked_priority(priority: object) -> int:
     """``priority`` if it is an integer of the farm's scale; ValueError naming the range otherwise."""
     if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:

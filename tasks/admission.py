@@ -38,7 +38,7 @@ from typing import Any
 
 from mediafarm.config.admission import Admission, PoolAdmission, get_admission
 from mediafarm.config.pools import Pool, expand_queues, get_pools, gpu_queue
-from mediafarm.config.priorities import REDIS_PRIORITY_STEPS, REDIS_PRIORITY_SEP
+from mediafarm.config.priorities import redis_lists
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families as registry
 from mediafarm.tasks import keys
@@ -239,11 +239,10 @@ class _Depths:
         return self._amqp(queues, app) if get_settings().broker_is_rabbitmq else self._redis_depth(queues)
 
     def _redis_depth(self, queues: tuple[str, ...]) -> int:
-        # kombu keeps one list per priority step: the queue itself for step 0, "<queue>\x06\x16<n>" else.
         pipe = self._broker_redis().pipeline(transaction=False)
         for queue in queues:
-            for step in REDIS_PRIORITY_STEPS:
-                pipe.llen(f"{queue}{REDIS_PRIORITY_SEP}{step}" if step else queue)
+            for name in redis_lists(queue):
+                pipe.llen(name)
         return sum(int(n) for n in pipe.execute())
 
     def _amqp(self, queues: tuple[str, ...], app: Any) -> int:

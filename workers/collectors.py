@@ -19,22 +19,10 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mediafarm.config.priorities import redis_lists
 from mediafarm.tasks import keys
 
 log = logging.getLogger("mediafarm.metrics")
-# kombu's Redis transport keeps a queue's priorities in separate lists: `<queue><sep><step>`.
-KOMBU_SEP = "\x06\x16"
-KOMBU_STEPS = (0, 3, 6, 9)
-
-
-def redis_queue_lists(queue: str, transport_options: dict[str, Any] | None = None) -> list[str]:
-    """The Redis lists kombu keeps one queue's messages in (one per priority step; step 0 the queue's name)."""
-    options = transport_options or {}
-    sep = options.get("sep", KOMBU_SEP)
-    steps = options.get("priority_steps", KOMBU_STEPS)
-    return [queue if not step else f"{queue}{sep}{step}" for step in steps]
-
-
 class QueueDepth(Collector):
     """``mediafarm_queue_depth{queue}``: messages waiting in each queue this worker consumes
     (Redis: LLEN of the queue's priority lists, one round trip; RabbitMQ: a passive declare)."""
@@ -65,8 +53,7 @@ class QueueDepth(Collector):
                 import redis
 
                 self._redis = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-            options = dict(self.app.conf.broker_transport_options or {})
-            lists = [redis_queue_lists(q, options) for q in queues]
+            lists = [redis_lists(q) for q in queues]
             pipe = self._redis.pipeline(transaction=False)
             for names in lists:
                 for name in names:

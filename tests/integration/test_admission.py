@@ -23,6 +23,7 @@ import redis
 
 from mediafarm import Overloaded, submit
 from mediafarm.config.admission import parse
+from mediafarm.config.priorities import redis_lists
 from mediafarm.tasks import admission, keys
 from mediafarm.tasks.admission import Reading, publish_reading
 from tests.conftest import REPO
@@ -73,11 +74,6 @@ def blocker(queue: str, client: redis.Redis, seconds: float) -> Any:
     return job
 
 
-def priority_lists(queue: str) -> list[str]:
-    """The broker's lists of ``queue``, one per priority (``config.priorities``)."""
-    return [queue] + [f"{queue}\x06\x16{n}" for n in range(1, 10)]
-
-
 @contextlib.contextmanager
 def pressed(client: redis.Redis, pool: str) -> Iterator[None]:
     """``pool`` short of memory, as its worker would publish it: 10 MiB available, every half second."""
@@ -117,7 +113,7 @@ def test_a_family_at_its_depth_limit_refuses_and_accepts_again_once_drained(work
     assert "3 jobs are waiting, the limit is 3" in str(refused.value)
     # Nothing of the refused job anywhere: no idempotency key, no history, no result, no message.
     assert not backend.exists(keys.submitted(refused_id), keys.history(refused_id), f"celery-task-meta-{refused_id}")
-    assert sum(backend.llen(name) for name in priority_lists(DEPTH_QUEUE)) == 3
+    assert sum(backend.llen(name) for name in redis_lists(DEPTH_QUEUE)) == 3
     assert int(backend.hget(keys.refusals("chaos"), "depth")) == int(refused_before or 0) + 1
     # A job already accepted is never refused: its re-submit returns its handle.
     assert submit("chaos", queue=DEPTH_QUEUE, job_id=waiting[0].id, tenant="t-a").id == waiting[0].id
@@ -146,12 +142,12 @@ def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root
         why = admission.pool_under_pressure("chaos", backend)
         assert why is not None and "pool 'chaos' is under memory pressure: 10 MiB of 16000 MiB" in why
         refused_id = f"adm-pressed-{uuid.uuid4()}"
-        queued = sum(backend.llen(name) for name in priority_lists("chaos"))
+        queued = sum(backend.llen(name) for name in redis_lists("chaos"))
         with pytest.raises(Overloaded) as refused:
             submit("chaos", job_id=refused_id)
         assert refused.value.reason == "pressure" and refused.value.retry_after == 15
         assert not backend.exists(keys.submitted(refused_id), keys.history(refused_id))
-        assert sum(backend.llen(name) for name in priority_lists("chaos")) == queued
+        assert sum(backend.llen(name) for name in redis_lists("chaos")) == queued
         # A job whose ladder steps down under pressure is taken: it will start a rung lower instead.
         stepping = submit("chaos", ladder="pressure_steps")
         assert take_back(backend, "chaos", stepping.id)
@@ -176,7 +172,7 @@ def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root
 
 def take_back(client: redis.Redis, queue: str, job_id: str) -> bool:
     """Remove an accepted test job's message from ``queue`` (no worker here takes it); was it there?"""
-    for name in priority_lists(queue):
+    for name in redis_lists(queue):
         for raw in client.lrange(name, 0, -1):
             if json.loads(raw)["headers"]["id"] == job_id:
                 return client.lrem(name, 1, raw) == 1
