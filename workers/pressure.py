@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from celery import bootsteps
 
 from mediafarm.config.pools import Pool, get_pool
@@ -132,7 +134,13 @@ class PressureReporter(bootsteps.StartStopStep):
                 reading = Reading(node, time.time(), available, total, gpus.read(self.pool.gpus), queues)
                 publish_reading(client, self.pool.name, reading)
                 failing = False
-            except Exception:  # Redis away: admission then sees no reading, and takes work
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # Redis away (a restart): admission then sees no reading, and takes work. One line
+                # per outage, as Celery's own consumer says it; no traceback for what is no bug.
+                if not failing:
+                    log.warning("could not publish the memory reading of pool %s: %s", self.pool.name, exc)
+                failing = True
+            except Exception:  # anything else is a bug: its traceback, once until a reading goes out
                 if not failing:
                     log.warning("could not publish the memory reading of pool %s", self.pool.name, exc_info=True)
                 failing = True
