@@ -91,6 +91,19 @@ class WorkerHandle:
         return self.process.pid
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report ends with the log of each worker its fixtures handed it: the session
+    folder holding the logs is gone once the run ends, and a job left PENDING says nothing of why."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when == "call":
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, WorkerHandle) and value.log.exists():
+                title = f"worker log ({name}: {value.node}), last 6000 characters"
+                report.sections.append((title, value.log_tail(6000)))
+
+
 @pytest.fixture(scope="session")
 def start_worker(session_dir: Path) -> Iterator[Callable[..., WorkerHandle]]:
     """Factory: start a real prefork worker; every worker it started is stopped at session end."""
