@@ -39,17 +39,13 @@ from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support.docs import code_blocks
 from tests.support.kills import kill_running
 from tests.support.piper_voice import link_joe_voice
+from tests.support.speech import held_espeak
 from tests.support.voices import voice_distance
 
 websockets_sync = pytest.importorskip("websockets.sync.client", reason="rooms need the gateway extra's websockets")
 QUEUE = "room-test"
-GATE = """#!/bin/sh
-# espeak-ng, held 3 s when the text says "Patience": a slow chunk, and a window to kill a line.
-case "$1" in --version) exec espeak-ng "$@";; esac
-text=$(cat)
-case "$text" in *Patience*) sleep 3;; esac
-printf '%s' "$text" | espeak-ng "$@"
-"""
+# espeak-ng held 3 s on a line saying "Patience": a slow chunk, and a window to kill a line.
+HOLD_S = 3
 # Short engine calls: a line of three sentences is three chunks.
 LADDER = """
 [ladders.tts]
@@ -150,9 +146,7 @@ def test_a_frame_that_does_not_fit_names_its_field(frame: str, field: str | None
 @pytest.fixture(scope="module")
 def room_worker(start_worker, session_dir: Path):
     link_joe_voice(get_settings().models_dir)
-    gate = session_dir / "espeak-room-gate.sh"
-    gate.write_text(GATE)
-    gate.chmod(0o755)
+    gate = held_espeak(session_dir / "espeak-room-gate.sh", HOLD_S)
     config = session_dir / "farm-room-test.toml"
     config.write_text((REPO / "tests" / "support" / "farm-test.toml").read_text() + LADDER.format(gate=gate))
     return start_worker("cpu", concurrency=2, queues=[QUEUE], env={"FARM_CONFIG_FILE": str(config)})

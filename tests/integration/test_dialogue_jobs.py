@@ -35,17 +35,13 @@ from mediafarm.tasks.plan import Part, Plan
 from tests.conftest import REPO
 from tests.support.kills import kill_running
 from tests.support.piper_voice import link_joe_voice
+from tests.support.speech import held_espeak
 from tests.support.voices import speech_spans, voice_distance
 
 pytestmark = pytest.mark.integration
 QUEUE = "dialogue-test"
-GATE = """#!/bin/sh
-# espeak-ng, held 8 s when the text says "Patience": the dialogue tests' window to kill a line.
-case "$1" in --version) exec espeak-ng "$@";; esac
-text=$(cat)
-case "$text" in *Patience*) sleep 8;; esac
-printf '%s' "$text" | espeak-ng "$@"
-"""
+# espeak-ng held 8 s on a line saying "Patience": the dialogue tests' window to kill a line.
+HOLD_S = 8
 LADDER = """
 [ladders.tts]
 rungs = [
@@ -62,9 +58,7 @@ VOICES_DIFFER = 5.0
 @pytest.fixture(scope="module")
 def dialogue_worker(start_worker, session_dir: Path):
     link_joe_voice(get_settings().models_dir)
-    gate = session_dir / "espeak-gate.sh"
-    gate.write_text(GATE)
-    gate.chmod(0o755)
+    gate = held_espeak(session_dir / "espeak-gate.sh", HOLD_S)
     config = session_dir / "farm-dialogue-test.toml"
     config.write_text((REPO / "tests" / "support" / "farm-test.toml").read_text() + LADDER.format(gate=gate))
     return start_worker("cpu", concurrency=2, queues=[QUEUE], env={"FARM_CONFIG_FILE": str(config)})

@@ -89,3 +89,17 @@ def write_long_track(path: Path, seconds: float, pattern: SpeechTrack | None = N
             out.write(chunk)
             written += chunk.size
     return written / RATE
+
+
+def held_espeak(path: Path, hold_s: float) -> Path:
+    """An executable at ``path`` that speaks as espeak-ng does, holding ``hold_s`` seconds first when
+    the text says "Patience": a slow line in a TTS test, and a window to kill its child."""
+    path.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in --version) exec espeak-ng "$@";; esac\n'
+        "text=$(cat)\n"
+        f'case "$text" in *Patience*) sleep {hold_s:g};; esac\n'
+        "printf '%s' \"$text\" | espeak-ng \"$@\"\n"
+    )
+    path.chmod(0o755)
+    return path
