@@ -87,7 +87,7 @@ def _view(job: JobHandle, snapshot: Snapshot) -> dict[str, Any]:
     return view
 
 
-async def _json_body(request: Request) -> Any:
+async def json_body(request: Request) -> Any:
     """The body as JSON, read to at most MAX_JSON_BYTES (413 past it)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_JSON_BYTES:
@@ -127,7 +127,7 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
                                      "starting with a letter or digit")  # fmt: skip
-        body = await _json_body(request)
+        body = await json_body(request)
         config: GatewayConfig = request.app.state.config
         job_id = idempotency_key or str(uuid.uuid4())
 

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, _json_body, job_url, overloaded
+from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, job_url, json_body, overloaded
 from mediafarm.gateway.openai_models import SPEECH, UnknownModel, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
@@ -104,7 +104,7 @@ async def speech(
     if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
         raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
                                  "starting with a letter or digit")  # fmt: skip
-    asked = _parse(await _json_body(request))
+    asked = _parse(await json_body(request))
     try:
         model = resolve(SPEECH, asked.model)
     except UnknownModel as exc:
