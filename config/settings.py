@@ -63,6 +63,8 @@ class FarmSettings(BaseSettings):
         transient_retries: Same-rung retries allowed for errors that are nobody's fault
             (a broker hiccup, a worker that died under a job it did not cause).
         watchdog_interval: Seconds between two RSS polls of the pool children.
+        checkpoint_interval: Seconds between two checkpoints of a resuming family's job at most
+            (``tasks.checkpoint``): a lost attempt costs about this much work plus its last unit.
         config_file: Optional TOML file that overrides the declared pools and ladders.
         metrics_port: Port of the worker's Prometheus endpoint (jobs, kills, queues ...); 0 turns it off.
         gateway_metrics_open: Serve the gateway's ``GET /metrics`` without a bearer token even when
@@ -110,6 +112,7 @@ class FarmSettings(BaseSettings):
     retry_delay: float = 0.0
     transient_retries: int = 2
     watchdog_interval: float = 0.05
+    checkpoint_interval: float = Field(5.0, gt=0)
     config_file: Path | None = None
     pool: str = "cpu"
     metrics_port: int = 0

@@ -6,7 +6,7 @@ outside the storage folder. A hidden marker file says the folder is a job's (``f
 nothing else). A file is written under a hidden temporary name in its final folder and renamed into place only
 when it is complete (``os.replace`` is atomic within one file system), so a child SIGKILLed
 mid-write leaves a hidden ``.*.partial-*`` file, never one that looks finished. A retried attempt
-starts from an empty folder (:meth:`ArtifactStore.clear`). Names are relative paths inside the
+starts from an empty folder (:meth:`ArtifactStore.clear`) but for the job's checkpoint. Names are relative paths inside the
 job's folder; anything that could leave it (``..``, absolute paths, NUL) is refused.
 
 Retention: a job's folder lives as long as its result. ``farm gc`` removes the folders of jobs
@@ -30,6 +30,8 @@ from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.records import ArtifactInfo
 
 PARTIAL_MARK = ".partial-"
+# A job's checkpoint (``tasks.checkpoint``): hidden, so no artifact, and kept between attempts.
+CHECKPOINT_FOLDER = ".checkpoint"
 # Present in every job folder the farm made: `farm gc` never touches a folder without it.
 MARKER = ".mediafarm-job"
 # A folder name stays under common file-system limits (255 bytes) after encoding.
@@ -130,9 +132,7 @@ class ArtifactStore:
         soundfile). On an exception the partial file is removed and the exception goes on.
         """
         final = self.path(name)
-        if not self.folder.is_dir():
-            self.folder.mkdir(parents=True, exist_ok=True)
-            (self.folder / MARKER).touch()
+        self.ensure_folder()
         final.parent.mkdir(parents=True, exist_ok=True)
         temp = final.with_name(f".{final.stem}{PARTIAL_MARK}{os.getpid()}{final.suffix}")
         try:
@@ -162,9 +162,25 @@ class ArtifactStore:
             fh.write(text)
         return self.path(name)
 
+    def ensure_folder(self) -> None:
+        """Make the job's folder, with the marker that tells ``farm gc`` it is a job's."""
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / MARKER).touch()
+
     def clear(self) -> None:
-        """Remove everything a previous attempt left, finished or partial."""
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Remove everything a previous attempt left, finished or partial, but the job's
+        checkpoint (``tasks.checkpoint``), which the next attempt may resume from."""
+        if not (self.folder / CHECKPOINT_FOLDER).is_dir():
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        for entry in self.folder.iterdir():
+            if entry.name in (CHECKPOINT_FOLDER, MARKER):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def list(self) -> list[ArtifactInfo]:
         """The finished artifacts, sorted by name (partial files are not artifacts)."""

@@ -28,6 +28,7 @@ from mediafarm.tasks import families, soft_time_limit
 from mediafarm.tasks.admission import pool_under_pressure
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.breaker import RungGuard, ladder_identity, pool_breakers
+from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter, UnusableCheckpoint, store_for
 from mediafarm.tasks.context import EngineContext, JobChannel
 from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
 from mediafarm.tasks.errors import (
@@ -145,15 +146,18 @@ class FarmTask(Task):
             ttl = int(self.app.conf.result_expires)
             store = ArtifactStore(settings.storage_dir, request.id)
             channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event)
+            resuming = Resuming(spec, store, fields)
             def run_rung(rung: Rung, index: int, attempt: int) -> tuple[dict[str, Any], tuple[ArtifactInfo, ...]]:
                 if attempt > 0 or not fresh:
                     # Every attempt but a job's very first starts clean: no file and no partial
-                    # output of an earlier one (killed, or a rung skipped earlier in this run).
+                    # output of an earlier one (killed, or a rung skipped earlier in this run),
+                    # but for the checkpoint it resumes from.
                     store.clear()
                     channel.reset()
                 ctx = EngineContext(request.id, attempt, index, rung.name, rung.device, store,
                                     settings.models_dir, channel, redis=self.backend.client,
                                     backend=self.backend, settings=settings)  # fmt: skip
+                resuming.prepare(ctx, rung, settings.checkpoint_interval)
                 return run_engine(spec, rung, ctx, fields, settings.input_roots), tuple(store.list())
 
             job = LadderRun(
@@ -178,9 +182,17 @@ class FarmTask(Task):
                     probe_s=float(self.farm_hard_limit or 3600) + 60,
                     pressure=partial(pool_under_pressure, settings.pool, self.backend.client),
                 ),
+                resume=resuming.offer if spec.resume is not None else None,
             )
-            outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
+            try:
+                outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
+            except StaleAttempt:
+                raise  # the job is another worker's now, and so is its checkpoint
+            except FarmError:
+                resuming.ended()  # rejected, cancelled, failed for good: nothing will resume
+                raise
             if isinstance(outcome, Envelope):
+                resuming.ended()
                 return outcome.to_json()
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
@@ -209,6 +221,55 @@ class FarmTask(Task):
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:
             self.send_event(event, **fields)
+
+
+class Resuming:
+    """One delivery's side of the job's checkpoint (``tasks.checkpoint``): what each attempt is
+    offered, the files put back, the checkpoint removed when the job ends for good."""
+
+    def __init__(self, spec: FamilySpec, store: ArtifactStore, fields: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.store = store_for(store, spec.name, fields) if spec.resume is not None else None
+        self.offered: Checkpoint | None = None
+
+    def offer(self, rung: Rung) -> tuple[dict[str, Any] | None, str]:
+        """The checkpoint the attempt on ``rung`` goes on from, for its record: (what it resumes
+        from, or None; why a checkpoint there is was ignored, or "")."""
+        self.offered = None
+        if self.store is None or self.spec.resume is None:
+            return None, ""
+        try:
+            checkpoint = self.store.load()
+        except UnusableCheckpoint as exc:
+            logger.warning("job %s: checkpoint ignored, starting over: %s", self.store.artifacts.folder.name, exc)
+            self.store.remove()
+            return None, str(exc)
+        if checkpoint is None:
+            return None, ""
+        why_not = self.spec.resume.why_not(checkpoint, rung.name)
+        if why_not:
+            return None, why_not
+        self.offered = checkpoint
+        return checkpoint.record(), ""
+
+    def prepare(self, ctx: EngineContext, rung: Rung, interval: float) -> None:
+        """Give the attempt's context its checkpoint (files back in place) and its writer."""
+        if self.store is None or self.spec.resume is None:
+            return
+        if self.offered is not None:
+            try:
+                self.store.restore(self.offered)
+                ctx.resume = self.offered
+            except OSError as exc:  # its files went between the look and now: start over
+                logger.warning("job %s: checkpoint lost before it could be used, starting over: %s", ctx.job_id, exc)
+                self.store.remove()
+                ctx.artifacts.clear()
+                self.offered = None
+        ctx.checkpoints = CheckpointWriter(self.store, self.spec.resume.unit, rung.name, interval, self.offered)
+
+    def ended(self) -> None:
+        if self.store is not None:
+            self.store.remove()
 
 
 def _unwritten(request: Any) -> dict[int, str]:

@@ -16,7 +16,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks import keys
 from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter
 from mediafarm.tasks.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
 from mediafarm.tasks.family import missing_model
 from mediafarm.tasks.plan import Collected, Part, collect
@@ -139,6 +140,11 @@ class EngineContext:
         backend: The result backend (Celery's: its ``client`` and key names), from which a fan-in
             job reads its parts (:meth:`collect`); None in a local context not given one.
         settings: The farm's settings (``FARM_*``).
+        resume: The checkpoint this attempt goes on from (its kept files are back in
+            ``artifacts``), or None: start from the beginning. Only for a family that declares
+            ``resume``.
+        checkpoints: Where :meth:`checkpoint` writes; None: the family does not resume, or no
+            worker runs this (a local context), and checkpoints are not kept.
     """
 
     job_id: str
@@ -153,6 +159,8 @@ class EngineContext:
     redis: Any = field(default=None, repr=False)
     backend: Any = field(default=None, repr=False)
     settings: FarmSettings = field(default_factory=get_settings, repr=False)
+    resume: Checkpoint | None = None
+    checkpoints: CheckpointWriter | None = field(default=None, repr=False)
 
     @classmethod
     def local(cls, *, storage_dir: Path | None = None, models_dir: Path | None = None, job_id: str = "local",
@@ -214,6 +222,23 @@ class EngineContext:
                 "(EngineContext.local(backend=...))"
             )
         return collect(self.backend, self.job_id, timeout=timeout, on_wait=on_wait)
+
+    def checkpoint_due(self) -> bool:
+        """Is it time for a checkpoint (``FARM_CHECKPOINT_INTERVAL`` since the last one or the
+        attempt's start)? Always False where checkpoints are not kept: cheap in an inner loop."""
+        return self.checkpoints is not None and self.checkpoints.due()
+
+    def checkpoint(self, position: float, state: dict[str, Any], files: Sequence[str] = ()) -> None:
+        """Record how far the output goes (``position``, in the family's unit), the engine's JSON
+        ``state`` to go on from there, and the finished artifacts (``files``, names) that hold the
+        output so far. Written atomically; call it when :meth:`checkpoint_due` says so, at a
+        point the engine can resume from exactly. A no-op where checkpoints are not kept."""
+        if self.checkpoints is None:
+            return
+        try:
+            self.checkpoints.write(position, state, files)
+        except OSError:  # a checkpoint saves work; failing to keep one must not fail the job
+            log.warning("could not write a checkpoint of job %s", self.job_id, exc_info=True)
 
     def model_path(self, relative: str) -> Path:
         """A model file or folder under the models dir; RungUnavailable (recorded, skipped) if absent."""

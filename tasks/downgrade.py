@@ -213,6 +213,9 @@ class LadderRun:
             as a transient failure (same rung), not as a lost child (next rung).
         guard: The rung circuit breakers and the memory-pressure step-down (``tasks.breaker``):
             asked before each rung, told each attempt's end. None: every rung runs.
+        resume: Asked just before an attempt on a rung is recorded: what it resumes from
+            (``tasks.checkpoint``), as ``(resumed_from, checkpoint_ignored)`` for its record.
+            None: the family does not resume.
     """
 
     job_id: str
@@ -228,6 +231,7 @@ class LadderRun:
     models_dir: Path | None = None
     unwritten: Mapping[int, str] = field(default_factory=dict)
     guard: RungGuard | None = None
+    resume: Callable[[Rung], tuple[dict[str, Any] | None, str]] | None = None
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -273,6 +277,8 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             index += 1
             continue
         attempt = Attempt(index, rung.name, retries=retries, worker=worker, oom_counts=snapshot())
+        if job.resume is not None:
+            attempt.resumed_from, attempt.checkpoint_ignored = job.resume(rung)
         running = _Running(log, attempt, result_key, job.stale_after)
         attempts.append(running.attempt)
         finish = running.finish if guard is None else _told(running, guard, guard.note(index))

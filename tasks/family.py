@@ -30,6 +30,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.limits import TimeLimits
+from mediafarm.tasks.checkpoint import Resume
 from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.media.paths import resolve_media
 from mediafarm.tasks.result_metrics import ResultMetric
@@ -225,6 +226,9 @@ class FamilySpec:
             which the CLI mounts under the Typer's ``name`` (the family's name if it has none) when
             it is built (``farm speakers``). The module is imported by every ``farm`` command, so
             it is light like the spec; None: the family has no commands of its own.
+        resume: How the family's jobs go on from a checkpoint after a lost attempt
+            (:class:`~mediafarm.tasks.checkpoint.Resume`: the unit, the rule, across which rungs);
+            its engines write checkpoints with ``ctx.checkpoint``. None: every attempt starts over.
     """
 
     name: str
@@ -244,6 +248,7 @@ class FamilySpec:
     probe: Callable[[Any], None] | None = None
     metrics: tuple[ResultMetric, ...] = ()
     cli: str | None = None
+    resume: Resume | None = None
     _ladder: Ladder = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -86,6 +86,11 @@ class Attempt:
             whole kernel's where it is in none that counts; ``tasks.oom_killer.snapshot``), so that
             a child lost without a watchdog record is told apart: OOM killer or an outside kill.
             None: unreadable here.
+        resumed_from: The checkpoint this attempt went on from (``tasks.checkpoint``): its
+            position and unit, the rung that wrote it, and which rung made which part so far.
+            None: it started from the beginning.
+        checkpoint_ignored: Why a checkpoint the job had was not resumed from (another
+            request's, corrupt, refused by the family for this rung); empty if none was.
     """
 
     rung: int
@@ -100,6 +105,8 @@ class Attempt:
     worker: str = ""
     pid: int = field(default_factory=os.getpid)
     oom_counts: dict[str, Any] | None = None
+    resumed_from: dict[str, Any] | None = None
+    checkpoint_ignored: str = ""
 
     def __post_init__(self) -> None:
         if self.outcome is not None:
@@ -110,6 +117,11 @@ class Attempt:
         data = dict(self.__dict__)
         if self.outcome is not None:
             data["outcome"] = self.outcome.value
+        # Only attempts that met a checkpoint say so: every other record stays as it was.
+        if self.resumed_from is None:
+            del data["resumed_from"]
+        if not self.checkpoint_ignored:
+            del data["checkpoint_ignored"]
         return data
 
     @classmethod

@@ -448,16 +448,18 @@ def cancel(job_id: str) -> None:
 
 @cli.command(name="families")
 def list_families() -> None:
-    """The job families this farm knows: task name, queue, ladder, time limits, rung breakers."""
+    """The job families this farm knows: task name, queue, ladder, time limits, rung breakers, and
+    whether a job resumes from its checkpoint after a lost attempt."""
     from mediafarm.workers.breaker_view import policy_cell, print_open_breakers
 
-    table = Table("family", "task", "queue", "ladder", "limits (s)", "breaker", "description")
+    table = Table("family", "task", "queue", "ladder", "limits (s)", "breaker", "after a lost attempt", "description")
     for spec in families.load().values():
         ladder = families.ladder_for(spec)
         limits = families.limits_for(spec)
         rungs = " → ".join(f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}" for v in ladder.rungs)
+        resume = spec.resume.rule if spec.resume is not None else "starts over"
         table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}",
-                      policy_cell(ladder), spec.description)  # fmt: skip
+                      policy_cell(ladder), resume, spec.description)  # fmt: skip
     console.print(table)
     print_open_breakers(console)
 

@@ -44,6 +44,7 @@ from mediafarm.config.ladders import Ladder, Rung, rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks.artifacts import ArtifactStore, sha256_of
+from mediafarm.tasks.checkpoint import Checkpoint, Made, Resume
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import (
     Cancelled,
@@ -95,6 +96,7 @@ __all__ = [
     "NoParams",
     "Params",
     "Request",
+    "Resume",
     "ResultMetric",
     "Rung",
     "TimeLimits",
@@ -107,6 +109,9 @@ __all__ = [
     "get_settings",
     "sha256_of",
     "torch_device",
+    # Checkpoints: what an attempt is handed to resume from (ctx.resume).
+    "Checkpoint",
+    "Made",
     # Errors an engine raises (tasks/errors.py says which does what).
     "Cancelled",
     "FarmError",

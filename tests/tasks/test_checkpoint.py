@@ -1,0 +1,172 @@
+"""The checkpoint seam on its own: what is kept, what is refused, what survives a torn write."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mediafarm.config.ladders import rung
+from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.base import Resuming
+from mediafarm.tasks.checkpoint import (
+    FOLDER,
+    MANIFEST,
+    Checkpoint,
+    CheckpointStore,
+    CheckpointWriter,
+    Made,
+    Resume,
+    UnusableCheckpoint,
+    fingerprint,
+    store_for,
+)
+from mediafarm.tasks.context import EngineContext
+
+FIELDS = {"media": "talk.wav", "formats": ["vtt"]}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ArtifactStore(tmp_path, "job-1")
+
+
+def test_a_checkpoint_round_trips_with_its_files_kept_across_a_cleared_folder(store):
+    store.write_text("chunks/0000.vtt", "WEBVTT\n\none\n")
+    store.write_text("chunks/0001.vtt", "WEBVTT\n\ntwo\n")
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    writer = CheckpointWriter(checkpoints, "seconds", "whisper-small", interval=0.0)
+    writer.write(61.5, {"cues": [1, 2]}, files=["chunks/0000.vtt", "chunks/0001.vtt"])
+
+    store.clear()  # the next attempt's clean start
+    assert store.list() == []
+    loaded = checkpoints.load()
+    assert loaded is not None and loaded.position == 61.5 and loaded.unit == "seconds"
+    assert loaded.state == {"cues": [1, 2]} and loaded.rung == "whisper-small"
+    assert loaded.made == (Made(0.0, 61.5, "whisper-small"),)
+    checkpoints.restore(loaded)
+    assert store.path("chunks/0001.vtt").read_text() == "WEBVTT\n\ntwo\n"
+    assert [a.name for a in store.list()] == ["chunks/0000.vtt", "chunks/0001.vtt"]
+
+
+def test_a_rewritten_artifact_keeps_the_content_the_checkpoint_saw(store):
+    # Artifacts are replaced by renames: the checkpoint's link still holds the old bytes.
+    store.write_text("playlist.m3u8", "first")
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    CheckpointWriter(checkpoints, "seconds", "r", interval=0.0).write(10, {}, files=["playlist.m3u8"])
+    store.write_text("playlist.m3u8", "second, longer")
+    store.clear()
+    checkpoints.restore(checkpoints.load())
+    assert store.path("playlist.m3u8").read_text() == "first"
+
+
+def test_made_says_which_rung_made_which_part_across_resumes(store):
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    first = CheckpointWriter(checkpoints, "seconds", "big", interval=0.0).write(30, {})
+    again = CheckpointWriter(checkpoints, "seconds", "big", interval=0.0, resumed=first).write(50, {})
+    assert again.made == (Made(0.0, 50.0, "big"),)
+    lower = CheckpointWriter(checkpoints, "seconds", "small", interval=0.0, resumed=again).write(80, {})
+    assert lower.made == (Made(0.0, 50.0, "big"), Made(50.0, 80.0, "small"))
+    assert checkpoints.load().record()["made"] == [
+        {"start": 0.0, "end": 50.0, "rung": "big"}, {"start": 50.0, "end": 80.0, "rung": "small"}]  # fmt: skip
+
+
+def test_another_requests_checkpoint_under_the_same_id_is_refused(store):
+    CheckpointWriter(store_for(store, "subtitle", FIELDS), "seconds", "r", interval=0.0).write(5, {})
+    other = store_for(store, "subtitle", {**FIELDS, "formats": ["srt"]})
+    with pytest.raises(UnusableCheckpoint, match="another request"):
+        other.load()
+    assert fingerprint("subtitle", FIELDS) != fingerprint("vad", FIELDS)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda folder: (folder / MANIFEST).write_text("{not json"), "corrupt"),
+        (lambda folder: (folder / MANIFEST).write_text(json.dumps({"format": 99})), "format"),
+        (lambda folder: [p.unlink() for p in (folder / "files").iterdir()], "gone"),
+        (lambda folder: [p.write_text("x") for p in (folder / "files").iterdir()], "bytes"),
+    ],
+    ids=["unparsable", "unknown-format", "file-gone", "file-changed"],
+)
+def test_a_damaged_checkpoint_is_refused_naming_the_damage(store, damage, message):
+    store.write_text("a.txt", "some output")
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    CheckpointWriter(checkpoints, "seconds", "r", interval=0.0).write(5, {}, files=["a.txt"])
+    damage(store.folder / FOLDER)
+    with pytest.raises(UnusableCheckpoint, match=message):
+        checkpoints.load()
+
+
+def test_a_write_torn_before_its_manifest_leaves_the_previous_checkpoint_whole(store, monkeypatch):
+    store.write_text("a.txt", "one")
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    writer = CheckpointWriter(checkpoints, "seconds", "r", interval=0.0)
+    writer.write(5, {"n": 1}, files=["a.txt"])
+    store.write_text("b.txt", "two")
+
+    def killed(*args, **kwargs):  # the child dies where the manifest would be renamed into place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        writer.write(9, {"n": 2}, files=["a.txt", "b.txt"])
+    monkeypatch.undo()
+    loaded = checkpoints.load()
+    assert loaded.position == 5 and loaded.state == {"n": 1} and loaded.files == ("a.txt",)
+
+
+def test_writes_are_throttled_by_the_interval(store):
+    writer = CheckpointWriter(store_for(store, "vad", FIELDS), "seconds", "r", interval=3600.0)
+    assert not writer.due()
+    ctx = EngineContext.local(storage_dir=store.folder.parent, job_id="job-1")
+    assert not ctx.checkpoint_due()  # no writer: never due, and checkpoint() keeps nothing
+    ctx.checkpoint(4.0, {"x": 1})
+    assert not (store.folder / FOLDER).exists()
+    ctx.checkpoints = CheckpointWriter(store_for(store, "vad", FIELDS), "seconds", "r", interval=0.0)
+    assert ctx.checkpoint_due()
+    ctx.checkpoint(4.0, {"x": 1})
+    assert CheckpointStore(store, fingerprint("vad", FIELDS)).load().state == {"x": 1}
+
+
+class _Spec:
+    def __init__(self, resume: Resume) -> None:
+        self.name, self.resume = "subtitle", resume
+
+
+def test_the_offer_records_what_the_attempt_resumes_from_or_why_not(store):
+    resume = Resume(unit="seconds", rule="from the last window, on any rung")
+    resuming = Resuming(_Spec(resume), store, FIELDS)
+    assert resuming.offer(rung("big", "whisper")) == (None, "")  # nothing to resume from yet
+    CheckpointWriter(resuming.store, "seconds", "big", interval=0.0).write(42.0, {"k": 1})
+    record, ignored = resuming.offer(rung("small", "whisper"))
+    assert ignored == "" and record["position"] == 42.0 and record["rung"] == "big"
+    assert resuming.offered is not None
+
+    same_rung_only = Resuming(_Spec(Resume(unit="seconds", rule="same rung", across_rungs=False)), store, FIELDS)
+    record, ignored = same_rung_only.offer(rung("small", "whisper"))
+    assert record is None and "same rung only" in ignored
+
+    refusing = Resume(unit="seconds", rule="r", refuses=lambda cp, name: f"{name} speaks with another voice")
+    record, ignored = Resuming(_Spec(refusing), store, FIELDS).offer(rung("small", "whisper"))
+    assert record is None and ignored == "small speaks with another voice"
+
+    (store.folder / FOLDER / MANIFEST).write_text("torn")
+    record, ignored = Resuming(_Spec(resume), store, FIELDS).offer(rung("small", "whisper"))
+    assert record is None and "corrupt" in ignored
+    assert not (store.folder / FOLDER).exists()  # removed: the next attempt's writes start clean
+
+
+def test_the_checkpoint_goes_when_the_job_ends(store):
+    resuming = Resuming(_Spec(Resume(unit="characters", rule="r")), store, FIELDS)
+    CheckpointWriter(resuming.store, "characters", "r", interval=0.0).write(100, {})
+    resuming.ended()
+    assert not (store.folder / FOLDER).exists()
+
+
+def test_a_resume_unit_is_checked():
+    with pytest.raises(ValueError, match="unit"):
+        Resume(unit="frames", rule="")
+    mismatch = Resume(unit="characters", rule="").why_not(Checkpoint(1.0, "seconds", "r", {}), "r")
+    assert mismatch and "seconds" in mismatch
