@@ -65,12 +65,15 @@ class ChunkedWebVTT:
 
     Attributes:
         window_seconds: The length of a window, the playlist's segment duration.
+        timestamp_map: The ``X-TIMESTAMP-MAP`` header of the segments written next: a live stream
+            maps cue times onto its own PTS, and changes it after a timestamp jump.
     """
 
-    def __init__(self, window_seconds: float = 10.0) -> None:
+    def __init__(self, window_seconds: float = 10.0, timestamp_map: str = X_TIMESTAMP_MAP) -> None:
         if not (math.isfinite(window_seconds) and window_seconds > 0):
             raise ValueError(f"window_seconds must be a positive number, got {window_seconds}")
         self.window_seconds = window_seconds
+        self.timestamp_map = timestamp_map
         self._pending: list[Cue] = []  # only cues that overlap a window not yet written
         self._written = 0  # windows written so far; the next one to write is this index
         self._last_extinf: float | None = None  # the final window's duration, once closed
@@ -166,7 +169,7 @@ class ChunkedWebVTT:
         # Cues are in order of start, so those that end by this window's end go, and the rest reach on.
         self._pending = [cue for cue in self._pending if cue.end > high or cue.start >= high]
         self._written += 1
-        return segment_name(k), _webvtt_text(inside, metadata=[X_TIMESTAMP_MAP])
+        return segment_name(k), _webvtt_text(inside, metadata=[self.timestamp_map])
 
 
 def segment_name(index: int) -> str:
