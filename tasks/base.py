@@ -45,6 +45,7 @@ from mediafarm.tasks.errors import (
 )
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.languages import LanguageCheck
 from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome
 
 logger = get_task_logger("mediafarm.task")
@@ -147,6 +148,8 @@ class FarmTask(Task):
             store = ArtifactStore(settings.storage_dir, request.id)
             channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event)
             resuming = Resuming(spec, store, fields)
+            # Before anything runs: a job whose language no rung handles is rejected here.
+            languages = LanguageCheck.of(spec, ladder, fields, settings.models_dir)
             def run_rung(rung: Rung, index: int, attempt: int) -> tuple[dict[str, Any], tuple[ArtifactInfo, ...]]:
                 if attempt > 0 or not fresh:
                     # Every attempt but a job's very first starts clean: no file and no partial
@@ -183,6 +186,7 @@ class FarmTask(Task):
                     pressure=partial(pool_under_pressure, settings.pool, self.backend.client),
                 ),
                 resume=resuming.offer if spec.resume is not None else None,
+                language=languages.why_not if languages is not None else None,
             )
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)

@@ -216,6 +216,9 @@ class LadderRun:
         resume: Asked just before an attempt on a rung is recorded: what it resumes from
             (``tasks.checkpoint``), as ``(resumed_from, checkpoint_ignored)`` for its record.
             None: the family does not resume.
+        language: Why a rung cannot handle the job's language (``tasks.languages.LanguageCheck``),
+            or None if it can: such a rung is skipped as unavailable, no attempt spent. None:
+            the job's language is not known, or its family's rungs declare none.
     """
 
     job_id: str
@@ -232,6 +235,7 @@ class LadderRun:
     unwritten: Mapping[int, str] = field(default_factory=dict)
     guard: RungGuard | None = None
     resume: Callable[[Rung], tuple[dict[str, Any] | None, str]] | None = None
+    language: Callable[[Rung], str | None] | None = None
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -267,7 +271,9 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     index = current_rung(attempts)
     while index < len(ladder):
         rung = ladder.rungs[index]
-        why_not = job.engines[rung.engine].unavailable(rung, job.models_dir)
+        why_not = job.engines[rung.engine].unavailable(rung, job.models_dir) or (
+            job.language(rung) if job.language is not None else None
+        )
         skipped = guard.skip(index, attempts) if guard is not None and not why_not else None
         if why_not or skipped:
             outcome = Outcome.UNAVAILABLE if why_not else Outcome.SKIPPED

@@ -115,6 +115,11 @@ class EngineSpec:
             ``FARM_MODELS_DIR`` (``"model"``); a rung whose weights are absent is skipped as
             unavailable before it is charged an attempt (or a media check is charged to it).
             None: the engine has no weights of the operator's.
+        languages: What a rung of this engine speaks or recognises: ``(params, models_dir,
+            request) -> codes``, or None from the hook for any language (``tasks.languages``; the
+            models dir and the request are None where not known, as in ``farm families``). A rung
+            that cannot handle a job's language is skipped for it. None: any language. Light, like
+            the spec: it reads a file or asks a program, it imports no model.
     """
 
     target: str
@@ -122,6 +127,7 @@ class EngineSpec:
     needs: tuple[str, ...] = ()
     extra: str | None = None
     weights: str | None = None
+    languages: Callable[[Any, Path | None, Any], Any] | None = None
 
     def missing(self) -> str | None:
         """Which package of ``needs`` this pool lacks, and how to install it; None if it has them all."""
@@ -226,6 +232,9 @@ class FamilySpec:
             which the CLI mounts under the Typer's ``name`` (the family's name if it has none) when
             it is built (``farm speakers``). The module is imported by every ``farm`` command, so
             it is light like the spec; None: the family has no commands of its own.
+        language: The language of a parsed request (given, or detected from its text), an ISO
+            639-1 code, or None when not known; rungs that cannot handle it are skipped
+            (``tasks.languages``). None: the family's jobs are not filtered by language.
         resume: How the family's jobs go on from a checkpoint after a lost attempt
             (:class:`~mediafarm.tasks.checkpoint.Resume`: the unit, the rule, across which rungs);
             its engines write checkpoints with ``ctx.checkpoint``. None: every attempt starts over.
@@ -248,6 +257,7 @@ class FamilySpec:
     probe: Callable[[Any], None] | None = None
     metrics: tuple[ResultMetric, ...] = ()
     cli: str | None = None
+    language: Callable[[Any], str | None] | None = None
     resume: Resume | None = None
     _ladder: Ladder = field(init=False, repr=False, compare=False)
 

@@ -69,6 +69,7 @@ from mediafarm.tasks.family import (
 )
 from mediafarm.tasks.gpu import torch_device
 from mediafarm.tasks.keys import family_key
+from mediafarm.tasks.languages import normalize_language, script_language
 from mediafarm.tasks.media.intervals import Span, merge_spans
 from mediafarm.tasks.plan import Collected, Part, Plan
 from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome, Progress
@@ -131,6 +132,9 @@ __all__ = [
     "Collected",
     "Part",
     "Plan",
+    # Languages: a request's, as its script tells it, and codes as rungs and requests compare them.
+    "normalize_language",
+    "script_language",
     # Time spans.
     "Span",
     "merge_spans",

@@ -1,0 +1,160 @@
+"""Which languages a job is in and which rungs can handle them: the ladder's language filter.
+
+An engine may declare the languages a rung of it speaks or recognises (``EngineSpec.languages``:
+a Piper voice its ``.onnx.json`` language, espeak-ng its voice list, tiny.en English only); a
+family may say what language a request is in (``FamilySpec.language``: the request's ``language``
+field, or one detected from its text). Before a job runs, :class:`LanguageCheck` looks at every
+rung of its ladder: a rung that cannot handle the job's language is skipped as unavailable for it,
+recorded in the history and charged no attempt; when no rung can, the job is rejected at once,
+naming the language and what each rung handles. A job whose language is not known (none given,
+none detected) and a rung that declares nothing (None: any language) are never filtered.
+
+Codes are compared by their primary language, as ISO 639-1 where there is one: ``en-US``,
+``en_GB`` and ``eng`` are ``en``; espeak-ng's ``cmn`` (Mandarin) and ``yue`` (Cantonese) are ``zh``.
+
+Standard library only: every farm process imports this module (the specs' hooks use it).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mediafarm.config.ladders import Ladder, Rung
+from mediafarm.tasks.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from mediafarm.tasks.family import FamilySpec
+
+# The languages of a rung: codes, or None for any language (the rung declares none).
+Languages = frozenset[str] | None
+
+# ISO 639-2/3 codes engines use for languages that have an ISO 639-1 code. Chinese: Mandarin and
+# Cantonese are both written in Han characters, which is what a request's language tells apart.
+_TWO_LETTER = {
+    "cmn": "zh", "yue": "zh", "zho": "zh", "chi": "zh", "eng": "en", "fra": "fr", "fre": "fr", "deu": "de",
+    "ger": "de", "spa": "es", "ita": "it", "por": "pt", "rus": "ru", "jpn": "ja", "kor": "ko", "ara": "ar",
+    "hin": "hi", "nld": "nl", "dut": "nl", "pol": "pl", "tur": "tr", "ukr": "uk", "ell": "el", "gre": "el",
+    "heb": "he", "tha": "th", "vie": "vi", "swe": "sv", "ces": "cs", "cze": "cs",
+}  # fmt: skip
+
+# The language a script's letters are taken to be in when the request gives none: the script's
+# main language. Latin is absent on purpose: it is written in too many languages to tell one.
+SCRIPT_LANGUAGE = {
+    "CJK": "zh", "HANGUL": "ko", "HIRAGANA": "ja", "KATAKANA": "ja", "CYRILLIC": "ru", "GREEK": "el",
+    "ARABIC": "ar", "HEBREW": "he", "DEVANAGARI": "hi", "THAI": "th", "BENGALI": "bn", "TAMIL": "ta",
+    "GEORGIAN": "ka", "ARMENIAN": "hy", "ETHIOPIC": "am", "KHMER": "km", "LAO": "lo", "MYANMAR": "my",
+}  # fmt: skip
+_SCRIPT_WORD = re.compile(r"(?:HALFWIDTH |FULLWIDTH )?([A-Z]+)")
+
+
+def normalize_language(code: str) -> str:
+    """A language code as the filter compares it: the primary subtag, lower case, two letters
+    where ISO 639-1 has them (``en_US`` → ``en``, ``cmn`` → ``zh``)."""
+    primary = re.split(r"[-_]", code.strip().lower(), maxsplit=1)[0]
+    return _TWO_LETTER.get(primary, primary)
+
+
+def language_set(codes: Iterable[str] | None) -> Languages:
+    """``codes`` normalised into a set; None stays None (any language)."""
+    return None if codes is None else frozenset(normalize_language(c) for c in codes if c.strip())
+
+
+def describe(languages: Languages) -> str:
+    """``en, zh``, or ``any language``."""
+    return "any language" if languages is None else ", ".join(sorted(languages)) or "no language"
+
+
+def script_language(text: str) -> str | None:
+    """The language a text is in as its script tells it, or None when it does not.
+
+    The rule, for mixed-script text too: letters in a script other than Latin decide (kana, even
+    among Han characters, is Japanese; otherwise the script of most such letters); Latin letters,
+    digits and punctuation decide nothing. A voice of the other script's language reads the Latin
+    words in it (espeak-ng's Mandarin reads them as English, ChatTTS mixes Chinese and English),
+    while a voice of a Latin-script language cannot read another script at all (an English voice
+    says "Chinese letter" for every Han character). Latin-only text gives None: its language is
+    not told by its script, and the request's ``language`` names it.
+    """
+    scripts: Counter[str] = Counter()
+    for char in text:
+        if not char.isalpha() or char.isascii():
+            continue
+        found = _SCRIPT_WORD.match(unicodedata.name(char, ""))
+        if found and found.group(1) in SCRIPT_LANGUAGE:
+            scripts[found.group(1)] += 1
+    if not scripts:
+        return None
+    if scripts["HIRAGANA"] or scripts["KATAKANA"]:
+        return "ja"
+    return SCRIPT_LANGUAGE[scripts.most_common(1)[0][0]]
+
+
+def rung_languages(spec: FamilySpec, rung: Rung, models_dir: Path | None, request: Any = None) -> Languages:
+    """What ``rung`` speaks or recognises (its engine's ``languages`` hook), None for any language.
+
+    ``request`` (the parsed request, when there is one) lets a hook count what the job's own
+    choices add, as a TTS speaker's voices for further languages."""
+    engine = spec.engines[rung.engine]
+    if engine.languages is None:
+        return None
+    return language_set(engine.languages(engine.parse_params(rung), models_dir, request))
+
+
+@dataclass(frozen=True)
+class LanguageCheck:
+    """One job's language against its ladder's rungs.
+
+    Attributes:
+        language: The job's language (normalised).
+        rungs: Rung name → the languages it handles (None: any).
+    """
+
+    language: str
+    rungs: Mapping[str, Languages]
+
+    @classmethod
+    def of(
+        cls, spec: FamilySpec, ladder: Ladder, fields: Mapping[str, Any], models_dir: Path | None
+    ) -> LanguageCheck | None:
+        """The check for a job's fields, or None when its language is not known (nothing to filter).
+
+        Raises InvalidRequest naming the language and every rung's languages when no rung of the
+        ladder handles it: the job is rejected before anything runs. A request that does not parse
+        gives None here: the engine's own parse rejects it as it always has.
+        """
+        if spec.language is None:
+            return None
+        try:
+            request = spec.parse_request(fields)
+        except InvalidRequest:
+            return None
+        language = spec.language(request)
+        if language is None:
+            return None
+        rungs = {r.name: rung_languages(spec, r, models_dir, request) for r in ladder.rungs}
+        check = cls(normalize_language(language), rungs)
+        if all(check.why_not(r) for r in ladder.rungs):
+            handled = "; ".join(f"{name}: {describe(langs)}" for name, langs in check.rungs.items())
+            raise InvalidRequest(
+                f"{spec.name} request: language {check.language!r}: no rung of the {ladder.name} ladder handles it "
+                f"({handled}); send it to a ladder with a rung for {check.language!r}"
+            )
+        return check
+
+    def why_not(self, rung: Rung) -> str | None:
+        """Why ``rung`` cannot handle the job's language (its skip reason), or None if it can."""
+        languages = self.rungs.get(rung.name)
+        if languages is None or self.language in languages:
+            return None
+        return f"rung {rung.name} handles {describe(languages)}, not the job's language {self.language!r}"
+
+
+# An engine's languages hook: (the rung's params, the models dir or None, the request or None) →
+# language codes, or None for any language.
+LanguagesHook = Callable[[Any, "Path | None", Any], "Iterable[str] | None"]
