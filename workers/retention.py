@@ -4,7 +4,8 @@ The rule: a job folder (one the farm made: its name encodes a job id and it hold
 marker file) is removed when the result backend holds neither the job's result nor its attempt
 history (both expire after ``result_expires``, 7 days by default), and nothing in the folder
 changed for ``grace`` seconds (a job that is about to start, or whose result write is in flight,
-keeps its folder). Hidden partial files left by killed writers are
+keeps its folder). A job that has ended (its stored state is final) loses its checkpoint
+(``tasks.checkpoint``), should its worker have died before removing it. Hidden partial files left by killed writers are
 removed from any job folder once they are older than ``grace``. Nothing else in the storage folder
 is touched, and ``farm gc`` refuses to run against a backend that holds no farm keys at all (a
 wrong database number would otherwise make every job look expired).
@@ -26,7 +27,7 @@ from typing import Any
 
 from mediafarm.gateway.upload_store import META, is_finished, jobs_naming, upload_folders
 from mediafarm.tasks import keys
-from mediafarm.tasks.artifacts import MARKER, PARTIAL_MARK, job_id_of
+from mediafarm.tasks.artifacts import CHECKPOINT_FOLDER, MARKER, PARTIAL_MARK, job_id_of
 
 
 class WrongBackend(RuntimeError):
@@ -68,7 +69,13 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
         if not known:
             yield Removal(folder, "result and history expired", _size(folder))
             continue
+        checkpoint = folder / CHECKPOINT_FOLDER
+        if checkpoint.is_dir() and _ended(backend, job_id):
+            # The worker removes it as the job ends; one that died in between left it.
+            yield Removal(checkpoint, "checkpoint of a job that has ended", _size(checkpoint))
         for partial in folder.rglob(f".*{PARTIAL_MARK}*"):
+            if partial.is_relative_to(checkpoint) and checkpoint.is_dir() and _ended(backend, job_id):
+                continue  # goes with its checkpoint above
             if now - partial.stat().st_mtime >= grace:
                 yield Removal(partial, "partial file of an attempt that never finished", _size(partial))
 
@@ -94,6 +101,11 @@ def expired_uploads(
                 yield Removal(folder, "upload whose jobs' results expired", _size(folder))
         elif now - (folder / META).stat().st_mtime >= ttl:
             yield Removal(folder, "upload no job named within result_expires", _size(folder))
+
+
+def _ended(backend: Any, job_id: str) -> bool:
+    """Is the job's stored state a final one (a retried job's is RETRY until it ends)?"""
+    return backend.get_task_meta(job_id).get("status") in ("SUCCESS", "FAILURE", "REVOKED")
 
 
 def _job_known(backend: Any, job_id: str) -> bool:

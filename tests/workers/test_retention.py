@@ -189,3 +189,20 @@ def test_farm_gc_removes_uploads_whose_jobs_results_expired(storage: Path, backe
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"removed {forgotten} (upload whose jobs' results expired)" in proc.stdout, proc.stdout
     assert not forgotten.exists() and kept.exists() and living.exists()
+
+
+def test_the_checkpoint_of_an_ended_job_goes_and_a_running_jobs_stays(
+    storage: Path, backend: Any, new_job: Any
+) -> None:
+    ended, running = new_job("out.wav"), new_job("out.wav")
+    for folder in (ended, running):
+        checkpoint = folder / ".checkpoint"
+        (checkpoint / "files").mkdir(parents=True)
+        (checkpoint / "checkpoint.json").write_text("{}")
+        _age(folder, 2 * GRACE)
+    backend.store_result(ended.name, {"ok": True}, "SUCCESS")
+    backend.store_result(running.name, None, "RETRY")  # lost an attempt, about to run again
+    removals = list(expired(storage, backend, grace=GRACE))
+    assert [(r.path, r.reason) for r in removals] == [(ended / ".checkpoint", "checkpoint of a job that has ended")]
+    remove(removals[0])
+    assert not (ended / ".checkpoint").exists() and (ended / "out.wav").is_file()
