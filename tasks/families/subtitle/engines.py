@@ -38,6 +38,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     load_whisper,
     transcribe_pocketsphinx,
     transcribe_whisper,
+    transcribe_whisper_batch,
 )
 from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
 from mediafarm.tasks.families.subtitle.spec import (
@@ -70,6 +71,8 @@ PLAYLIST = f"{CHUNKS}/playlist.m3u8"
 
 
 Recognise = Callable[[np.ndarray], Recognition]
+# Several windows at once (a batch on the accelerator), one Recognition per window, in order.
+RecogniseBatch = Callable[[list[np.ndarray]], list[Recognition]]
 
 
 def whisper(
@@ -86,7 +89,16 @@ def whisper(
         language = language or heard.language
         return heard
 
-    return (yield from transcribe(ctx, request, recognise))
+    def recognise_batch(audios: list[np.ndarray]) -> list[Recognition]:
+        nonlocal language
+        heard = transcribe_whisper_batch(
+            model, audios, language=language, beam_size=params.beam_size, batch_size=params.batch_size
+        )
+        language = language or next((h.language for h in heard if h.segments), None)
+        return heard
+
+    batched = recognise_batch if params.batch_size > 1 else None
+    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size))
 
 
 def pocketsphinx(
@@ -102,9 +114,14 @@ def pocketsphinx(
 
 
 def transcribe(
-    ctx: EngineContext, request: SubtitleRequest, recognise: Recognise
+    ctx: EngineContext,
+    request: SubtitleRequest,
+    recognise: Recognise,
+    recognise_batch: RecogniseBatch | None = None,
+    batch_size: int = 1,
 ) -> Generator[Any, None, SubtitleResult]:
-    """The pipeline of the module docstring; yields each finished WebVTT segment's artifact name."""
+    """The pipeline of the module docstring; yields each finished WebVTT segment's artifact name.
+    With ``recognise_batch``, windows are recognised ``batch_size`` at a time."""
     path = Path(request.media)
     vad = speech_spans(ctx.part(0.0, VAD_SHARE), path)
     windows = plan_windows(vad.spans, vad.duration)
@@ -120,9 +137,7 @@ def transcribe(
     done = 0.0
     with ctx.artifacts.open(JSON_NAME, "w", encoding="utf-8") as canonical:
         segments_out = JsonSegments(canonical)
-        for window, audio in cut_windows(path, windows):
-            ctx.check_cancelled()
-            heard = recognise(audio)
+        for window, heard in recognised(ctx, path, windows, recognise, recognise_batch, batch_size):
             model_name = heard.model
             if heard_language is None and heard.segments:
                 heard_language = (heard.language, heard.language_probability)
@@ -323,6 +338,33 @@ def cut_windows(path: Path, windows: Sequence[Window]) -> Iterator[tuple[Window,
         # The last piece ran to the very end of the media (its end rounded up past the last sample).
         parts.append(np.concatenate(collected) if collected else np.zeros(0, dtype=np.float32))
         yield pieces[index][0], _join(parts, join)
+
+
+def recognised(
+    ctx: EngineContext,
+    path: Path,
+    windows: Sequence[Window],
+    recognise: Recognise,
+    recognise_batch: RecogniseBatch | None = None,
+    batch_size: int = 1,
+) -> Iterator[tuple[Window, Recognition]]:
+    """Each window with what was heard in it, in order: one at a time, or ``batch_size`` windows a
+    call with ``recognise_batch`` (at most that many windows of audio held: memory stays flat)."""
+    if recognise_batch is None or batch_size <= 1:
+        for window, audio in cut_windows(path, windows):
+            ctx.check_cancelled()
+            yield window, recognise(audio)
+        return
+    batch: list[tuple[Window, np.ndarray]] = []
+    for item in cut_windows(path, windows):
+        batch.append(item)
+        if len(batch) == batch_size:
+            ctx.check_cancelled()
+            yield from zip([w for w, _ in batch], recognise_batch([a for _, a in batch]), strict=True)
+            batch = []
+    if batch:
+        ctx.check_cancelled()
+        yield from zip([w for w, _ in batch], recognise_batch([a for _, a in batch]), strict=True)
 
 
 def _join(parts: list[np.ndarray], join: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -164,16 +165,90 @@ def transcribe_whisper(
     )
 
 
-def _whisper_segment(raw: Any, offset: float, duration: float) -> Segment | None:
-    """One faster-whisper segment on the media clock, or None when it has no word."""
+def transcribe_whisper_batch(
+    model: WhisperModel,
+    audios: Sequence[np.ndarray],
+    *,
+    language: str | None = None,
+    beam_size: int = 1,
+    batch_size: int = 8,
+) -> list[Recognition]:
+    """Recognise several windows (each at most 30 s) in batches of ``batch_size``: one encoder
+    call and one batched decode per batch (faster-whisper's ``BatchedInferencePipeline`` with
+    the windows as its clips). A GPU runs a batch in about the time of one window.
+
+    Each window is decoded in one pass with timestamps and word timestamps, at temperature 0,
+    without the previous window's text, like :func:`transcribe_whisper`; unlike it, a window is
+    not decoded again from its last timestamp when the decode stops early. Times are seconds from
+    each window's own start. Returns one :class:`Recognition` per window, in order.
+    """
+    samples = [_mono_float32(a) for a in audios]
+    label = _WHISPER_LABELS.get(model, f"faster-whisper {version('faster-whisper')}")
+    if not samples:
+        return []
+    if any(s.size == 0 for s in samples):
+        raise ValueError("every window must hold audio; got an empty one")
+    # The windows side by side on one clock, each one clip: clip i starts at starts[i] seconds.
+    sizes = np.array([s.size for s in samples])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) / SAMPLE_RATE
+    clips = [{"start": float(a), "end": float(a + n / SAMPLE_RATE)} for a, n in zip(starts, sizes, strict=True)]
+    try:
+        raw_segments, info = _pipeline(model).transcribe(
+            np.concatenate(samples),
+            language=language,
+            beam_size=beam_size,
+            word_timestamps=True,
+            vad_filter=False,  # the clips are the windows the caller cut at VAD's speech spans
+            clip_timestamps=clips,
+            # With timestamps: decoded without them Whisper drops whole stretches of a long window.
+            without_timestamps=False,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            batch_size=batch_size,
+        )
+        per_window: list[list[Segment]] = [[] for _ in samples]
+        for raw in raw_segments:
+            # A segment's seek is its clip's start in frames (its times are on the joined clock).
+            i = int(np.argmin(np.abs(starts * model.frames_per_second - raw.seek)))
+            shifted = _whisper_segment(raw, -starts[i], sizes[i] / SAMPLE_RATE, shift_first=True)
+            if shifted:
+                per_window[i].append(shifted)
+    except RuntimeError as exc:
+        raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")), "CTranslate2")
+        raise
+    return [
+        Recognition(segments=segments, language=info.language,
+                    language_probability=float(info.language_probability), model=label)
+        for segments in per_window
+    ]  # fmt: skip
+
+
+# One pipeline per loaded model (it only holds the model and a timestamp).
+_PIPELINES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _pipeline(model: WhisperModel) -> Any:
+    from faster_whisper import BatchedInferencePipeline
+
+    if model not in _PIPELINES:
+        _PIPELINES[model] = BatchedInferencePipeline(model)
+    return _PIPELINES[model]
+
+
+def _whisper_segment(raw: Any, offset: float, duration: float, *, shift_first: bool = False) -> Segment | None:
+    """One faster-whisper segment on the media clock, or None when it has no word (``shift_first``:
+    the offset moves the raw times onto the span's clock before they are clamped to it)."""
     words: list[Word] = []
     for raw_word in raw.words or ():
         text = raw_word.word.strip()
         if not text:
             continue
         # A hallucinated timestamp can point past the span's end: keep every time inside the span.
-        start = offset + _clamp(raw_word.start, duration)
-        end = offset + _clamp(raw_word.end, duration)
+        if shift_first:
+            start, end = _clamp(raw_word.start + offset, duration), _clamp(raw_word.end + offset, duration)
+        else:
+            start = offset + _clamp(raw_word.start, duration)
+            end = offset + _clamp(raw_word.end, duration)
         words.append(Word(text=text, start=start, end=max(start, end), probability=float(raw_word.probability)))
     if not words:
         return None

@@ -28,6 +28,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     load_whisper,
     transcribe_pocketsphinx,
     transcribe_whisper,
+    transcribe_whisper_batch,
 )
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
@@ -192,6 +193,25 @@ def test_offset_moves_every_time_onto_the_media_clock(tiny_en: Path, spans: list
     assert [w.text for w in words_of(here)] == [w.text for w in words_of(later)]
     for a, b in zip(words_of(here), words_of(later), strict=True):
         assert b.start == pytest.approx(a.start + 100.0) and b.end == pytest.approx(a.end + 100.0)
+
+
+def test_a_batch_of_windows_hears_what_each_window_hears_alone(tiny_en: Path, spans: list[Span]) -> None:
+    # Windows of unequal length in batches of 3 (so the last batch is short): the same words at
+    # about the same times as one window a call, each on its own window's clock.
+    model = load_whisper(tiny_en)
+    windows = [span.samples for span in spans] + [np.concatenate([spans[0].samples, spans[2].samples])]
+    alone = [transcribe_whisper(model, audio, offset=0.0) for audio in windows]
+    together = transcribe_whisper_batch(model, windows, batch_size=3)
+    assert len(together) == len(windows)
+    for audio, one, batched in zip(windows, alone, together, strict=True):
+        assert_well_formed(batched, 0.0, audio.size / 16000)
+        assert [w.text for w in words_of(batched)] == [w.text for w in words_of(one)]
+        for a, b in zip(words_of(one), words_of(batched), strict=True):
+            # faster-whisper's word-length heuristics move a word by a step or two (20 ms each) in a batch.
+            assert abs(a.start - b.start) <= 0.1 and abs(a.end - b.end) <= 0.1, (a, b)
+        assert batched.language == "en" and batched.model == one.model
+    with pytest.raises(ValueError, match="empty"):
+        transcribe_whisper_batch(model, [windows[0], np.zeros(0, dtype=np.float32)])
 
 
 # --- the random Whisper: the loading path without weights -------------------------------------------------
