@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder, Joiner, encode
+from mediafarm.tasks.families.tts.languages import espeak_voice_for, request_language
 from mediafarm.tasks.families.tts.speakers import DEFAULT, Speaker, get_speaker
 from mediafarm.tasks.families.tts.spec import (
     ChatTTSParams,
@@ -48,13 +49,14 @@ class Voice(Protocol):
 
 
 def _speaker(ctx: EngineContext, request: TtsRequest) -> Speaker:
+    """The job's speaker as it speaks the job's language (its voices for that language)."""
     if ctx.redis is None and request.speaker != DEFAULT:
         # A local call given no Redis: never a connection of its own to whatever FARM_* names.
         raise PermanentFailure(
             f"speaker {request.speaker!r}: this engine context has no Redis to read the speaker store from "
             "(EngineContext.local(redis=...)); without one only the built-in 'default' speaks"
         )
-    return get_speaker(request.speaker, ctx.redis)
+    return get_speaker(request.speaker, ctx.redis).for_language(request_language(request))
 
 
 def chattts(ctx: EngineContext, request: TtsRequest, params: ChatTTSParams) -> Generator[Any, None, TtsResult]:
@@ -66,7 +68,7 @@ def chattts(ctx: EngineContext, request: TtsRequest, params: ChatTTSParams) -> G
     embedding = speaker.embedding or embedding_from_seed(model, speaker.chattts_seed)
     voice = ChatTTSVoice(
         model, embedding, speed=request.speed, max_new_token=params.max_new_token,
-        temperature=params.temperature, language=request.language,
+        temperature=params.temperature, language=request_language(request),
     )  # fmt: skip
     voice.label += f" seed {speaker.chattts_seed}" if speaker.embedding is None else " (stored embedding)"
     return (yield from speak(ctx, request, voice, params.max_chars))
@@ -86,13 +88,17 @@ def piper(ctx: EngineContext, request: TtsRequest, params: PiperParams) -> Gener
 
 
 def espeak(ctx: EngineContext, request: TtsRequest, params: EspeakParams) -> Generator[Any, None, TtsResult]:
-    """espeak-ng: the speaker's voice, or its slot's variant (in the job's language, if given)."""
+    """espeak-ng: the speaker's voice for the job's language, or its slot's variant of espeak-ng's
+    voice for that language (``cmn`` for Chinese: it reads the Latin words of a mixed text as English)."""
     from mediafarm.tasks.families.tts.espeak import EspeakVoice
 
     speaker = _speaker(ctx, request)
     name = speaker.espeak
-    if speaker.espeak_voice is None and request.language not in (None, "en"):
-        name = request.language + name[name.index("+") :] if "+" in name else request.language
+    language = request_language(request)
+    if speaker.espeak_voice is None and language not in (None, "en"):
+        # The language check let this rung run: espeak-ng lists a voice for it.
+        base = espeak_voice_for(params.binary, language) or language
+        name = base + name[name.index("+") :] if "+" in name else base
     return (yield from speak(ctx, request, EspeakVoice(params.binary, name, request.speed), params.max_chars))
 
 
@@ -132,6 +138,7 @@ def speak(ctx: EngineContext, request: TtsRequest, voice: Voice, max_chars: int)
         audio=name, format=request.format, duration=_s(joiner.samples, rate), sample_rate=encoder.rate,
         sentences=[SentenceTiming(**_timing(text, spans[i], rate)) for i, text in enumerate(plan.sentences)],
         chunks=len(plan.chunks), speaker=request.speaker, rung=ctx.rung_name, voice=voice.label,
+        language=request_language(request),
     )  # fmt: skip
 
 

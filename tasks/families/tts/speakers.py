@@ -12,6 +12,7 @@ Plain Redis and pydantic: producers and the CLI use this module without any TTS 
 
     register_speaker("narrator", seed=42)
     register_speaker("guard", espeak_voice="en-gb+m3", piper_voice="piper/en_GB-alan-medium.onnx")
+    register_speaker("mei", voices={"zh": {"espeak_voice": "cmn+f3"}})   # its voice for Chinese text
     list_speakers()        # [Speaker(name="default", ...), Speaker(name="guard", ...), ...]
     remove_speaker("guard")
 """
@@ -19,11 +20,11 @@ Plain Redis and pydantic: producers and the CLI use this module without any TTS 
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mediafarm.tasks.kit import InvalidRequest, PermanentFailure, family_key, farm_redis
+from mediafarm.tasks.kit import InvalidRequest, PermanentFailure, family_key, farm_redis, normalize_language
 
 # The hash of every registered speaker: mediafarm:speakers, the name it had before families named
 # their own keys (a new name would lose every speaker already registered).
@@ -37,6 +38,35 @@ ESPEAK_VOICES = ("en-us", "en-us+m3", "en-us+f3", "en-us+m7", "en-us+f4", "en-us
 PIPER_PITCHES = (1.0, 0.88, 1.13, 0.94, 1.07, 0.82, 1.2, 0.97)
 # ChatTTS speaker embeddings are base16384 text (CJK ideographs U+4E00-U+8DFF, one U+3Dxx tail).
 _B16384 = r"^[\u4e00-\u8dff]+[\u3d01-\u3d06]?$"
+_ESPEAK_VOICE = r"^[a-z]{2,3}(-[A-Za-z0-9]+)*(\+[A-Za-z0-9_-]+)?$"
+_PIPER_VOICE = r"^[^\x00]+\.onnx$"
+
+
+def _inside_models(value: str | None) -> str | None:
+    if value is not None and (value.startswith("/") or ".." in value.split("/")):
+        raise ValueError("must be a path inside FARM_MODELS_DIR (relative, no '..')")
+    return value
+
+
+class LanguageVoice(BaseModel):
+    """A speaker's voices for one language, used for a job in that language instead of its own.
+
+    Attributes:
+        piper_voice: Piper: a voice file under FARM_MODELS_DIR that speaks the language.
+        piper_speaker: Piper: the speaker id in that voice.
+        espeak_voice: espeak-ng: a voice of the language, with an optional variant (``cmn+f3``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    piper_voice: str | None = Field(None, pattern=_PIPER_VOICE)
+    piper_speaker: int | None = Field(None, ge=0, lt=10_000)
+    espeak_voice: str | None = Field(None, pattern=_ESPEAK_VOICE)
+
+    @field_validator("piper_voice")
+    @classmethod
+    def _inside_models(cls, value: str | None) -> str | None:
+        return _inside_models(value)
 
 
 class Speaker(BaseModel):
@@ -50,6 +80,8 @@ class Speaker(BaseModel):
         piper_voice: Piper: a voice file under FARM_MODELS_DIR (``.onnx`` with its ``.onnx.json``).
         piper_speaker: Piper: the speaker id in a multi-speaker voice.
         espeak_voice: espeak-ng: a voice, with an optional variant (``en-us+m3``).
+        voices: Language (ISO 639-1) → the speaker's voices for a job in that language; a rung
+            speaks the speaker's own voice (or its slot's) in a language it has none for here.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -58,16 +90,29 @@ class Speaker(BaseModel):
     slot: int = Field(0, ge=0)
     seed: int | None = Field(None, ge=0, lt=2**31)
     embedding: str | None = Field(None, min_length=8, max_length=8192, pattern=_B16384)
-    piper_voice: str | None = Field(None, pattern=r"^[^\x00]+\.onnx$")
+    piper_voice: str | None = Field(None, pattern=_PIPER_VOICE)
     piper_speaker: int | None = Field(None, ge=0, lt=10_000)
-    espeak_voice: str | None = Field(None, pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]+)*(\+[A-Za-z0-9_-]+)?$")
+    espeak_voice: str | None = Field(None, pattern=_ESPEAK_VOICE)
+    voices: dict[Annotated[str, Field(pattern=r"^[a-z]{2,3}$")], LanguageVoice] = Field(default_factory=dict)
 
     @field_validator("piper_voice")
     @classmethod
     def _inside_models(cls, value: str | None) -> str | None:
-        if value is not None and (value.startswith("/") or ".." in value.split("/")):
-            raise ValueError("must be a path inside FARM_MODELS_DIR (relative, no '..')")
-        return value
+        return _inside_models(value)
+
+    def for_language(self, language: str | None) -> Speaker:
+        """This speaker as it speaks a job in ``language``: its voices for that language in place
+        of its own. Its own espeak-ng voice is kept only if it is of that language (an English
+        voice must never read Chinese): without it the engine takes its slot's variant of a voice
+        of the language."""
+        if language is None:
+            return self
+        chosen = self.voices.get(language)
+        update = {k: v for k, v in (chosen.model_dump() if chosen else {}).items() if v is not None}
+        if "espeak_voice" not in update and self.espeak_voice is not None:
+            if _primary(self.espeak_voice) != language:
+                update["espeak_voice"] = None
+        return self.model_copy(update=update) if update else self
 
     @model_validator(mode="after")
     def _one_chattts_voice(self) -> Speaker:
@@ -95,6 +140,11 @@ class Speaker(BaseModel):
 
 
 BUILT_IN = Speaker(name=DEFAULT, slot=0, seed=2)
+
+
+def _primary(voice: str) -> str:
+    """The language of an espeak-ng voice name as a request names it (``cmn+f3`` → ``zh``)."""
+    return normalize_language(voice.split("+", 1)[0])
 
 
 def _parse(raw: bytes | str) -> Speaker:

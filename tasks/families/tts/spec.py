@@ -11,6 +11,12 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from rich.table import Table
 
+from mediafarm.tasks.families.tts.languages import (
+    chattts_languages,
+    espeak_languages,
+    piper_languages,
+    request_language,
+)
 from mediafarm.tasks.families.tts.speakers import DEFAULT, NAME_PATTERN
 from mediafarm.tasks.families.tts.text import check_text
 from mediafarm.tasks.kit import EngineSpec, FamilySpec, Params, Request, TimeLimits, rung
@@ -23,8 +29,9 @@ AudioFormat = Literal["wav", "opus", "mp3"]
 class TtsRequest(Request):
     """Attributes: text (up to ``text.MAX_TEXT_CHARS`` characters, valid Unicode, no control
     characters but newlines and tabs, not only punctuation), speaker (a registered name; ``default`` always exists),
-    speed (0.5-2, 1 is the voice's own pace), language (ISO 639-1 hint: espeak-ng's language
-    when the speaker names no voice, ChatTTS's en/zh; Piper's voice decides its own), format
+    speed (0.5-2, 1 is the voice's own pace), language (ISO 639-1: the text's language; when
+    absent it is detected from the text's script, ``tts.languages``; a rung that does not speak it
+    is skipped, and a job no rung speaks is rejected at once), format
     (wav, opus in Ogg, mp3), ladder (a declared ladder of the tts family, or a rung of its own
     ladder to start from: ``piper`` speaks with Piper and falls back to espeak-ng; default: the
     whole ladder)."""
@@ -59,6 +66,8 @@ class TtsResult(BaseModel):
         speaker: The speaker asked for.
         rung: The ladder rung that spoke (also the envelope's ``variant``).
         voice: The engine, model and voice that spoke, e.g. ``eSpeak NG text-to-speech 1.51 en-us+m3``.
+        language: The language the text was spoken as: the request's, else the one its script
+            tells (``zh`` for Chinese characters); None when neither tells it (Latin-only text).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -72,6 +81,7 @@ class TtsResult(BaseModel):
     speaker: str
     rung: str
     voice: str
+    language: str | None = None
 
 
 class ChatTTSParams(Params):
@@ -106,8 +116,9 @@ class EspeakParams(Params):
 
 
 def summary(result: TtsResult) -> str:
+    language = f", language {result.language}" if result.language else ""
     return (f"{result.duration:.2f} s of {result.format} ({result.sample_rate} Hz), {len(result.sentences)} sentences "
-            f"in {result.chunks} chunks, speaker {result.speaker}, voice {result.voice}")  # fmt: skip
+            f"in {result.chunks} chunks, speaker {result.speaker}, voice {result.voice}{language}")  # fmt: skip
 
 
 def render(result: TtsResult) -> Table:
@@ -126,13 +137,17 @@ FAMILY = FamilySpec(
     result=TtsResult,
     engines={
         "chattts": EngineSpec(
-            f"{ENGINES}:chattts", ChatTTSParams, needs=("ChatTTS", "torch", "av", "numpy"), extra="tts", weights="model"
+            f"{ENGINES}:chattts", ChatTTSParams, needs=("ChatTTS", "torch", "av", "numpy"), extra="tts",
+            weights="model", languages=chattts_languages,
         ),
         "piper": EngineSpec(
-            f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts"
+            f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts",
+            languages=piper_languages,
         ),
         # The espeak-ng executable is no package: the engine says when it is not on PATH.
-        "espeak": EngineSpec(f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile", "numpy"), extra="tts"),
+        "espeak": EngineSpec(
+            f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile", "numpy"), extra="tts", languages=espeak_languages
+        ),
     },
     ladder=(
         rung("chattts", "chattts", device="cuda", model="chattts", max_chars=300),
@@ -146,6 +161,8 @@ FAMILY = FamilySpec(
     limits=TimeLimits(soft=1800, hard=1900),
     cli_argument="text",
     ladder_field="ladder",
+    # Rungs that do not speak the text's language are skipped: Chinese never goes to an English voice.
+    language=request_language,
     summary=summary,
     render=render,
     # `farm speakers add/list/rm`: the speaker store's commands.
