@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from rich.table import Table
 
+from mediafarm.tasks.families.subtitle.languages import pocketsphinx_languages, request_language, whisper_languages
 from mediafarm.tasks.families.subtitle.records import CueRules
 from mediafarm.tasks.kit import (
     CommaList,
@@ -213,10 +214,11 @@ FAMILY = FamilySpec(
     engines={
         "whisper": EngineSpec(
             f"{ENGINES}:whisper", WhisperParams, needs=("faster_whisper", "ctranslate2", *WRITING), extra="subtitle",
-            weights="model",
+            weights="model", languages=whisper_languages,
         ),
         "pocketsphinx": EngineSpec(
-            f"{ENGINES}:pocketsphinx", NoParams, needs=("pocketsphinx", *WRITING), extra="subtitle"
+            f"{ENGINES}:pocketsphinx", NoParams, needs=("pocketsphinx", *WRITING), extra="subtitle",
+            languages=pocketsphinx_languages,
         ),
     },
     ladder=(
@@ -237,6 +239,8 @@ FAMILY = FamilySpec(
     limits=TimeLimits(soft=3600, hard=3700),
     cli_argument="media",
     ladder_field="ladder",
+    # A request's language skips the rungs that do not recognise it (tiny.en for French).
+    language=request_language,
     metrics=CONFIDENCE_METRICS,
     summary=summary,
     render=render,
