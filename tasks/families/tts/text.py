@@ -21,11 +21,12 @@ from dataclasses import dataclass
 MAX_TEXT_CHARS = 100_000
 # Whitespace a text may hold; every other control character is refused.
 _ALLOWED_CONTROLS = frozenset("\n\r\t")
-# A sentence ends at . ! ? … (and the CJK marks) followed by closing quotes/brackets and a space,
-# or at a blank line. Short abbreviations ("Dr.", "e.g.") are not ends.
-_END = re.compile(r"""(?<=[.!?…。！？])["'”’)\]]*\s+|\n\s*\n""")
+# A sentence ends at . ! ? … followed by closing quotes/brackets and a space, at the CJK marks
+# 。！？ followed by closing marks with or without a space (Chinese and Japanese put none between
+# sentences), or at a blank line. Short abbreviations ("Dr.", "e.g.") are not ends.
+_END = re.compile(r"""(?<=[.!?…])["'”’)\]]*\s+|(?<=[。！？])["'”’」』）)\]]*\s*|\n\s*\n""")
 _ABBREVIATION = re.compile(r"(?:^|[\s(])(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|vs|etc|e\.g|i\.e|No|[A-Z])\.$")
-_CLAUSE = re.compile(r"(?<=[,;:—–])\s+")
+_CLAUSE = re.compile(r"(?<=[,;:—–])\s+|(?<=[，；：、])\s*")
 
 
 def check_text(text: str) -> str:
@@ -131,8 +132,8 @@ def plan_chunks(text: str, max_chars: int) -> Plan:
                 current, size = [], 0
             current.append(Piece(piece, index))
             size += len(piece)
-        if index == 0:
-            chunks.append(Chunk(0, tuple(current)))
+        if index == 0:  # a first sentence longer than a chunk has filled some already
+            chunks.append(Chunk(len(chunks), tuple(current)))
             current, size = [], 0
     if current:
         chunks.append(Chunk(len(chunks), tuple(current)))

@@ -17,6 +17,7 @@ from mediafarm.tasks.families.tts.languages import (
 )
 from mediafarm.tasks.families.tts.speakers import Speaker
 from mediafarm.tasks.families.tts.spec import FAMILY, EspeakParams, PiperParams, TtsRequest
+from mediafarm.tasks.families.tts.text import plan_chunks, split_sentences
 from mediafarm.tasks.languages import LanguageCheck, rung_languages
 
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
@@ -75,3 +76,13 @@ def test_a_speaker_names_a_voice_per_language() -> None:
         Speaker(name="x", voices={"zh": {"piper_voice": "../zh.onnx"}})
     with pytest.raises(ValueError):
         Speaker(name="x", voices={"Chinese": {"espeak_voice": "cmn"}})
+
+
+def test_chinese_sentences_end_at_their_marks_without_a_space() -> None:
+    assert split_sentences("今天天气很好。我们去公园吧！“好的。”他说。 Hello there.") == [
+        "今天天气很好。", "我们去公园吧！", "“好的。”", "他说。", "Hello there."
+    ]  # fmt: skip
+    # A first sentence longer than a chunk: its chunks are numbered in order (chunk_00000, 00001 ...).
+    plan = plan_chunks("今天天气很好，我们一起去公园散步吧，然后回家吃饭。", 10)
+    assert [c.index for c in plan.chunks] == list(range(len(plan.chunks))) and len(plan.chunks) == 3
+    assert "".join(p.text for c in plan.chunks for p in c.pieces).replace(" ", "") == plan.sentences[0]
