@@ -106,6 +106,18 @@ def rung_languages(spec: FamilySpec, rung: Rung, models_dir: Path | None, reques
     return language_set(engine.languages(engine.parse_params(rung), models_dir, request))
 
 
+def rung_languages_note(spec: FamilySpec, rung: Rung, models_dir: Path | None) -> str:
+    """`` (en, zh)`` after a rung's name where it declares languages (``farm families``); a long
+    list is counted (espeak-ng's voices: `` (115 languages)``); "" for any language."""
+    try:
+        languages = rung_languages(spec, rung, models_dir)
+    except Exception:  # noqa: BLE001 - a listing never fails on one hook (the worker's check will say)
+        return " (languages not known)"
+    if languages is None:
+        return ""
+    return f" ({describe(languages)})" if len(languages) <= 4 else f" ({len(languages)} languages)"
+
+
 @dataclass(frozen=True)
 class LanguageCheck:
     """One job's language against its ladder's rungs.

@@ -448,15 +448,22 @@ def cancel(job_id: str) -> None:
 
 @cli.command(name="families")
 def list_families() -> None:
-    """The job families this farm knows: task name, queue, ladder, time limits, rung breakers, and
-    whether a job resumes from its checkpoint after a lost attempt."""
+    """The job families this farm knows: task name, queue, ladder (with the languages each rung
+    speaks or recognises), time limits, rung breakers, and whether a job resumes from its
+    checkpoint after a lost attempt."""
+    from mediafarm.tasks.languages import rung_languages_note
     from mediafarm.workers.breaker_view import policy_cell, print_open_breakers
+
+    models_dir = get_settings().models_dir
 
     table = Table("family", "task", "queue", "ladder", "limits (s)", "breaker", "after a lost attempt", "description")
     for spec in families.load().values():
         ladder = families.ladder_for(spec)
         limits = families.limits_for(spec)
-        rungs = " → ".join(f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}" for v in ladder.rungs)
+        rungs = " → ".join(
+            f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}{rung_languages_note(spec, v, models_dir)}"
+            for v in ladder.rungs
+        )
         resume = spec.resume.rule if spec.resume is not None else "starts over"
         table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}",
                       policy_cell(ladder), resume, spec.description)  # fmt: skip

@@ -127,3 +127,13 @@ def test_a_rung_that_cannot_handle_the_language_is_skipped_without_an_attempt(lo
     # English text goes to the first rung, as before.
     english = LanguageCheck.of(SPEC, ladder, {"text": "Hi.", "language": "en"}, None)
     assert english is not None and english.why_not(ladder.rungs[0]) is None
+
+
+def test_farm_families_notes_each_rungs_languages() -> None:
+    from mediafarm.tasks.languages import rung_languages_note
+
+    notes = [rung_languages_note(SPEC, r, None) for r in SPEC.default_ladder.rungs]
+    assert notes == [" (en)", " (en, zh)"]
+    many = rung("many", "voice", voice="+".join(["en", "fr", "de", "es", "it"]))
+    assert rung_languages_note(SPEC, many, None) == " (5 languages)"
+    assert rung_languages_note(SPEC, rung("anything", "any"), None) == ""
