@@ -5,27 +5,44 @@ does not grow with the media's length, and reports progress and checks for cance
 block (10 s of audio). silero runs once per block over all of the block's 512-sample windows
 (silero-vad's sequence model: the LSTM's state carried inside onnxruntime), not once per window.
 Callable without a broker: ``silero(EngineContext.local(), VadRequest(media=...), SileroParams())``.
+
+Resuming (``FamilySpec.resume``, issue #19): silero writes a checkpoint after a block at which no
+span is open (the spans so far, the LSTM's state, how many samples it has seen), at most every
+``FARM_CHECKPOINT_INTERVAL``. The next attempt decodes the media again from its start (a decode is
+cheap next to the model, and only a decode from the start gives the same samples, resampled,
+bit for bit) but runs no model on the blocks before the checkpoint. On silero with the same
+parameters it goes on with the saved state, so its spans equal a run never stopped; any other
+rung (silero with other parameters, webrtc, skip) makes the rest with its own fresh state from the
+checkpoint on, and the result's ``made`` says which rung made which part. webrtc writes no
+checkpoint: its detector adapts to the audio it has seen and that state cannot be saved (it is
+also the cheap rung, ~1 s an hour); skip needs none.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable, Iterable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
-from mediafarm.tasks.kit import EngineContext, NoParams, Span
+from mediafarm.tasks.families.vad.spec import MadeBy, SileroParams, VadRequest, VadResult, WebrtcParams
+from mediafarm.tasks.kit import Checkpoint, EngineContext, NoParams, Span
 from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
 
 SILERO_WINDOW = 512  # samples at 16 kHz: the only window size silero-vad 5+ accepts
 SILERO_CONTEXT = 64  # samples of the window before that the model sees with each window
 SILERO_SEQUENCE_MODEL = "silero_vad_16k_sequence.onnx"  # shipped in silero-vad >= 6.2
 WEBRTC_FRAME = 480  # 30 ms at 16 kHz, one of the three frame sizes webrtcvad accepts
+# The checkpoint state's own format (its "vad" key): an attempt that finds another starts over.
+STATE_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 class _Windows:
@@ -101,14 +118,6 @@ def _with_context(windows: np.ndarray, context: np.ndarray) -> tuple[np.ndarray,
     return rows, windows[-1, -SILERO_CONTEXT:].copy()
 
 
-def silero_rows(windows: _Windows) -> Iterator[np.ndarray]:
-    """The model's input rows, one ``(n, 576)`` array per decoded block."""
-    context = np.zeros(SILERO_CONTEXT, dtype=np.float32)  # zeros before the first window, as silero's
-    for block in windows.blocks():
-        rows, context = _with_context(block, context)
-        yield rows
-
-
 class _SpanTracker:
     """silero's ``VADIterator`` decisions over a stream of window probabilities, in samples.
 
@@ -125,6 +134,16 @@ class _SpanTracker:
         self.triggered, self.temp_end, self.current = False, 0, 0
         self.start: int | None = None
         self.spans: list[tuple[int, int]] = []
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps to go on exactly: only taken with no span open (``triggered``
+        False), when ``start`` and ``temp_end`` hold nothing."""
+        assert not self.triggered
+        return {"current": self.current, "spans": [list(span) for span in self.spans]}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.current = int(state["current"])
+        self.spans = [(int(start), int(end)) for start, end in state["spans"]]
 
     def feed(self, probabilities: Iterable[float]) -> None:
         threshold, negative, window = self.threshold, self.negative, SILERO_WINDOW
@@ -150,39 +169,179 @@ def answers_no_audio(engine: Callable[..., VadResult]) -> Callable[..., VadResul
     audio track with no spans and ``no_audio`` set instead of failing on it."""
 
     @functools.wraps(engine)
-    def run(ctx: EngineContext, request: VadRequest, params: Any) -> VadResult:
+    def run(ctx: EngineContext, request: VadRequest, params: Any, **options: Any) -> VadResult:
         path = Path(request.media)
         if request.if_no_audio == "empty" and not has_audio_stream(path):
             return VadResult(spans=[], duration=probe_duration(path) or 0.0, model="none", no_audio=True)
-        return engine(ctx, request, params)
+        return engine(ctx, request, params, **options)
 
     return run
 
 
+class _Misaligned(Exception):
+    """A checkpoint's sample count falls inside a decoded block: the media changed since."""
+
+
+def silero_rows(windows: _Windows, skip: int = 0) -> Iterator[np.ndarray]:
+    """The model's input rows, one ``(n, 576)`` array per decoded block; the blocks of the first
+    ``skip`` samples are decoded but not yielded (a resumed attempt's run-in).
+
+    Raises:
+        _Misaligned: ``skip`` falls inside a block.
+    """
+    context = np.zeros(SILERO_CONTEXT, dtype=np.float32)  # zeros before the first window, as silero's
+    fed = 0
+    for block in windows.blocks():
+        rows, context = _with_context(block, context)
+        fed += block.size
+        if fed <= skip:
+            continue
+        if fed - block.size < skip:
+            raise _Misaligned(f"a checkpoint at sample {skip} falls inside a block ({fed - block.size} to {fed})")
+        yield rows
+
+
 @answers_no_audio
-def silero(ctx: EngineContext, request: VadRequest, params: SileroParams) -> VadResult:
-    """Speech spans by silero-vad, one ONNX call per decoded block (10 s, ~312 windows)."""
+def silero(ctx: EngineContext, request: VadRequest, params: SileroParams, *, resumable: bool = True) -> VadResult:
+    """Speech spans by silero-vad, one ONNX call per decoded block (10 s, ~312 windows).
+
+    ``resumable=False``: no checkpoint is read or written, for another family's engine that runs
+    the VAD inside its own job (subtitle): that job's checkpoints are its engine's.
+    """
+    resume = _Resumed.of(ctx.resume) if resumable else None
+    try:
+        return _silero(ctx, request, params, resume, resumable)
+    except _Misaligned as exc:
+        log.warning("job %s: %s; the VAD starts over", ctx.job_id, exc)
+        return _silero(ctx, request, params, None, resumable)
+
+
+def _silero(
+    ctx: EngineContext, request: VadRequest, params: SileroParams, resume: _Resumed | None, resumable: bool
+) -> VadResult:
     session = _silero_model()
+    identity = {"engine": "silero", "params": params.model_dump(mode="json")}
     tracker = _SpanTracker(params)
     windows = _Windows(Path(request.media), SILERO_WINDOW, ctx, "silero-vad")
     h = np.zeros((1, 1, 128), dtype=np.float32)  # the LSTM's state, carried from block to block
     c = np.zeros((1, 1, 128), dtype=np.float32)
-    for rows in silero_rows(windows):
+    own = _Own.fresh()
+    if resume is not None:
+        own = resume.own_part(identity)
+        tracker.current = resume.samples
+        if own.exact:  # the same detector goes on: its own state, as if it had never stopped
+            tracker.restore(resume.state["tracker"])
+            h, c = _array(resume.state["h"]), _array(resume.state["c"])
+    for rows in silero_rows(windows, resume.samples if resume is not None else 0):
         probabilities, h, c = session.run(["speech_probs", "hn", "cn"], {"input": rows, "h": h, "c": c})
         tracker.feed(probabilities.reshape(-1).tolist())
+        if resumable and not tracker.triggered and ctx.checkpoint_due():
+            # Between spans only: every span before here is final, and any rung can take over here.
+            ctx.checkpoint(tracker.current / SAMPLE_RATE, {
+                "vad": STATE_VERSION, **identity, "samples": tracker.current, "from": own.start,
+                "before": own.before, "model": _models(own.model, silero_version()), "tracker": tracker.state(),
+                "h": h.reshape(-1).tolist(), "c": c.reshape(-1).tolist(),
+            })  # fmt: skip
     duration = windows.samples / SAMPLE_RATE
     spans = [Span(start / SAMPLE_RATE, end / SAMPLE_RATE) for start, end in tracker.spans]
     if tracker.start is not None:  # speech runs to the end of the media
         spans.append(Span(tracker.start / SAMPLE_RATE, duration))
     spans = [Span(s.start, min(s.end, duration)) for s in spans if s.start < duration]
-    return VadResult(spans=spans, duration=duration, model=silero_version())
+    return own.result(ctx, spans, duration, silero_version())
+
+
+def _array(values: list[float]) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32).reshape(1, 1, 128)
+
+
+def _models(before: str, mine: str) -> str:
+    """The result's model: each detector that made a part, once, in order."""
+    names = [m for m in before.split(" + ") if m] if before else []
+    return " + ".join(names if mine in names else [*names, mine])
+
+
+@dataclass(frozen=True)
+class _Resumed:
+    """A VAD checkpoint, checked: where it is, its state, the parts made so far."""
+
+    checkpoint: Checkpoint
+    samples: int
+
+    @property
+    def state(self) -> Mapping[str, Any]:
+        return self.checkpoint.state
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint | None) -> _Resumed | None:
+        if checkpoint is None:
+            return None
+        state = checkpoint.state
+        if state.get("vad") != STATE_VERSION or not isinstance(state.get("samples"), int):
+            log.warning("VAD checkpoint state of another format (%r); starting over", state.get("vad"))
+            return None
+        return cls(checkpoint, state["samples"])
+
+    def own_part(self, identity: Mapping[str, Any]) -> _Own:
+        """This attempt's part: the same detector as the checkpoint's (engine and parameters) goes
+        on with its state; any other starts afresh here, after the spans made so far."""
+        state = self.state
+        if {"engine": state.get("engine"), "params": state.get("params")} == dict(identity):
+            return _Own(True, int(state["from"]), [list(s) for s in state["before"]], str(state["model"]), self)
+        tracker = state["tracker"]
+        earlier = [list(s) for s in state["before"]]
+        earlier += [[start / SAMPLE_RATE, end / SAMPLE_RATE] for start, end in tracker["spans"]]
+        return _Own(False, self.samples, earlier, str(state["model"]), self)
+
+
+@dataclass(frozen=True)
+class _Own:
+    """What this attempt's detector adds to: the spans that others made before it took over
+    (``before``, seconds), from which sample it detects (``start``), and whether it goes on with
+    the checkpoint's own detector state (``exact``)."""
+
+    exact: bool
+    start: int
+    before: list[list[float]]
+    model: str
+    resumed: _Resumed | None
+
+    @classmethod
+    def fresh(cls) -> _Own:
+        return cls(False, 0, [], "", None)
+
+    def result(self, ctx: EngineContext, spans: list[Span], duration: float, model: str) -> VadResult:
+        """The whole media's result: the spans made before, then this detector's from where it
+        took over (none starting before the last earlier one ends: no overlap at the join)."""
+        if self.resumed is None:
+            return VadResult(spans=spans, duration=duration, model=model)
+        floor = max([self.start / SAMPLE_RATE] + [end for _, end in self.before])
+        mine = [Span(max(s.start, floor), s.end) for s in spans if s.end > floor] if self.before or self.start else spans
+        earlier = [Span(start, end) for start, end in self.before]
+        return VadResult(spans=earlier + mine, duration=duration, model=_models(self.model, model),
+                         made=made_by(self.resumed.checkpoint, ctx.rung_name, duration))  # fmt: skip
+
+
+def made_by(checkpoint: Checkpoint, rung: str, end: float) -> list[MadeBy]:
+    """Which rung made which part: the checkpoint's parts, then this attempt's to ``end``."""
+    parts = [MadeBy(start=m.start, end=m.end, rung=m.rung) for m in checkpoint.made]
+    if parts and parts[-1].rung == rung:
+        parts[-1] = MadeBy(start=parts[-1].start, end=end, rung=rung)
+    else:
+        parts.append(MadeBy(start=checkpoint.position, end=end, rung=rung))
+    return parts
 
 
 @answers_no_audio
-def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> VadResult:
-    """Speech spans by webrtcvad on 30 ms frames, with a silence hangover and a minimum length."""
+def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams, *, resumable: bool = True) -> VadResult:
+    """Speech spans by webrtcvad on 30 ms frames, with a silence hangover and a minimum length.
+
+    Writes no checkpoint (module docstring); resumed from another rung's, it detects from the
+    first whole frame after it, the frames before decoded only. ``resumable``: as silero's."""
     import webrtcvad
 
+    resume = _Resumed.of(ctx.resume) if resumable else None
+    own = resume.own_part({"engine": "webrtc"}) if resume is not None else _Own.fresh()
+    first = -(-own.start // WEBRTC_FRAME)  # the first frame that starts at or after the take-over
     vad = webrtcvad.Vad(params.aggressiveness)
     frame_s = WEBRTC_FRAME / SAMPLE_RATE
     hangover = max(1, round(params.min_silence_ms / 1000 / frame_s))
@@ -192,6 +351,9 @@ def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> Vad
     frames = 0
     windows = _Windows(Path(request.media), WEBRTC_FRAME, ctx, "webrtcvad")
     for window in windows:
+        if frames < first:
+            frames += 1
+            continue
         pcm = (np.clip(window, -1.0, 1.0) * 32767).astype("<i2").tobytes()
         speech = vad.is_speech(pcm, SAMPLE_RATE)
         if speech:
@@ -208,10 +370,16 @@ def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams) -> Vad
     if start is not None:
         spans.append(Span(start * frame_s, min(duration, (frames - silent_run) * frame_s)))
     spans = [s for s in spans if s.end - s.start >= params.min_speech_ms / 1000]
-    return VadResult(spans=spans, duration=duration, model=f"webrtcvad {version('webrtcvad-wheels')}")
+    return own.result(ctx, spans, duration, f"webrtcvad {version('webrtcvad-wheels')}")
 
 
 @answers_no_audio
 def skip(ctx: EngineContext, request: VadRequest, params: NoParams) -> VadResult:
-    """No detection at all: the cheapest rung, so that a pipeline still gets its other stages."""
-    return VadResult(spans=[], duration=probe_duration(Path(request.media)) or 0.0, model="none", vad_skipped=True)
+    """No detection at all: the cheapest rung, so that a pipeline still gets its other stages.
+    Resumed, it keeps the spans made before and detects nothing after (``made`` says so)."""
+    duration = probe_duration(Path(request.media)) or 0.0
+    resume = _Resumed.of(ctx.resume)
+    if resume is None:
+        return VadResult(spans=[], duration=duration, model="none", vad_skipped=True)
+    own = resume.own_part({"engine": "skip"})
+    return own.result(ctx, [], duration, "none").model_copy(update={"vad_skipped": True})

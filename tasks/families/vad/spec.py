@@ -11,7 +11,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from rich.table import Table
 
-from mediafarm.tasks.kit import EngineSpec, FamilySpec, MediaPath, NoParams, Params, Request, Span, TimeLimits, rung
+from mediafarm.tasks.kit import (
+    EngineSpec,
+    FamilySpec,
+    MediaPath,
+    NoParams,
+    Params,
+    Request,
+    Resume,
+    Span,
+    TimeLimits,
+    rung,
+)
 
 ENGINES = "mediafarm.tasks.families.vad.engines"
 
@@ -28,6 +39,16 @@ class VadRequest(Request):
     ladder: str | None = None
 
 
+class MadeBy(BaseModel):
+    """One stretch of the media, [start, end) in seconds, and the rung whose detector made its spans."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: float
+    end: float
+    rung: str
+
+
 class VadResult(BaseModel):
     """Speech found in one media file.
 
@@ -38,6 +59,9 @@ class VadResult(BaseModel):
         vad_skipped: True when no detection ran (the ``skip`` rung): spans are empty by
             design, not because the media is silent.
         no_audio: True when the media has no audio track (``if_no_audio="empty"``).
+        made: Which rung made which stretch, when the job resumed from a checkpoint (issue #19);
+            empty when one attempt made it all (the envelope's ``variant`` says which). A stretch
+            made by ``skip`` had no detection (and ``vad_skipped`` is set).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -47,6 +71,7 @@ class VadResult(BaseModel):
     model: str = ""
     vad_skipped: bool = False
     no_audio: bool = False
+    made: list[MadeBy] = Field(default_factory=list)
 
     @field_serializer("spans")
     def _spans(self, spans: list[Span]) -> list[dict[str, float]]:
@@ -125,4 +150,12 @@ FAMILY = FamilySpec(
     ladder_field="ladder",
     summary=summary,
     render=render,
+    resume=Resume(
+        unit="seconds",
+        rule=(
+            "from the last 10 s block that ended outside speech: on silero with the same parameters exactly as if "
+            "never stopped; on another rung that rung detects the rest and the result's made says which rung made "
+            "which part; webrtc writes no checkpoint (its detector's state cannot be saved)"
+        ),
+    ),
 )
