@@ -86,3 +86,35 @@ def test_chinese_sentences_end_at_their_marks_without_a_space() -> None:
     plan = plan_chunks("今天天气很好，我们一起去公园散步吧，然后回家吃饭。", 10)
     assert [c.index for c in plan.chunks] == list(range(len(plan.chunks))) and len(plan.chunks) == 3
     assert "".join(p.text for c in plan.chunks for p in c.pieces).replace(" ", "") == plan.sentences[0]
+
+
+def test_farm_speakers_add_takes_voices_per_language() -> None:
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from mediafarm import remove_speaker
+    from mediafarm.tasks.families.tts.speakers import get_speaker
+    from tests.conftest import REPO
+
+    name = f"sp-{uuid.uuid4().hex[:8]}"
+
+    def farm(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mediafarm.workers.cli", "speakers", *args]
+        env = {**os.environ, "COLUMNS": "250"}
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+    added = farm("add", name, "--voice", "zh:espeak=cmn+f3", "--voice", "de:piper=piper/de.onnx",
+                 "--voice", "de:piper-speaker=2")  # fmt: skip
+    assert added.returncode == 0, added.stdout + added.stderr
+    try:
+        speaker = get_speaker(name)
+        assert speaker.voices["zh"].espeak_voice == "cmn+f3"
+        assert (speaker.voices["de"].piper_voice, speaker.voices["de"].piper_speaker) == ("piper/de.onnx", 2)
+        row = next(line for line in farm("list").stdout.splitlines() if name in line)
+        assert "zh: espeak_voice cmn+f3" in row
+    finally:
+        remove_speaker(name)
+    bad = farm("add", name, "--voice", "zh=cmn")
+    assert bad.returncode == 2 and "LANG:ENGINE=VOICE" in bad.stderr
