@@ -42,19 +42,24 @@ class Rung:
         engine: The family's engine that runs it (``silero``).
         params: Engine parameters, JSON-safe; checked against the engine's parameter model.
         device: ``cpu`` or ``cuda``; a ``cuda`` rung is unavailable on a pool without a GPU.
+        languages: The languages the rung speaks or recognises, as the operator states them
+            (``languages = ["en", "fr"]`` in farm.toml: a fine-tuned model whose folder tells
+            nothing); None: what its engine tells (``tasks.languages``).
     """
 
     name: str
     engine: str
     params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     device: str = "cpu"
+    languages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ConfigFileError(f"rung {self.name!r}: device must be one of {DEVICES}, got {self.device!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "engine": self.engine, "params": dict(self.params), "device": self.device}
+        out = {"name": self.name, "engine": self.engine, "params": dict(self.params), "device": self.device}
+        return out if self.languages is None else {**out, "languages": list(self.languages)}
 
 
 def rung(name: str, engine: str, device: str = "cpu", **params: Any) -> Rung:
@@ -90,15 +95,21 @@ class Ladder:
 def _rung_from_table(ladder: str, row: Any) -> Rung:
     if not isinstance(row, dict) or "name" not in row or "engine" not in row:
         raise ConfigFileError(f"[ladders.{ladder}] each rung needs at least name and engine, got {row!r}")
-    unknown = set(row) - {"name", "engine", "params", "device"}
+    unknown = set(row) - {"name", "engine", "params", "device", "languages"}
     if unknown:
         raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: unknown keys {sorted(unknown)}")
     params = row.get("params", {})
     if not isinstance(params, dict):
         raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: params must be a table")
+    languages = row.get("languages")
+    if languages is not None and (
+        not isinstance(languages, list) or not languages or not all(isinstance(x, str) and x for x in languages)
+    ):
+        raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: languages must be a list of language codes")
     try:
         device = str(row.get("device", "cpu"))
-        return Rung(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), device)
+        return Rung(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), device,
+                    tuple(languages) if languages is not None else None)  # fmt: skip
     except ConfigFileError as exc:
         raise ConfigFileError(f"[ladders.{ladder}] {exc}") from None
 

@@ -96,10 +96,13 @@ def script_language(text: str) -> str | None:
 
 
 def rung_languages(spec: FamilySpec, rung: Rung, models_dir: Path | None, request: Any = None) -> Languages:
-    """What ``rung`` speaks or recognises (its engine's ``languages`` hook), None for any language.
+    """What ``rung`` speaks or recognises (its ``languages`` in farm.toml, else its engine's
+    ``languages`` hook), None for any language.
 
     ``request`` (the parsed request, when there is one) lets a hook count what the job's own
     choices add, as a TTS speaker's voices for further languages."""
+    if rung.languages is not None:  # the operator's word (farm.toml) over the engine's
+        return language_set(rung.languages)
     engine = spec.engines[rung.engine]
     if engine.languages is None:
         return None

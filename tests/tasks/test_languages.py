@@ -137,3 +137,23 @@ def test_farm_families_notes_each_rungs_languages() -> None:
     many = rung("many", "voice", voice="+".join(["en", "fr", "de", "es", "it"]))
     assert rung_languages_note(SPEC, many, None) == " (5 languages)"
     assert rung_languages_note(SPEC, rung("anything", "any"), None) == ""
+
+
+def test_a_rung_in_farm_toml_may_state_its_languages() -> None:
+    from mediafarm.config.file import ConfigFileError
+    from mediafarm.config.ladders import _rung_from_table
+
+    stated = _rung_from_table("say", {"name": "finetuned", "engine": "voice", "params": {"voice": "en"},
+                                      "languages": ["fr", "en-CA"]})  # fmt: skip
+    assert stated.languages == ("fr", "en-CA") and stated.to_json()["languages"] == ["fr", "en-CA"]
+    assert rung_languages_of(stated) == frozenset({"fr", "en"})  # the operator's word over the engine's
+    plain = _rung_from_table("say", {"name": "plain", "engine": "voice"})
+    assert plain.languages is None and "languages" not in plain.to_json()
+    with pytest.raises(ConfigFileError, match="languages must be a list"):
+        _rung_from_table("say", {"name": "bad", "engine": "voice", "languages": "fr"})
+
+
+def rung_languages_of(rung_: Any) -> Any:
+    from mediafarm.tasks.languages import rung_languages
+
+    return rung_languages(SPEC, rung_, None)
