@@ -25,6 +25,7 @@ BUILTIN: tuple[str, ...] = (
     "mediafarm.tasks.families.vad",
     "mediafarm.tasks.families.subtitle",
     "mediafarm.tasks.families.subtitle_render",
+    "mediafarm.tasks.families.subtitle_live",
     "mediafarm.tasks.families.tts",
     "mediafarm.tasks.families.dialogue",
     "mediafarm.tasks.families.yolo",

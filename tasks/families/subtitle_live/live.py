@@ -1,0 +1,503 @@
+"""The live subtitle engine: a stream in, WebVTT segments and an HLS playlist out as cues become final.
+
+One loop, as the audio arrives (``LiveSource`` decodes the stream to 16 kHz mono with its PTS):
+
+1. The samples go through silero-vad (the VAD family's model and span rules, fed a few windows at a
+   time) and into a rolling buffer that holds only the audio not yet recognised.
+2. A speech span the VAD closes is cut out with the file engine's padding and recognised at once
+   (a span open longer than ``MAX_SPAN_SECONDS`` is cut there, so a monologue is not held back);
+   its words are mapped to the cue clock (``clock.StreamClock``: the stream's PTS, re-anchored at
+   every frame, a timestamp jump absorbed and recorded) and go into the file engine's ``CueStream``.
+3. Cues are final when the file rules say so, or when the stream has been silent for the cue rules'
+   sentence pause after the last word (live knows the pause is there without waiting for the next
+   word). Final cues go into the file writers' ``ChunkedWebVTT``; each window that no later cue can
+   reach is written as a segment, the EVENT playlist is rewritten after it, and the segment is
+   announced as a partial output. Segments carry an ``X-TIMESTAMP-MAP`` tying cue time 0 to the
+   stream's own MPEG-TS time.
+4. After each publish the attempt checkpoints (segments, playlist, cues, speech spans, clock). A
+   killed attempt's successor reopens the stream, joins it at its live edge, and records the stream
+   time between the checkpoint and that edge as a gap (``#EXT-X-GAP`` on segments wholly inside it,
+   and in the timing report): nothing is made up for it.
+5. The job ends when the stream ends (EOF), stalls past ``stall_timeout_s``, reaches the operator's
+   ``FARM_LIVE_MAX_SECONDS``, or is cancelled; the whole-stream WebVTT/SRT/JSON are written then.
+
+Latency, measured per cue: from the moment the audio of the utterance's end was decoded to the
+moment the cue's segment and the playlist listing it were written.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import json
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
+from mediafarm.tasks.families.subtitle.engines import PAD_SECONDS, VAD_PARAMS, CueStream, Piece, Window
+from mediafarm.tasks.families.subtitle.recognizers import (
+    Recognition,
+    load_pocketsphinx,
+    load_whisper,
+    transcribe_pocketsphinx,
+    transcribe_whisper,
+)
+from mediafarm.tasks.families.subtitle.records import Cue
+from mediafarm.tasks.families.subtitle.spec import WhisperParams
+from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
+from mediafarm.tasks.families.subtitle_live.clock import StreamClock
+from mediafarm.tasks.families.subtitle_live.source import LiveSource, SourceEnded
+from mediafarm.tasks.families.subtitle_live.spec import (
+    Gap,
+    LiveSettings,
+    LiveSubtitleRequest,
+    LiveSubtitleResult,
+    LiveTimingReport,
+)
+from mediafarm.tasks.families.vad.engines import SILERO_CONTEXT, SILERO_WINDOW, _silero_model, _SpanTracker
+from mediafarm.tasks.kit import EngineContext, NoParams, Span
+from mediafarm.tasks.kit.media import SAMPLE_RATE
+
+JSON_NAME, VTT_NAME, SRT_NAME = "subtitles.json", "subtitles.vtt", "subtitles.srt"
+CHUNKS = "chunks"
+PLAYLIST = f"{CHUNKS}/playlist.m3u8"
+# A span still open after this long is recognised up to here (a monologue without pauses).
+MAX_SPAN_SECONDS = 8.0
+# Silero runs once this many 32 ms windows are in (~0.16 s): cheap, and well under the VAD's 250 ms.
+VAD_BATCH = 5
+# How far before the VAD's decoding position a span not yet found may still start: silero's own pad
+# and one window of decision lag, then the padding speech is cut with, and rounding to spare.
+LOOKBACK_SECONDS = (VAD_PARAMS.speech_pad_ms / 1000) + SILERO_WINDOW / SAMPLE_RATE + PAD_SECONDS + 0.05
+CANCEL_CHECK_SECONDS = 0.5
+STATE_VERSION = 1
+
+Recognise = Callable[[np.ndarray], Recognition]
+
+
+def whisper(
+    ctx: EngineContext, request: LiveSubtitleRequest, params: WhisperParams
+) -> Generator[Any, None, LiveSubtitleResult]:
+    """faster-whisper on each utterance of the stream as the VAD closes it."""
+    model = load_whisper(ctx.model_path(params.model), ctx.device, params.compute_type, params.cpu_threads)
+    language = request.language or _resumed_language(ctx)
+
+    def recognise(audio: np.ndarray) -> Recognition:
+        nonlocal language
+        heard = transcribe_whisper(model, audio, offset=0.0, language=language, beam_size=params.beam_size)
+        language = language or (heard.language if heard.segments else None)
+        return heard
+
+    return (yield from run_live(ctx, request, recognise))
+
+
+def pocketsphinx(
+    ctx: EngineContext, request: LiveSubtitleRequest, params: NoParams
+) -> Generator[Any, None, LiveSubtitleResult]:
+    """pocketsphinx (en-US) on each utterance: the rung that is always there."""
+    decoder = load_pocketsphinx()
+    return (yield from run_live(ctx, request, lambda audio: transcribe_pocketsphinx(decoder, audio, offset=0.0)))
+
+
+def _resumed_language(ctx: EngineContext) -> str | None:
+    state = ctx.resume.state if ctx.resume is not None else {}
+    return state.get("language") if state.get("language") not in (None, "und") else None
+
+
+class LiveVad:
+    """silero-vad over samples as they come: the VAD family's model and span rules, batched a few
+    windows at a time. Spans are in samples of this attempt's stream (0 = its first sample)."""
+
+    def __init__(self) -> None:
+        self.session = _silero_model()
+        self.tracker = _SpanTracker(VAD_PARAMS)
+        self.h = np.zeros((1, 1, 128), dtype=np.float32)
+        self.c = np.zeros((1, 1, 128), dtype=np.float32)
+        self.context = np.zeros(SILERO_CONTEXT, dtype=np.float32)
+        self.carry = np.zeros(0, dtype=np.float32)
+        self.fed = 0  # samples the tracker has decided on
+
+    def feed(self, samples: np.ndarray) -> list[tuple[int, int]]:
+        """Take ``samples``; return the spans this closed (start, end samples)."""
+        block = np.concatenate([self.carry, samples]) if self.carry.size else samples
+        usable = block.size - block.size % (SILERO_WINDOW * VAD_BATCH)
+        self.carry = block[usable:]
+        if not usable:
+            return []
+        windows = block[:usable].reshape(-1, SILERO_WINDOW)
+        rows = np.empty((windows.shape[0], SILERO_CONTEXT + SILERO_WINDOW), dtype=np.float32)
+        rows[:, SILERO_CONTEXT:] = windows
+        rows[0, :SILERO_CONTEXT] = self.context
+        rows[1:, :SILERO_CONTEXT] = windows[:-1, -SILERO_CONTEXT:]
+        self.context = windows[-1, -SILERO_CONTEXT:].copy()
+        probabilities, self.h, self.c = self.session.run(
+            ["speech_probs", "hn", "cn"], {"input": rows, "h": self.h, "c": self.c}
+        )
+        before = len(self.tracker.spans)
+        self.tracker.feed(probabilities.reshape(-1).tolist())
+        self.fed += usable
+        return list(self.tracker.spans[before:])
+
+    @property
+    def open_start(self) -> int | None:
+        """Start (samples) of the span the VAD is inside now, if any."""
+        return self.tracker.start if self.tracker.triggered else None
+
+    def cut_open(self, at: int) -> tuple[int, int] | None:
+        """Close the open span at ``at`` and open a new one there (a span too long to wait for)."""
+        start = self.open_start
+        if start is None or at <= start:
+            return None
+        self.tracker.spans.append((start, at))
+        self.tracker.start = at
+        return start, at
+
+    def finish(self) -> tuple[int, int] | None:
+        """The span open at the end of the stream, closed there."""
+        start = self.open_start
+        end = self.fed + self.carry.size
+        self.tracker.start, self.tracker.triggered = None, False
+        return (start, end) if start is not None and end > start else None
+
+
+class AudioBuffer:
+    """The samples of this attempt not yet recognised, addressed by absolute sample position."""
+
+    def __init__(self) -> None:
+        self.start = 0
+        self.data = np.zeros(0, dtype=np.float32)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.data.size
+
+    def append(self, samples: np.ndarray) -> None:
+        self.data = np.concatenate([self.data, samples]) if self.data.size else samples
+
+    def cut(self, first: int, last: int) -> np.ndarray:
+        first, last = max(first, self.start), min(last, self.end)
+        return self.data[first - self.start : max(first, last) - self.start]
+
+    def drop_before(self, position: int) -> None:
+        if position > self.start:
+            cut = min(position, self.end) - self.start
+            self.data = self.data[cut:]
+            self.start += cut
+
+
+class Arrivals:
+    """When (wall clock) the audio of each cue-clock time was decoded: the start of every latency."""
+
+    def __init__(self) -> None:
+        self.times: collections.deque[float] = collections.deque(maxlen=20000)
+        self.walls: collections.deque[float] = collections.deque(maxlen=20000)
+
+    def add(self, at: float, wall: float) -> None:
+        self.times.append(at)
+        self.walls.append(wall)
+
+    def wall_of(self, at: float) -> float | None:
+        """Wall time the first audio at or after cue time ``at`` arrived (None: before what is kept)."""
+        times = list(self.times)
+        i = bisect.bisect_left(times, at)
+        if not times or (i == 0 and at < times[0] - 1.0):
+            return None
+        return self.walls[min(i, len(times) - 1)]
+
+
+class LiveJob:
+    """One attempt's state, built fresh or from the checkpoint the attempt resumes from."""
+
+    def __init__(self, ctx: EngineContext, request: LiveSubtitleRequest) -> None:
+        self.ctx, self.request = ctx, request
+        self.clock = StreamClock(SAMPLE_RATE)
+        self.cues = CueStream(request)  # type: ignore[arg-type]  # it reads .rules only
+        self.chunks = ChunkedWebVTT(window_seconds=request.chunk_seconds)
+        self.speech: list[Span] = []
+        self.gaps: list[Gap] = []
+        self.latencies: list[float] = []
+        self.words = 0
+        self.silent_words = 0
+        self.language: str | None = request.language
+        self.model = ""
+        self.started_at = time.time()
+        self.attempts = 1
+        self.resumed_at: float | None = None  # cue time the previous attempt's output reached
+        self.final_until = 0.0
+        self.published: set[tuple[float, float, str]] = set()
+        resume = ctx.resume
+        if resume is not None and resume.state.get("version") == STATE_VERSION:
+            self._restore(resume.state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        clock = state["clock"]
+        self.clock.origin, self.clock.offset = clock["origin"], clock["offset"]
+        self.clock.drift_max = clock["drift_max"]
+        from mediafarm.tasks.families.subtitle_live.clock import Discontinuity
+
+        self.clock.discontinuities = [Discontinuity(**d) for d in clock["discontinuities"]]
+        self.cues.all = [Cue.model_validate(c) for c in state["cues"]]
+        self.speech = [Span(a, b) for a, b in state["speech"]]
+        self.gaps = [Gap.model_validate(g) for g in state["gaps"]]
+        self.latencies = list(state["latencies"])
+        self.words, self.silent_words = state["words"], state["silent_words"]
+        self.language = self.language or state.get("language")
+        self.model = state.get("model", "")
+        self.started_at = state["started_at"]
+        self.attempts = state["attempts"] + 1
+        self.final_until = self.resumed_at = state["final_until"]
+        # The segments already written are back in the folder: move the writer past them (what it
+        # returns for them is discarded), then hand it the final cues no segment holds yet.
+        written = state["segments"]
+        self.chunks.add([], final_until=written * self.request.chunk_seconds)
+        self.chunks.add([c for c in self.cues.all if c.start >= written * self.request.chunk_seconds],
+                        final_until=written * self.request.chunk_seconds)  # fmt: skip
+        self.published = {_key(c) for c in self.cues.all}
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION, "clock": self.clock.state(), "cues": [c.model_dump(mode="json") for c in self.cues.all],
+            "speech": [[s.start, s.end] for s in self.speech], "gaps": [g.model_dump() for g in self.gaps],
+            "latencies": self.latencies, "words": self.words, "silent_words": self.silent_words,
+            "language": self.language, "model": self.model, "started_at": self.started_at,
+            "attempts": self.attempts, "final_until": self.final_until, "segments": self.chunks.segment_count,
+        }  # fmt: skip
+
+    def files(self) -> list[str]:
+        return [f"{CHUNKS}/{segment_name}" for segment_name in _segment_names(self.chunks.segment_count)] + [PLAYLIST]
+
+    def playlist(self, ended: bool) -> str:
+        """The writers' EVENT playlist, with ``#EXT-X-GAP`` before each segment wholly inside a gap
+        (HLS: the segment is there, but its time holds no output: a player must not read it as silence)."""
+        lines = self.chunks.playlist(ended=ended).split("\n")
+        if not self.gaps:
+            return "\n".join(lines)
+        w = self.request.chunk_seconds
+        out: list[str] = []
+        for line in lines:
+            if line.startswith("segment_") and line.endswith(".vtt"):
+                k = int(line[len("segment_") : -len(".vtt")])
+                if any(g.start <= k * w and (k + 1) * w <= g.end for g in self.gaps):
+                    out.insert(len(out) - 1, "#EXT-X-GAP")  # before its #EXTINF line
+            out.append(line)
+        if not any(line.startswith("#EXT-X-VERSION") for line in out):
+            return "\n".join(out)
+        # EXT-X-GAP is a version 8 tag.
+        return "\n".join("#EXT-X-VERSION:8" if line.startswith("#EXT-X-VERSION") else line for line in out)
+
+
+def _segment_names(count: int) -> list[str]:
+    from mediafarm.tasks.families.subtitle.writers import segment_name
+
+    return [segment_name(k) for k in range(count)]
+
+
+def _key(cue: Cue) -> tuple[float, float, str]:
+    return (cue.start, cue.end, cue.text)
+
+
+def run_live(
+    ctx: EngineContext, request: LiveSubtitleRequest, recognise: Recognise
+) -> Generator[Any, None, LiveSubtitleResult]:
+    """The loop of the module docstring; yields each written segment's artifact name."""
+    settings = LiveSettings()
+    job = LiveJob(ctx, request)
+    vad = LiveVad()
+    audio = AudioBuffer()
+    arrivals = Arrivals()
+    deadline = job.started_at + settings.max_seconds
+    end_reason = ""
+    next_cancel_check = 0.0
+    ctx.progress(None, stage="connecting")
+    try:
+        with LiveSource(request.stream, stall_timeout=request.stall_timeout_s) as source:
+            for pts, samples in source.frames():
+                now = time.time()
+                at = audio.end
+                joining = not job.clock.anchored and job.resumed_at is not None
+                job.clock.anchor(at, pts)
+                if joining and job.clock.anchored:
+                    _join_live_edge(job, at)
+                audio.append(samples)
+                arrivals.add(job.clock.time_at(audio.end), now)
+                for span in vad.feed(samples):
+                    yield from _recognise(job, audio, span, recognise)
+                open_start = vad.open_start
+                if open_start is not None and (vad.fed - open_start) / SAMPLE_RATE > MAX_SPAN_SECONDS:
+                    cut = vad.cut_open(vad.fed)
+                    if cut is not None:
+                        yield from _recognise(job, audio, cut, recognise)
+                yield from _settle(job, vad, audio, arrivals, ended=False)
+                if now >= next_cancel_check:
+                    ctx.check_cancelled()
+                    ctx.progress(None, stage="live", media_seconds=round(job.clock.time_at(audio.end), 3))
+                    next_cancel_check = now + CANCEL_CHECK_SECONDS
+                if now >= deadline:
+                    end_reason = f"maximum duration reached (FARM_LIVE_MAX_SECONDS = {settings.max_seconds} s)"
+                    break
+            else:
+                end_reason = "ended: the stream ended"
+    except SourceEnded as exc:
+        end_reason = str(exc)
+    last = vad.finish()
+    if last is not None:
+        yield from _recognise(job, audio, last, recognise)
+    duration = max(job.clock.time_at(audio.end), job.final_until)
+    yield from _settle(job, vad, audio, arrivals, ended=True, duration=duration)
+    return _finish(ctx, job, end_reason, duration)
+
+
+def _join_live_edge(job: LiveJob, at: int) -> None:
+    """The first frame of an attempt that resumed: the stream time since the checkpoint is a gap."""
+    resumed_at, job.resumed_at = job.resumed_at, None
+    assert resumed_at is not None
+    edge = job.clock.time_at(at)
+    if edge < resumed_at:
+        # The stream's timestamps went back across the restart (a restarted sender): a jump, absorbed.
+        job.clock.hold(resumed_at)
+        edge = resumed_at
+    if edge > resumed_at:
+        job.gaps.append(Gap(start=round(resumed_at, 3), end=round(edge, 3),
+                            reason=f"attempt {job.attempts - 1} was lost; attempt {job.attempts} joined the live edge"))  # fmt: skip
+
+
+def _recognise(
+    job: LiveJob, audio: AudioBuffer, span: tuple[int, int], recognise: Recognise
+) -> Iterator[dict[str, str]]:
+    """Recognise one closed span (samples) and feed its words to the cues."""
+    pad = round(PAD_SECONDS * SAMPLE_RATE)
+    first, last = max(audio.start, span[0] - pad), min(audio.end, span[1] + pad)
+    clock = job.clock
+    speech = Span(round(clock.time_at(span[0]), 3), round(clock.time_at(span[1]), 3))
+    if speech.end > speech.start:
+        job.speech.append(speech)
+    if last - first < SAMPLE_RATE // 10:
+        return
+    start_time, end_time = clock.time_at(first), clock.time_at(last)
+    window = Window([Piece(start_time, end_time, 0.0)])
+    heard = recognise(audio.cut(first, last))
+    job.model = heard.model
+    if job.language is None and heard.segments:
+        job.language = heard.language
+    checker = SilentWords([speech], PAD_SECONDS)
+    for segment in heard.segments:
+        # No word starts before the VAD's onset: the padding before it is context for the
+        # recogniser, and a word placed there (tiny.en puts the first at the clip's start) is early.
+        words = [w.model_copy(update={"start": max(w.start, speech.start), "end": max(w.end, speech.start)})
+                 for w in window.to_media(segment).words]  # fmt: skip
+        if words:
+            job.cues.add(words)
+            checker.add(words)
+            job.words += len(words)
+    job.silent_words += checker.count
+    audio.drop_before(last - pad)
+    yield from ()
+
+
+def _settle(
+    job: LiveJob,
+    vad: LiveVad,
+    audio: AudioBuffer,
+    arrivals: Arrivals,
+    *,
+    ended: bool,
+    duration: float = 0.0,
+) -> Iterator[dict[str, str]]:
+    """Take the cues now final, write the windows no later cue can reach, publish, checkpoint."""
+    clock, cues = job.clock, job.cues
+    heard = clock.time_at(vad.fed)
+    if ended:
+        fresh = cues.take_rest()
+        final_until = duration
+    else:
+        pending = cues._pending
+        open_start = vad.open_start
+        silent_since = clock.time_at(open_start) if open_start is not None else heard
+        if pending and open_start is None and heard - pending[-1].end >= job.request.rules.sentence_pause_seconds:
+            fresh = cues.take_rest()  # the pause that closes their stretch is here: no later word joins it
+        else:
+            fresh = cues.take_final()
+        bound = min(heard, silent_since) - LOOKBACK_SECONDS
+        final_until = min(cues.final_until(bound), bound)
+        if open_start is None:
+            audio.drop_before(vad.fed - round(LOOKBACK_SECONDS * SAMPLE_RATE))
+    final_until = max(final_until, job.final_until)
+    job.final_until = final_until
+    # Cue time 0 is the stream's origin PTS, plus every jump absorbed before these segments.
+    job.chunks.timestamp_map = f"X-TIMESTAMP-MAP=MPEGTS:{clock.mpegts(0.0)},LOCAL:00:00:00.000"
+    if ended:
+        segments = job.chunks.add(fresh, final_until=final_until) + job.chunks.close(duration)
+    else:
+        segments = job.chunks.add(fresh, final_until=final_until)
+    if not segments and not ended:
+        return
+    ctx = job.ctx
+    for name, text in segments:
+        ctx.artifacts.write_text(f"{CHUNKS}/{name}", text)
+    ctx.artifacts.write_text(PLAYLIST, job.playlist(ended=ended))
+    published_at = time.time()
+    _measure(job, arrivals, published_at)
+    if not ended:
+        # Before the announcement: a segment a client was told of is in the checkpoint, so an
+        # attempt that takes over never writes that segment again, differently.
+        ctx.checkpoint(job.final_until, job.state(), job.files())
+    for name, _ in segments:
+        yield {"segment": f"{CHUNKS}/{name}"}
+
+
+def _measure(job: LiveJob, arrivals: Arrivals, published_at: float) -> None:
+    """Latency of each cue now in a written segment for the first time."""
+    written_until = job.chunks.segment_count * job.request.chunk_seconds
+    for cue in job.cues.all:
+        key = _key(cue)
+        if key in job.published or cue.start >= written_until:
+            continue
+        job.published.add(key)
+        utterance_end = min(cue.end, _speech_end(job.speech, cue.end))
+        arrived = arrivals.wall_of(utterance_end)
+        if arrived is not None:
+            job.latencies.append(round(max(0.0, published_at - arrived), 3))
+
+
+def _speech_end(speech: Sequence[Span], at: float) -> float:
+    """End of the speech span reaching ``at`` (the cue's end may be stretched past the words)."""
+    starts = [s.start for s in speech]
+    i = bisect.bisect_left(starts, at) - 1
+    return speech[i].end if i >= 0 else at
+
+
+def _finish(ctx: EngineContext, job: LiveJob, end_reason: str, duration: float) -> LiveSubtitleResult:
+    request, cues = job.request, job.cues.all
+    base = timing_report(cues, job.speech, duration, request.rules, words_in_silence=job.silent_words)
+    latencies = np.asarray(job.latencies) * 1000.0
+    timing = LiveTimingReport(
+        **base.model_dump(), origin_pts=job.clock.origin,
+        discontinuities=[d.model_dump() for d in job.clock.discontinuities],
+        drift_ms_max=round(job.clock.drift_max * 1000.0, 1), gaps=job.gaps,
+        latency_ms_p50=round(float(np.percentile(latencies, 50)), 1) if latencies.size else None,
+        latency_ms_p95=round(float(np.percentile(latencies, 95)), 1) if latencies.size else None,
+        latency_ms_max=round(float(latencies.max()), 1) if latencies.size else None, latencies=int(latencies.size),
+    )  # fmt: skip
+    language = job.language or "und"
+    files = {"json": JSON_NAME}
+    canonical = {
+        "stream": request.stream, "end_reason": end_reason, "language": language, "model": job.model or "none",
+        "variant": ctx.rung_name, "duration": round(duration, 3), "speech": [[s.start, s.end] for s in job.speech],
+        "rules": request.rules.model_dump(mode="json"), "cues": [c.model_dump(mode="json") for c in cues],
+        "timing": timing.model_dump(mode="json"),
+    }  # fmt: skip
+    ctx.artifacts.write_text(JSON_NAME, json.dumps(canonical, indent=1) + "\n")
+    if "vtt" in request.formats:
+        ctx.artifacts.write_text(VTT_NAME, to_webvtt(cues))
+        files["vtt"] = VTT_NAME
+    if "srt" in request.formats:
+        ctx.artifacts.write_text(SRT_NAME, to_srt(cues))
+        files["srt"] = SRT_NAME
+    return LiveSubtitleResult(
+        stream=request.stream, end_reason=end_reason, language=language, model=job.model or "none",
+        duration=round(duration, 3), speech_seconds=round(sum(s.end - s.start for s in job.speech), 3),
+        spans=len(job.speech), words=job.words, cues=len(cues), speech=[(s.start, s.end) for s in job.speech],
+        rules=request.rules, timing=timing, files=files, playlist=PLAYLIST, attempts=job.attempts,
+    )  # fmt: skip

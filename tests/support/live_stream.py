@@ -1,0 +1,69 @@
+"""Live streams the tests make on this machine: FFmpeg publishing a WAV in real time (``-re``) as
+MPEG-TS over loopback UDP or TCP, or as HLS into a folder a local ``http.server`` serves.
+
+Timestamps are pinned so a test knows the stream clock: ``-muxdelay 0 -muxpreload 0`` and
+``-output_ts_offset`` make the first audio sample's PTS ``ts_offset`` seconds, so a moment ``t``
+of the WAV is PTS ``ts_offset + t`` (MP2 audio: no encoder priming shifts it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port(kind: int = socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mpegts_args(wav: Path, ts_offset: float) -> list[str]:
+    return ["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-i", str(wav), "-c:a", "mp2", "-b:a", "128k",
+            "-ar", "48000", "-muxdelay", "0", "-muxpreload", "0", "-output_ts_offset", f"{ts_offset:g}",
+            "-f", "mpegts"]  # fmt: skip
+
+
+def publish_udp(wav: Path, port: int, ts_offset: float = 10.0) -> subprocess.Popen[bytes]:
+    """FFmpeg sending ``wav`` in real time as MPEG-TS to udp://127.0.0.1:port (packets of 1316 bytes)."""
+    url = f"udp://127.0.0.1:{port}?pkt_size=1316"
+    return subprocess.Popen([*mpegts_args(wav, ts_offset), url], stdin=subprocess.DEVNULL)
+
+
+def publish_tcp(wav: Path, port: int, ts_offset: float = 10.0) -> subprocess.Popen[bytes]:
+    """FFmpeg listening on tcp://127.0.0.1:port; it sends ``wav`` in real time once a reader connects."""
+    url = f"tcp://127.0.0.1:{port}?listen=1"
+    return subprocess.Popen([*mpegts_args(wav, ts_offset), url], stdin=subprocess.DEVNULL)
+
+
+def publish_hls(wav: Path, folder: Path, ts_offset: float = 10.0, segment: float = 1.0) -> subprocess.Popen[bytes]:
+    """FFmpeg writing ``wav`` in real time as a live HLS stream (EVENT playlist, MPEG-TS segments)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [*mpegts_args(wav, ts_offset)[:-2], "-f", "hls", "-hls_time", f"{segment:g}", "-hls_list_size", "0",
+            "-hls_playlist_type", "event", "-hls_flags", "independent_segments", str(folder / "live.m3u8")]  # fmt: skip
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def http_folder(folder: Path) -> Iterator[str]:
+    """``folder`` served by a local http.server on a free loopback port; yields its base URL."""
+    handler = functools.partial(_Quiet, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
