@@ -7,6 +7,7 @@ onset on the stream clock is known to the sample and the job's cue times are che
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import soundfile as sf
 from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
 from tests.support.kills import kill_running
-from tests.support.live_stream import free_port, http_folder, publish_hls, publish_udp
+from tests.support.live_stream import free_port, http_folder, publish_hls, publish_tcp, publish_udp
 from tests.support.speech import PHRASES, RATE, espeak_available, make_track
 
 pytestmark = pytest.mark.integration
@@ -179,6 +180,18 @@ def test_a_live_hls_stream_over_local_http(cpu_worker, tiny_en, track, tmp_path)
         assert publisher.wait(40) == 0
         output = job.wait(timeout=60)["output"]
     # HLS says where it ends (#EXT-X-ENDLIST): the job ends with the stream, not on a stall.
+    assert output["end_reason"].startswith("ended"), output["end_reason"]
+    shift = output["timing"]["origin_pts"] - TS_OFFSET
+    assert max(_matches([(c["start"], c["end"]) for c in _cues(job)], track.truth, shift)) <= BOUND_S
+
+
+def test_a_live_tcp_stream_ends_with_its_sender(cpu_worker, tiny_en, track) -> None:
+    port = free_port(socket.SOCK_STREAM)
+    publisher = publish_tcp(track.path, port, ts_offset=TS_OFFSET)  # listens; sends once the job connects
+    job = submit("subtitle-live", stream=f"tcp://127.0.0.1:{port}", chunk_seconds=2, stall_timeout_s=30)
+    assert publisher.wait(60) == 0
+    output = job.wait(timeout=60)["output"]
+    # The sender closing the connection is the end of the stream, told apart from a stall.
     assert output["end_reason"].startswith("ended"), output["end_reason"]
     shift = output["timing"]["origin_pts"] - TS_OFFSET
     assert max(_matches([(c["start"], c["end"]) for c in _cues(job)], track.truth, shift)) <= BOUND_S
