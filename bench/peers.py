@@ -22,7 +22,8 @@ user would make instead, run in this process). Rules, the same for every family:
   for the farm's job, from psutil; this process for the peers), as this machine's other load
   stretches wall times more than CPU times. Redis's own CPU is not counted.
 * The outputs are compared as well as the times (for VAD: the number of spans and the largest
-  boundary difference), so a faster contender that answers something else shows.
+  boundary difference; for YOLO the frames the model saw and the detection intervals; for TTS
+  the audio's samples), so a faster contender that answers something else shows.
 
 A family adds itself to ``FAMILIES`` (a name -> :class:`FamilyBench` factory); ``--family all``
 runs every one. Results go to ``bench/results/peers.json``.
@@ -38,6 +39,16 @@ vad
     over 512-sample windows (its streaming example), and its own batched
     ``get_speech_timestamps_sequence``. Also the farm's engine called in this process
     (``EngineContext.local()``), paired with the job, which shows what the job adds around it.
+
+yolo
+    ``bench/peers_yolo.py``: a ``yolo`` job (the ``yolo-nano`` rung, the tests' random-weight
+    YOLO11n) against ultralytics' ``predict`` on every frame and with ``vid_stride`` (the rung's
+    stride), on generated videos (short moves, constant motion, noise, a 720p camera-like GOP).
+
+tts-piper, tts-espeak
+    ``bench/peers_tts.py``: a ``tts`` job on the ``piper`` rung against piper-tts's
+    ``PiperVoice.synthesize_wav``, and on the ``espeak`` rung against the ``espeak-ng`` command,
+    on texts of one sentence, three, and about ``--seconds`` of speech; audio compared by samples.
 """
 
 from __future__ import annotations
@@ -59,6 +70,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.farm import REPO, farm, worker
+from bench.peers_tts import espeak_bench, piper_bench
+from bench.peers_yolo import yolo_bench
 
 RESULTS = REPO / "bench" / "results" / "peers.json"
 ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")}
@@ -239,7 +252,9 @@ def vad_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
     )
 
 
-FAMILIES: dict[str, Callable[[argparse.Namespace, Path], FamilyBench]] = {"vad": vad_bench}
+FAMILIES: dict[str, Callable[[argparse.Namespace, Path], FamilyBench]] = {
+    "vad": vad_bench, "yolo": yolo_bench, "tts-piper": piper_bench, "tts-espeak": espeak_bench,
+}
 
 
 # ---------------------------------------------------------------- the runner, the same for every family
@@ -294,7 +309,9 @@ def run_family(bench: FamilyBench, pairs: int) -> dict[str, Any]:
             "median_cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
             "cpu_pairs": len(cpu_ratios),
             "all_same_count": all(c["agreement"].get("same_count", True) for c in mine),
-            "max_boundary_ms": max((c["agreement"].get("max_boundary_ms") or 0.0) for c in mine),
+            # None for a family whose comparison has no boundaries (TTS compares samples).
+            "max_boundary_ms": max((c["agreement"].get("max_boundary_ms") or 0.0 for c in mine
+                                    if "max_boundary_ms" in c["agreement"]), default=None),
         }
     return {"farm": farm.name, "cells": list(cells.values()), "overall": overall, "meta": bench.meta}
 
