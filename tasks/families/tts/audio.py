@@ -70,6 +70,15 @@ class Joiner:
         self.samples = 0  # written so far
         self._last_sentence: int | None = None
 
+    @property
+    def last_sentence(self) -> int | None:
+        """The sentence of the last piece joined (None before the first): the next gap's length."""
+        return self._last_sentence
+
+    def resume(self, samples: int, last_sentence: int | None) -> None:
+        """Go on after ``samples`` of track whose last piece was of ``last_sentence`` (a checkpoint's)."""
+        self.samples, self._last_sentence = samples, last_sentence
+
     def join(self, sentences: Sequence[int], audios: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Placed]]:
         """One chunk's pieces (their sentence indexes and waveforms) as the track's next samples."""
         parts: list[np.ndarray] = []
@@ -141,11 +150,15 @@ class Encoder:
         return self
 
     def write(self, samples: np.ndarray) -> None:
-        """Encode the next samples (float32 mono in [-1, 1], at the rate given)."""
-        samples = np.ascontiguousarray(np.clip(samples, -1.0, 1.0), dtype=np.float32).reshape(1, -1)
+        """Encode the next samples (float32 mono in [-1, 1], or int16 PCM, at the rate given)."""
+        if samples.dtype == np.int16:
+            samples, layout = np.ascontiguousarray(samples).reshape(1, -1), "s16"
+        else:
+            samples = np.ascontiguousarray(np.clip(samples, -1.0, 1.0), dtype=np.float32).reshape(1, -1)
+            layout = "flt"
         if not samples.size:
             return
-        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        frame = av.AudioFrame.from_ndarray(samples, format=layout, layout="mono")
         frame.sample_rate = self.in_rate
         frame.pts, frame.time_base = self._in_pts, Fraction(1, self.in_rate)
         self._in_pts += samples.shape[1]
@@ -164,6 +177,13 @@ class Encoder:
                 self._container.mux(self._stream.encode(None))
         finally:
             self._container.close()
+
+
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    """Float samples in [-1, 1] as 16-bit PCM, rounded as FFmpeg's float-to-s16 conversion rounds
+    (to nearest, clipped): a chunk's WAV holds exactly these values, so a resumed job that feeds
+    the kept chunks back into its encoder gives it what an unkilled run gave it."""
+    return np.clip(np.rint(np.asarray(samples, dtype=np.float32) * 32768.0), -32768, 32767).astype(np.int16)
 
 
 def encode(path: Path, fmt: AudioFormat, rate: int, samples: np.ndarray) -> None:

@@ -8,6 +8,8 @@
    file, and the chunk is written on its own as ``chunks/chunk_NNNNN.wav`` (exactly the track's
    samples from its start to its end) and announced as a partial output with its sentence times,
    so a client can play it before the job ends.
+   A long text keeps a checkpoint now and then after a chunk (``tts.checkpoints``): a lost
+   attempt's next one on the same rung goes on from the chunk after it (``tts.resume``).
 4. The result: the audio artifact, its duration, every sentence's start and end, the rung and voice.
 
 Memory stays flat with the text's length: one chunk's audio is held at a time.
@@ -20,7 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder, Joiner, encode
+from mediafarm.tasks.families.tts.audio import EXTENSION, Encoder, Joiner, encode, pcm16
+from mediafarm.tasks.families.tts.checkpoints import ChunkCheckpoints, chunk_name
 from mediafarm.tasks.families.tts.languages import espeak_voice_for, request_language
 from mediafarm.tasks.families.tts.speakers import DEFAULT, Speaker, get_speaker
 from mediafarm.tasks.families.tts.spec import (
@@ -33,8 +36,6 @@ from mediafarm.tasks.families.tts.spec import (
 )
 from mediafarm.tasks.families.tts.text import plan_chunks
 from mediafarm.tasks.kit import EngineContext, PermanentFailure
-
-CHUNKS = "chunks"
 
 
 class Voice(Protocol):
@@ -112,28 +113,42 @@ def speak(ctx: EngineContext, request: TtsRequest, voice: Voice, max_chars: int)
     rate = voice.rate
     joiner = Joiner(rate, speed=request.speed)
     spans: dict[int, list[int]] = {}  # sentence -> [start, end] in samples
-    done_chars = 0
+    checkpoints = ChunkCheckpoints(ctx, plan, voice.label, rate, max_chars, len(request.text))
+    start = checkpoints.start(joiner, spans)  # 0, or where the checkpoint resumed from left off
+
+    def announce(index: int, first: int, end: int) -> dict[str, Any]:
+        ended = sorted(s for s in {p.sentence for p in plan.chunks[index].pieces} if last_chunk[s] == index)
+        return {
+            "chunk": index, "artifact": chunk_name(index), "start": _s(first, rate), "end": _s(end, rate),
+            "sentences": [{"index": i, **_timing(plan.sentences[i], spans[i], rate)} for i in ended],
+        }  # fmt: skip
+
     # The encoder is flushed only when every chunk was spoken, closed on every path; the file
     # is renamed into place only then (ArtifactStore.writing).
     with ctx.artifacts.writing(name) as temp, Encoder(temp, request.format, rate) as encoder:
-        for chunk in plan.chunks:
+        # Resumed: the kept chunks go into the new file first, and are announced again (this
+        # attempt's partial outputs are the whole track's, as a client following it expects).
+        for index, first, pcm in checkpoints.replay(start):
+            encoder.write(pcm)
+            yield announce(index, first, first + pcm.size)
+        done_chars = sum(c.chars for c in plan.chunks[:start])
+        for chunk in plan.chunks[start:]:
             ctx.check_cancelled()
             audios = voice.speak([p.text for p in chunk.pieces])
             first = joiner.samples
             samples, placed = joiner.join([p.sentence for p in chunk.pieces], audios)
-            encoder.write(samples)
-            artifact = f"{CHUNKS}/chunk_{chunk.index:05d}.wav"
-            with ctx.artifacts.writing(artifact) as chunk_path:
-                encode(chunk_path, "wav", rate, samples)
+            # 16-bit PCM, the chunk file's exact samples, into the file too: a resumed attempt
+            # feeds it the kept chunk files, and its audio is then this one's.
+            pcm = pcm16(samples)
+            encoder.write(pcm)
+            with ctx.artifacts.writing(chunk_name(chunk.index)) as chunk_path:
+                encode(chunk_path, "wav", rate, pcm)
             for piece in placed:
                 spans.setdefault(piece.sentence, [piece.start, piece.end])[1] = piece.end
             done_chars += chunk.chars
             ctx.progress(done_chars / total_chars, stage="synthesise", media_seconds=joiner.samples / rate)
-            ended = sorted(s for s in {p.sentence for p in chunk.pieces} if last_chunk[s] == chunk.index)
-            yield {
-                "chunk": chunk.index, "artifact": artifact, "start": _s(first, rate), "end": _s(joiner.samples, rate),
-                "sentences": [{"index": i, **_timing(plan.sentences[i], spans[i], rate)} for i in ended],
-            }  # fmt: skip
+            checkpoints.after(chunk.index, joiner, spans)
+            yield announce(chunk.index, first, joiner.samples)
     return TtsResult(
         audio=name, format=request.format, duration=_s(joiner.samples, rate), sample_rate=encoder.rate,
         sentences=[SentenceTiming(**_timing(text, spans[i], rate)) for i, text in enumerate(plan.sentences)],

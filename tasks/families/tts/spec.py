@@ -17,6 +17,7 @@ from mediafarm.tasks.families.tts.languages import (
     piper_languages,
     request_language,
 )
+from mediafarm.tasks.families.tts.resume import RESUME
 from mediafarm.tasks.families.tts.speakers import DEFAULT, NAME_PATTERN
 from mediafarm.tasks.families.tts.text import check_text
 from mediafarm.tasks.kit import EngineSpec, FamilySpec, Params, Request, TimeLimits, rung
@@ -163,6 +164,8 @@ FAMILY = FamilySpec(
     ladder_field="ladder",
     # Rungs that do not speak the text's language are skipped: Chinese never goes to an English voice.
     language=request_language,
+    # A long text goes on from its last finished chunk on the same rung (tts.resume says why not across).
+    resume=RESUME,
     summary=summary,
     render=render,
     # `farm speakers add/list/rm`: the speaker store's commands.
