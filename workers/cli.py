@@ -359,6 +359,12 @@ def submit(
                      "artifact with its extension (implies --wait)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result envelope as JSON")] = False,
+    live: Annotated[
+        bool,
+        typer.Option("--live", help="ARGUMENT is a live stream URL: run the family's live form (subtitle -> "
+                     "subtitle-live); with --out, copy its segments and playlist there as they are written, "
+                     "waiting without limit unless --timeout is given"),
+    ] = False,
 ) -> None:
     """Submit a job to the configured broker; print its id, or its result with --wait.
 
@@ -369,6 +375,10 @@ def submit(
     from mediafarm.tasks.client import submit as submit_job
 
     fields = _parse_params(param or []) | _field_options(ctx.args)
+    if live:
+        if f"{family}-live" not in families.load():
+            _fail(f"the {family} family has no live form (no {family}-live family)")
+        family = f"{family}-live"
     try:
         spec = families.get(family)
         if argument is not None:
@@ -385,7 +395,14 @@ def submit(
     if not (wait or out):
         console.print(job.id)
         return
+    if live and timeout == 600.0:  # the default: a stream has no length to wait for
+        timeout = None  # type: ignore[assignment]
     try:
+        if live and out is not None:
+            from mediafarm.workers.live_follow import follow_live
+
+            console.print(f"{job.id}: following {out / 'chunks' / 'playlist.m3u8'}")
+            follow_live(job, out, timeout=timeout, on_segment=lambda name: console.print(f"segment {name}"))
         envelope = _follow(job, timeout)
     except JobFailed as exc:
         _print_attempts(exc.attempts)

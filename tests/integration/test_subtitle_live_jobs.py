@@ -7,7 +7,10 @@ onset on the stream clock is known to the sample and the job's cue times are che
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -195,6 +198,31 @@ def test_a_live_tcp_stream_ends_with_its_sender(cpu_worker, tiny_en, track) -> N
     assert output["end_reason"].startswith("ended"), output["end_reason"]
     shift = output["timing"]["origin_pts"] - TS_OFFSET
     assert max(_matches([(c["start"], c["end"]) for c in _cues(job)], track.truth, shift)) <= BOUND_S
+
+
+def test_farm_submit_live_follows_the_playlist_as_it_grows(cpu_worker, tiny_en, track, tmp_path) -> None:
+    port = free_port()
+    out = tmp_path / "out"
+    farm = subprocess.Popen(
+        [sys.executable, "-m", "mediafarm.workers.cli", "submit", "subtitle", f"udp://127.0.0.1:{port}", "--live",
+         "--out", str(out), "-p", "stall_timeout_s=4", "-p", "chunk_seconds=2"],
+        env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(8)  # the CLI starts, the job's child loads tiny.en and opens the socket
+    publisher = publish_udp(track.path, port, ts_offset=TS_OFFSET)
+    # While the stream plays, DIR holds a playlist whose every segment is already there.
+    playlist = out / "chunks" / "playlist.m3u8"
+    while publisher.poll() is None and not playlist.exists():
+        time.sleep(0.1)
+    assert publisher.poll() is None, "no playlist copied while the stream played"
+    listed = [line for line in playlist.read_text().splitlines() if line.endswith(".vtt")]
+    assert listed and all((out / "chunks" / name).exists() for name in listed)
+    assert "#EXT-X-ENDLIST" not in playlist.read_text()
+    assert publisher.wait(40) == 0
+    stdout, _ = farm.communicate(timeout=60)
+    assert farm.returncode == 0, stdout
+    assert "segment chunks/segment_00000.vtt" in stdout
+    assert playlist.read_text().rstrip().endswith("#EXT-X-ENDLIST") and (out / "subtitles.vtt").exists()
 
 
 def test_an_unconfigured_source_is_refused_at_once(cpu_worker) -> None:

@@ -1,0 +1,55 @@
+"""``farm submit ... --live --out DIR``: copy a live job's WebVTT segments and playlist as they are written.
+
+A live subtitle job announces each segment as a partial output after writing it and the playlist
+that lists it (segments first, every file replaced by a rename), so a follower that copies the
+announced segments and then the playlist never holds a playlist naming a segment it lacks: a
+player pointed at ``DIR/chunks/playlist.m3u8`` follows the stream from there. Files are read from
+the shared storage folder, as ``JobHandle.download`` reads them. A lost attempt's successor starts
+a fresh partial list; names already copied are not copied again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks.artifacts import ArtifactStore
+
+PLAYLIST = "chunks/playlist.m3u8"
+ENDED = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+def follow_live(job: Any, out: Path, *, timeout: float | None, poll: float = 0.25,
+                on_segment: Callable[[str], Any] = lambda name: None) -> None:  # fmt: skip
+    """Copy ``job``'s announced segments, then its playlist, into ``out`` until the job ends (the
+    caller then waits for its result and downloads the final files). TimeoutError after ``timeout``."""
+    store = ArtifactStore(get_settings().storage_dir, job.id)
+    copied: set[str] = set()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while job.state() not in ENDED:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"job {job.id} still running after {timeout} s (it goes on)")
+        fresh = [p["segment"] for p in job.partials() if isinstance(p, dict) and p.get("segment") not in copied]
+        for name in fresh:
+            _copy(store.path(name), out / name)
+            copied.add(name)
+            on_segment(name)
+        if fresh:
+            _copy(store.path(PLAYLIST), out / PLAYLIST)
+        time.sleep(poll)
+
+
+def _copy(source: Path, target: Path) -> None:
+    # Beside the target, then renamed over it: a player reading DIR never sees half a file.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.part-{os.getpid()}")
+    try:
+        shutil.copyfile(source, temp)
+        os.replace(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
