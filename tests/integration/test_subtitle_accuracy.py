@@ -1,0 +1,103 @@
+"""Regression guard on what a subtitle job hears: WER and words in silence on fixed tracks.
+
+Real parts: a worker with the default cpu pool, faster-whisper tiny.en on the ``whisper-tiny`` rung
+(int8, one thread, beam 1). The tracks are generated with a fixed seed (tests/support/subtitle_tracks.py
+and tests/support/speech.py), their words and speech spans known. Bounds are the figures measured
+when they were set plus a margin (stated beside each); a change to windowing, joins or decoding
+that loses or invents words crosses them. Not a timing test: speed is bench/peers_subtitle.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+
+from mediafarm import submit
+from mediafarm.config.settings import get_settings
+from tests.integration.test_subtitle_jobs import tiny_en  # noqa: F401 - a fixture
+from tests.support.speech import espeak_available
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not espeak_available(), reason="espeak-ng makes the speech (apt-get install espeak-ng)"),
+]
+
+# Measured when set (tiny.en, faster-whisper 1.2.1): clean 0.070 (5 errors in 71 words, "the birch
+# canoe" heard as "the merch can do"), several voices and speeds 0.387 (48 in 124: tiny.en on fast
+# and accented espeak-ng voices). Bounds: those plus about 8 and 11 points, short of what one lost
+# sentence of the clean track (+0.13) or one lost window would add.
+CLEAN_MAX_WER = 0.15
+VOICES_MAX_WER = 0.50
+SEED = 16
+
+
+def heard(job_id: str) -> list[tuple[str, float, float]]:
+    data = json.loads((get_settings().storage_dir / job_id / "subtitles.json").read_text())
+    return [(w["text"], w["start"], w["end"]) for s in data["segments"] for w in s["words"]]
+
+
+def score(track, words: list[tuple[str, float, float]]) -> tuple[float, int]:
+    from tests.support.subtitle_tracks import normalise, wer, words_in_silence
+
+    hypothesis = [n for text, _, _ in words for n in normalise(text)]
+    return wer(track.words, hypothesis), words_in_silence([(s, e) for _, s, e in words], track.truth)
+
+
+@pytest.fixture(scope="module")
+def clean_track(media_root: Path):
+    """The default espeak-ng voice, eight sentences 0.8-3 s apart."""
+    from tests.support.speech import make_track
+    from tests.support.subtitle_tracks import SENTENCES, SubtitleTrack
+
+    phrases = SENTENCES[:8]
+    track = make_track(media_root / "accuracy-clean.wav", gaps=(1.0, 2.5, 0.8, 3.0, 1.5, 1.2, 2.2, 0.9, 1.5),
+                       phrases=phrases)  # fmt: skip
+    return SubtitleTrack("clean", track.path, track.truth, list(phrases), track.duration)
+
+
+@pytest.fixture(scope="module")
+def voices_track(media_root: Path):
+    """Five espeak-ng voices at 130-220 words a minute, 0.4-2.5 s apart, about 45 s."""
+    from tests.support.subtitle_tracks import make
+
+    return make("conversation", media_root / "accuracy-voices.wav", 45, seed=SEED)
+
+
+@pytest.mark.parametrize(("name", "bound"), [("clean_track", CLEAN_MAX_WER), ("voices_track", VOICES_MAX_WER)])
+def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name, bound) -> None:  # noqa: F811
+    track = request.getfixturevalue(name)
+    job = submit("subtitle", media=str(track.path), formats=["json"])
+    envelope = job.wait(timeout=300)
+    assert envelope["variant"] == "whisper-tiny"
+    words = heard(job.id)
+    measured, silent = score(track, words)
+    assert measured <= bound, (measured, " ".join(w for w, _, _ in words))
+    assert silent == 0, [w for w in words if score(track, [w])[1]]
+    # The job's own count, against the spans its VAD found, says the same.
+    assert envelope["output"]["timing"]["words_in_silence"] == 0
+    assert envelope["output"]["words"] == len(words)
+
+
+def test_windows_in_batches_hear_what_one_window_a_call_hears(tiny_en, voices_track, tmp_path: Path) -> None:  # noqa: F811
+    # The batch_size rung parameter (GPU rungs batch): the 45 s track is two windows, recognised in one
+    # batch; the same words as one window a call.
+    from mediafarm.tasks.context import EngineContext
+    from mediafarm.tasks.families.subtitle import engines
+    from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
+
+    def run(batch_size: int) -> list[tuple[str, float, float]]:
+        ctx = EngineContext.local(storage_dir=tmp_path / str(batch_size), models_dir=tiny_en.parent)
+        params = WhisperParams(model=tiny_en.name, batch_size=batch_size)
+        steps = engines.whisper(ctx, SubtitleRequest(media=str(voices_track.path), formats=["json"]), params)
+        with contextlib.suppress(StopIteration):
+            while True:
+                next(steps)
+        data = json.loads(ctx.artifacts.path("subtitles.json").read_text())
+        return [(w["text"], w["start"], w["end"]) for s in data["segments"] for w in s["words"]]
+
+    one, batched = run(1), run(3)
+    assert [w for w, _, _ in batched] == [w for w, _, _ in one]
+    assert score(voices_track, batched) == score(voices_track, one)
