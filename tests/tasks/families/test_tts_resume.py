@@ -24,7 +24,8 @@ from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.dialogue.script import MAX_LINE_CHARS
 from mediafarm.tasks.families.tts import checkpoints, engines
 from mediafarm.tasks.families.tts.resume import RESUME, SHORT_TEXT_CHARS, STATE_VERSION
-from mediafarm.tasks.families.tts.spec import EspeakParams, PiperParams, TtsRequest
+from mediafarm.tasks.families.tts.audio import encode, pcm16
+from mediafarm.tasks.families.tts.spec import ChatTTSParams, EspeakParams, PiperParams, TtsRequest
 from mediafarm.tasks.families.tts.text import plan_chunks
 from tests.support.piper_voice import link_joe_voice
 from tests.support.speech import espeak_available
@@ -50,7 +51,9 @@ def text_of(chars: int) -> str:
 LONG = text_of(SHORT_TEXT_CHARS + 300)
 # The sample-equality tests speak less (the short-text rule lowered for them): Piper is slow here.
 SHORTER = text_of(700)
-PARAMS = {"espeak": EspeakParams(max_chars=120), "piper": PiperParams(max_chars=120)}
+PARAMS = {"espeak": EspeakParams(max_chars=120), "piper": PiperParams(max_chars=120),
+          # The tiny random ChatTTS (tests/support/tiny_chattts.py): noise, but seeded per call.
+          "chattts": ChatTTSParams(model="chattts", max_chars=40, max_new_token=8)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,14 @@ def models_dir() -> Path:
     models = get_settings().models_dir
     link_joe_voice(models)
     return models
+
+
+@pytest.fixture()
+def chattts(models_dir: Path) -> None:
+    pytest.importorskip("ChatTTS", reason="ChatTTS is not installed (pip install 'mediafarm[tts]')")
+    from tests.support.tiny_chattts import ensure_tiny_chattts
+
+    ensure_tiny_chattts(models_dir / "chattts")
 
 
 @pytest.fixture(autouse=True)
@@ -120,11 +131,15 @@ def chunk_audio(job: Job, partial: dict) -> np.ndarray:
 
 @pytest.mark.parametrize(("engine", "fmt", "cuts"), [
     ("espeak", "wav", (2,)), ("espeak", "mp3", (1, 5)), ("espeak", "opus", (4,)), ("piper", "wav", (3,)),
+    ("chattts", "wav", (1,)),
 ])  # fmt: skip
-def test_a_resumed_job_is_sample_for_sample_an_unkilled_one(tmp_path, models_dir, monkeypatch, engine, fmt,
+def test_a_resumed_job_is_sample_for_sample_an_unkilled_one(tmp_path, models_dir, monkeypatch, request, engine, fmt,
                                                             cuts) -> None:  # fmt: skip
+    if engine == "chattts":
+        request.getfixturevalue("chattts")
     monkeypatch.setattr(checkpoints, "SHORT_TEXT_CHARS", 0)
-    text = SHORTER if engine == "espeak" else text_of(450)
+    # Piper and the tiny ChatTTS on a CPU take seconds a chunk here: fewer of them.
+    text = {"espeak": SHORTER, "piper": text_of(450), "chattts": text_of(100)}[engine]
     result, partials, reference = unkilled(tmp_path, engine, models_dir, format=fmt, text=text)
     assert result.chunks > sum(cuts) + 1
     job = Job(tmp_path / "killed", engine, models_dir, format=fmt, text=text)
@@ -145,6 +160,15 @@ def test_a_resumed_job_is_sample_for_sample_an_unkilled_one(tmp_path, models_dir
     assert np.array_equal(job.audio(resumed_result), reference.audio(result))
     for partial in partials:  # every chunk file too, kept or spoken after the resume
         assert np.array_equal(chunk_audio(job, partial), chunk_audio(reference, partial))
+
+
+def test_pcm16_rounds_as_the_encoder_does_so_a_wav_keeps_its_samples(tmp_path) -> None:
+    # The unkilled run now feeds its encoder pcm16(samples); before, the encoder converted the
+    # floats itself. The WAV is the same either way: FFmpeg's float-to-s16 rounds as pcm16 does.
+    edges = np.array([-1.0, 1.0, 0.0, 0.5 / 32768, 1.5 / 32768, -0.5 / 32768, 32767.5 / 32768, -32768.5 / 32768])
+    samples = np.concatenate([edges, np.random.default_rng(7).uniform(-1, 1, 48_000)]).astype(np.float32)
+    encode(tmp_path / "floats.wav", "wav", 22050, samples)
+    assert np.array_equal(sf.read(tmp_path / "floats.wav", dtype="int16")[0], pcm16(samples))
 
 
 def test_a_short_text_never_checkpoints_so_a_dialogue_line_restarts_whole(tmp_path, models_dir) -> None:
