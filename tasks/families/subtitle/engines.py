@@ -23,7 +23,7 @@ written to the JSON file as they come, and only cues and speech spans (a few KB 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +41,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_whisper_batch,
 )
 from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
+from mediafarm.tasks.families.subtitle.resume import JOURNAL, STATE_VERSION, Journal, Part, Resumed, tag_cues, vad_state
 from mediafarm.tasks.families.subtitle.spec import (
     UNSURE_BELOW,
     Confidence,
@@ -48,10 +49,10 @@ from mediafarm.tasks.families.subtitle.spec import (
     SubtitleResult,
     WhisperParams,
 )
-from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
+from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, segment_name, to_srt, to_webvtt
 from mediafarm.tasks.families.vad import engines as vad
 from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
-from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
+from mediafarm.tasks.families.vad.spec import MadeBy, SileroParams, VadRequest, VadResult, WebrtcParams
 from mediafarm.tasks.kit import EngineContext, NoParams, Span
 from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks
 
@@ -80,7 +81,8 @@ def whisper(
 ) -> Generator[Any, None, SubtitleResult]:
     """faster-whisper on the speech; the model comes from the models dir, never from a hub."""
     model = load_whisper(ctx.model_path(params.model), ctx.device, params.compute_type, params.cpu_threads)
-    language = request.language
+    # A resumed attempt keeps the language its first attempt heard (resume.py).
+    language = request.language or _resumed_language(ctx, batched=params.batch_size > 1)
 
     def recognise(audio: np.ndarray) -> Recognition:
         nonlocal language
@@ -98,7 +100,8 @@ def whisper(
         return heard
 
     batched = recognise_batch if params.batch_size > 1 else None
-    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size))
+    identity = {"engine": "whisper", **params.model_dump(mode="json")}
+    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size, identity=identity))
 
 
 def pocketsphinx(
@@ -110,7 +113,7 @@ def pocketsphinx(
     def recognise(audio: np.ndarray) -> Recognition:
         return transcribe_pocketsphinx(decoder, audio, offset=0.0)
 
-    return (yield from transcribe(ctx, request, recognise))
+    return (yield from transcribe(ctx, request, recognise, identity={"engine": "pocketsphinx"}))
 
 
 def transcribe(
@@ -119,11 +122,16 @@ def transcribe(
     recognise: Recognise,
     recognise_batch: RecogniseBatch | None = None,
     batch_size: int = 1,
+    *,
+    identity: Mapping[str, Any] | None = None,
 ) -> Generator[Any, None, SubtitleResult]:
     """The pipeline of the module docstring; yields each finished WebVTT segment's artifact name.
-    With ``recognise_batch``, windows are recognised ``batch_size`` at a time."""
+    With ``recognise_batch``, windows are recognised ``batch_size`` at a time. ``identity`` (the
+    engine and its parameters) tells a resumed attempt whether the recogniser that made its
+    checkpoint is its own (resume.py)."""
     path = Path(request.media)
-    vad = speech_spans(ctx.part(0.0, VAD_SHARE), path)
+    resumed = Resumed.of(ctx.resume, identity or {})
+    vad = resumed.vad() if resumed is not None else speech_spans(ctx.part(0.0, VAD_SHARE), path)
     windows = plan_windows(vad.spans, vad.duration)
     speech_total = sum(p.end - p.start for w in windows for p in w.pieces) or 1.0
     recognising = ctx.part(VAD_SHARE, 1.0)
@@ -135,16 +143,45 @@ def transcribe(
     words = 0
     probabilities: list[float] = []
     done = 0.0
+    journal = Journal(ctx)
+    first_language: str | None = None  # what the recogniser heard in the first window (whisper's, kept)
+    skip = resumed.windows if resumed is not None else 0
     with ctx.artifacts.open(JSON_NAME, "w", encoding="utf-8") as canonical:
         segments_out = JsonSegments(canonical)
-        for window, heard in recognised(ctx, path, windows, recognise, recognise_batch, batch_size):
-            model_name = heard.model
+        if resumed is not None:  # what the attempts before made, back in place (resume.py)
+            for kind, value in resumed.journal(ctx):
+                if kind == "cue":
+                    cues.all.append(Cue.model_validate(value))
+                    continue
+                mapped = Segment.model_validate(value)
+                segments_out.write(mapped)
+                silent_words.add(mapped.words)
+                words += len(mapped.words)
+                probabilities += [w.probability for w in mapped.words if w.probability is not None]
+            journal.parts = [n for n in resumed.checkpoint.files if n.startswith(f"{JOURNAL}/")]
+            chunks.restore(resumed.chunk_state())
+            cues._pending = resumed.pending_words()
+            heard_language = _pair(resumed.state["heard_language"])
+            model_name = str(resumed.state["model"])
+            done = sum(w.speech_seconds for w in windows[:skip])
+            first_language = resumed.state.get("first_language")
+        journaled = len(cues.all)  # the cues already in the journal; the next checkpoint keeps those after
+        if resumed is not None and not resumed.exact:  # another recogniser: the kept words become cues first
+            at = resumed.checkpoint.position
+            yield from _publish(ctx, chunks, chunks.add(cues.take_rest(), final_until=at))
+        last_model = model_name
+        for index, (window, heard) in enumerate(
+            recognised(ctx, path, windows[skip:], recognise, recognise_batch, batch_size), start=skip + 1
+        ):
+            last_model = heard.model
+            first_language = first_language or heard.language
             if heard_language is None and heard.segments:
                 heard_language = (heard.language, heard.language_probability)
             for segment in heard.segments:
                 mapped = window.to_media(segment)
                 if mapped.words:
                     segments_out.write(mapped)
+                    journal.segment(mapped)
                     cues.add(mapped.words)
                     silent_words.add(mapped.words)
                     words += len(mapped.words)
@@ -153,16 +190,32 @@ def transcribe(
             recognising.progress(done / speech_total, stage="recognise", media_seconds=window.end)
             final_until = cues.final_until(window.end)
             yield from _publish(ctx, chunks, chunks.add(cues.take_final(), final_until=final_until))
+            # A batch is recognised whole: a checkpoint between two batches only (module resume.py).
+            if index % batch_size == 0 and ctx.checkpoint_due():
+                journal.cues(cues.all[journaled:])
+                journaled = len(cues.all)
+                journal.flush()
+                ctx.checkpoint(window.end, {
+                    "subtitle": STATE_VERSION, "identity": dict(identity or {}), "windows": index,
+                    "vad": vad_state(vad), "pending": [w.model_dump(mode="json") for w in cues._pending],
+                    "chunks": chunks.state(), "heard_language": list(heard_language) if heard_language else None,
+                    "model": _models(model_name, last_model), "first_language": first_language,
+                }, files=[*journal.parts, *(f"{CHUNKS}/{segment_name(k)}" for k in range(chunks.segment_count)),
+                          *([PLAYLIST] if chunks.segment_count else [])])  # fmt: skip
+        model_name = _models(model_name, last_model)
         yield from _publish(ctx, chunks, chunks.add(cues.take_rest(), final_until=vad.duration))
         yield from _publish(ctx, chunks, chunks.close(vad.duration), ended=True)
         language, probability = _language(request, heard_language)
         report = timing_report(cues.all, vad.spans, vad.duration, request.rules, words_in_silence=silent_words.count)
+        parts = resumed.parts(ctx.rung_name, vad.duration) if resumed else [Part(0.0, vad.duration, ctx.rung_name)]
         segments_out.close(
             language=language, language_probability=probability, model=model_name or "none", variant=ctx.rung_name,
             duration=round(vad.duration, 3), speech=[s.to_json() for s in vad.spans],
-            rules=request.rules.model_dump(mode="json"), cues=[c.model_dump(mode="json") for c in cues.all],
-            timing=report.model_dump(mode="json"),
+            rules=request.rules.model_dump(mode="json"),
+            cues=[c.model_dump(mode="json") for c in tag_cues(cues.all, parts)],
+            timing=report.model_dump(mode="json"), made=[p.to_json() for p in parts],
         )  # fmt: skip
+    journal.remove()
     files = {"json": JSON_NAME}
     if "vtt" in request.formats:
         ctx.artifacts.write_text(VTT_NAME, to_webvtt(cues.all))
@@ -175,6 +228,7 @@ def transcribe(
         duration=round(vad.duration, 3), speech_seconds=round(sum(s.end - s.start for s in vad.spans), 3),
         spans=len(vad.spans), words=words, cues=len(cues.all), rules=request.rules, timing=report, files=files,
         playlist=PLAYLIST, confidence=confidence(probabilities),
+        made=[MadeBy(**p.to_json()) for p in parts] if resumed is not None else [],
     )  # fmt: skip
 
 
@@ -213,10 +267,30 @@ def _publish(
 
 def speech_spans(ctx: EngineContext, path: Path) -> VadResult:
     """The farm's own streaming VAD: silero, or webrtcvad on a pool without silero (as the VAD
-    family's own needs for silero say)."""
+    family's own needs for silero say). The job's checkpoints are the subtitle engine's, not the VAD's."""
     if VAD_FAMILY.engines["silero"].missing() is None:
-        return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS)
-    return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250))
+        return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS, resumable=False)
+    return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250), resumable=False)
+
+
+def _resumed_language(ctx: EngineContext, *, batched: bool) -> str | None:
+    """The language a resumed attempt's recogniser keeps: the one its first attempt heard first."""
+    state = ctx.resume.state if ctx.resume is not None else {}
+    if state.get("subtitle") != STATE_VERSION:
+        return None
+    heard, first = state.get("heard_language"), state.get("first_language")
+    # As the recogniser itself picks it: one window a call, the first window's; batched, the first with words.
+    return (heard[0] if heard else None) if batched else (first or (heard[0] if heard else None))
+
+
+def _pair(value: Any) -> tuple[str, float | None] | None:
+    return (str(value[0]), value[1]) if value else None
+
+
+def _models(before: str, mine: str) -> str:
+    """The recogniser named in the result: each that made a part, once, in order."""
+    names = [m for m in before.split(" + ") if m] if before else []
+    return " + ".join(names if not mine or mine in names else [*names, mine])
 
 
 @dataclass(frozen=True)

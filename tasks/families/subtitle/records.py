@@ -7,7 +7,9 @@ a re-render (new cue rules, no new recognition) starts from that JSON.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 class Word(BaseModel):
@@ -81,6 +83,9 @@ class Cue(BaseModel):
         start: Seconds from the start of the media.
         end: Seconds, > start.
         lines: The text, broken into lines at word boundaries.
+        rung: The rung whose recogniser made it (a job that resumed on a lower rung has cues of
+            two); None where no one said (a cue made outside a file job's engine). Left out of
+            the JSON when None, so a result written before it existed reads the same.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -88,6 +93,14 @@ class Cue(BaseModel):
     start: float
     end: float
     lines: tuple[str, ...]
+    rung: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _rung_when_known(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("rung") is None:
+            data.pop("rung", None)
+        return data
 
     @model_validator(mode="after")
     def _well_formed(self) -> Cue:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from mediafarm.tasks.families.subtitle.languages import pocketsphinx_languages, request_language, whisper_languages
 from mediafarm.tasks.families.subtitle.records import CueRules
+from mediafarm.tasks.families.vad.spec import MadeBy
 from mediafarm.tasks.kit import (
     CommaList,
     EngineSpec,
@@ -22,6 +23,7 @@ from mediafarm.tasks.kit import (
     Params,
     Request,
     ResultMetric,
+    Resume,
     TimeLimits,
     rung,
 )
@@ -131,6 +133,9 @@ class SubtitleResult(BaseModel):
         playlist: The chunked WebVTT playlist's artifact name.
         confidence: The recogniser's word probabilities, summed up (the workers count them:
             ``mediafarm_recognition_word_probability``, ``mediafarm_recognition_unsure_share``).
+        made: Which rung recognised which stretch of the media, when the job resumed from a
+            checkpoint (issue #19); empty when one attempt made it all. Each cue in
+            subtitles.json names its rung too.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -148,6 +153,7 @@ class SubtitleResult(BaseModel):
     files: dict[str, str]
     playlist: str | None = None
     confidence: Confidence = Field(default_factory=Confidence)
+    made: list[MadeBy] = Field(default_factory=list)
 
 
 class WhisperParams(Params):
@@ -244,4 +250,11 @@ FAMILY = FamilySpec(
     metrics=CONFIDENCE_METRICS,
     summary=summary,
     render=render,
+    resume=Resume(
+        unit="seconds",
+        rule=(
+            "from the last recognition window done (after the VAD pass, kept), on any rung: the same recogniser "
+            "goes on exactly; a lower one recognises the rest, and each cue names the rung that made it"
+        ),
+    ),
 )

@@ -14,7 +14,8 @@ from __future__ import annotations
 import datetime
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import srt
 import webvtt
@@ -88,6 +89,19 @@ class ChunkedWebVTT:
     def segment_count(self) -> int:
         """How many segments have been written."""
         return self._written
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps to go on writing as if never stopped (open only: not closed)."""
+        if self._last_extinf is not None:
+            raise ValueError("ChunkedWebVTT is closed")
+        return {"written": self._written, "last_start": self._last_start,
+                "pending": [cue.model_dump(mode="json") for cue in self._pending]}  # fmt: skip
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Go on from a :meth:`state` (its segments are already written)."""
+        self._written = int(state["written"])
+        self._last_start = float(state["last_start"])
+        self._pending = [Cue.model_validate(cue) for cue in state["pending"]]
 
     def add(self, cues: Sequence[Cue], final_until: float) -> list[tuple[str, str]]:
         """Take the next cues, all final up to ``final_until``; return the windows now complete.

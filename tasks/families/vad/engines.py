@@ -314,8 +314,10 @@ class _Own:
         took over (none starting before the last earlier one ends: no overlap at the join)."""
         if self.resumed is None:
             return VadResult(spans=spans, duration=duration, model=model)
-        floor = max([self.start / SAMPLE_RATE] + [end for _, end in self.before])
-        mine = [Span(max(s.start, floor), s.end) for s in spans if s.end > floor] if self.before or self.start else spans
+        mine = spans
+        if self.before or self.start:  # a detector that took over mid-way: nothing of its before the join
+            floor = max([self.start / SAMPLE_RATE] + [end for _, end in self.before])
+            mine = [Span(max(s.start, floor), s.end) for s in spans if s.end > floor]
         earlier = [Span(start, end) for start, end in self.before]
         return VadResult(spans=earlier + mine, duration=duration, model=_models(self.model, model),
                          made=made_by(self.resumed.checkpoint, ctx.rung_name, duration))  # fmt: skip
