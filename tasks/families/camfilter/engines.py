@@ -52,9 +52,12 @@ def _spans_by_reason(vad: VadResult, yolo: YoloResult, classes: list[str]) -> di
     if yolo.motion_only:
         # YOLO ended on its motion rung: motion stands in for the classes, and says so.
         spans[MOTION_CLASS] = yolo.spans(MOTION_CLASS)
-    else:
-        for name in classes:
-            spans[name] = yolo.spans(name)
+        return spans
+    for name in classes:
+        spans[name] = yolo.spans(name)
+    if yolo.spans(MOTION_CLASS):
+        # A YOLO job that resumed on its motion rung: motion stands in for the classes after the join.
+        spans[MOTION_CLASS] = yolo.spans(MOTION_CLASS)
     return spans
 
 
@@ -87,5 +90,7 @@ def _write(ctx: EngineContext, source: Source, number: int, clip: Clip, mode: Mo
 
 def _stage(envelope: dict[str, Any], output: VadResult | YoloResult) -> StageOut:
     flags = [name for name in ("vad_skipped", "no_audio", "motion_only") if getattr(output, name, False)]
+    if isinstance(output, YoloResult) and not output.motion_only and output.spans(MOTION_CLASS):
+        flags.append("motion_part")  # resumed on the motion rung: motion clips after the join
     return StageOut(job_id=envelope["job_id"], variant=envelope.get("variant", ""), flags=flags,
                     attempts=list(envelope.get("attempts") or []))  # fmt: skip

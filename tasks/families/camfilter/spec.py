@@ -98,7 +98,8 @@ class ClipOut(BaseModel):
 
 class StageOut(BaseModel):
     """One stage of the pipeline as the cut saw it. Attributes: job_id, variant (the rung that
-    answered), flags (``vad_skipped``, ``no_audio``, ``motion_only`` as the stage reported them),
+    answered), flags (``vad_skipped``, ``no_audio``, ``motion_only`` as the stage reported them;
+    ``motion_part``: a YOLO job that resumed on its motion rung, motion spans after the join),
     attempts (its whole history)."""
 
     job_id: str

@@ -42,11 +42,16 @@ class Sample:
         grey: ``(h, w)`` uint8 at the motion width.
         image: ``(h, w, 3)`` uint8 BGR at the model frame width (ultralytics reads arrays as BGR);
             None when no model will look at it (the ``motion`` rung).
+        frame: Frames decoded up to this one, itself included (``decoded`` as it was then).
+        run_in: Decoded before a resume point only to rebuild the motion gate's background
+            (:meth:`VideoSamples.resume`); counted nowhere, examined never.
     """
 
     t: float
     grey: np.ndarray
     image: np.ndarray | None
+    frame: int = 0
+    run_in: bool = False
 
 
 def scaled_size(width: int, height: int, target_width: int) -> tuple[int, int]:
@@ -71,6 +76,8 @@ class VideoSamples:
             or None (an image, some streams).
         decoded: Frames decoded so far; sampled: frames yielded so far.
         position: Seconds of the last decoded frame.
+        origin: Time of the first frame in the file (``t`` counts from it).
+        next_slot: Seconds from which the next sample is taken (the first frame at or after it).
 
     Raises:
         UnreadableMedia: not a file FFmpeg reads, no video stream, too many undecodable packets
@@ -86,6 +93,9 @@ class VideoSamples:
         self.decoded = self.sampled = 0
         self.position = 0.0
         self.keyframes_only = False
+        self.origin: float | None = None
+        self.next_slot = 0.0
+        self._resume_at = self._counted_after = -1.0
 
     def __enter__(self) -> VideoSamples:
         self._container = open_media(self.path)
@@ -123,24 +133,52 @@ class VideoSamples:
             return self._container.duration / av.time_base
         return None
 
+    def resume(
+        self, at: float, *, origin: float, decoded: int, counted_after: float, sampled: int, run_in_from: float | None
+    ) -> None:
+        """Go on with a pass that stopped (a checkpoint): the first sample is the first frame at or
+        after ``at`` seconds, as in an uninterrupted pass, which then goes on at the stride as
+        before. ``origin``: the first frame's time in the file, as that pass had it (:attr:`origin`).
+        ``decoded``, ``sampled``: its counts up to there; frames after ``counted_after`` seconds
+        are counted on. With ``run_in_from``, frames from there to ``at`` are sampled too, flagged
+        ``run_in``, for the motion gate's background. Decoding starts at the keyframe before the
+        first frame wanted (a seek); a file that cannot seek is decoded from its start."""
+        self.origin, self.decoded, self.sampled = origin, decoded, sampled
+        self._resume_at, self._counted_after = at, counted_after
+        first = max(0.0, at if run_in_from is None else min(run_in_from, at))
+        self.next_slot = first
+        stream = self._stream
+        # From the first frame still to count, if that comes earlier (a sample held at the checkpoint).
+        target = min(first, max(0.0, counted_after))
+        if stream.time_base is None or target <= 0:
+            return
+        try:  # backward: the keyframe at or before it, which every later frame can be decoded from
+            self._container.seek(int((origin + target) / stream.time_base), stream=stream, backward=True)
+        except av.FFmpegError:
+            self._container.seek(0)
+
     def __iter__(self) -> Iterator[Sample]:
         grey_size = scaled_size(self.width, self.height, self.grey_width)
         image_size = scaled_size(self.width, self.height, self.image_width) if self.image_width else None
-        next_slot = 0.0
-        start: float | None = None
         rate = float(self._stream.average_rate or 25)
+        resume_at = self._resume_at
         for frame in self._frames():
             t = frame.time if frame.time is not None else self.decoded / rate
-            start = t if start is None else start
-            t -= start
-            self.decoded += 1
-            self.position = t
-            if t + SLOT_TOLERANCE < next_slot:
+            self.origin = t if self.origin is None else self.origin
+            t -= self.origin
+            if t > self._counted_after + 1e-6:
+                self.decoded += 1
+                self.position = t
+            if t + SLOT_TOLERANCE < self.next_slot:
                 continue  # decoded (it had to be) but never converted: the cheap skip
-            next_slot = (int((t + SLOT_TOLERANCE) / self.stride) + 1) * self.stride
-            self.sampled += 1
-            image = _convert(frame, image_size, "bgr24") if image_size else None
-            yield Sample(t, _convert(frame, grey_size, "gray"), image)
+            self.next_slot = (int((t + SLOT_TOLERANCE) / self.stride) + 1) * self.stride
+            run_in = t + SLOT_TOLERANCE < resume_at
+            if run_in:  # the run-in before a resume point: its grid stops at the point itself
+                self.next_slot = min(self.next_slot, resume_at)
+            else:
+                self.sampled += 1
+            image = _convert(frame, image_size, "bgr24") if image_size and not run_in else None
+            yield Sample(t, _convert(frame, grey_size, "gray"), image, self.decoded, run_in)
         if self.decoded == 0:
             raise UnreadableMedia(f"{self.path.name}: no video frame could be decoded")
 

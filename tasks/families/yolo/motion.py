@@ -76,6 +76,18 @@ class MotionDetector:
         h, w = changed.shape
         return Region(cols[0] / w, rows[0] / h, (cols[-1] + 1) / w, (rows[-1] + 1) / h, area)
 
+    def arrays(self) -> dict[str, np.ndarray] | None:
+        """What it has learnt (background and previous frame), for a checkpoint; None before the
+        first frame."""
+        if self._background is None or self._previous is None:
+            return None
+        return {"background": self._background, "previous": self._previous}
+
+    def load(self, background: np.ndarray, previous: np.ndarray) -> None:
+        """Go on from :meth:`arrays` of another run: exactly where it was, bit for bit."""
+        self._background = background.astype(np.float32, copy=True)
+        self._previous = previous.astype(np.float32, copy=True)
+
 
 @dataclass(frozen=True)
 class Gated(Generic[T]):
@@ -122,6 +134,23 @@ class MotionGate(Generic[T]):
             self._held.append(frame)
         else:
             self.skipped += 1
+
+    def held(self) -> list[Gated[T]]:
+        """The frames held, undecided yet (motion in the next ones would send them through)."""
+        return list(self._held)
+
+    def state(self) -> dict[str, float | bool | int | None]:
+        """Its decisions so far, for a checkpoint, but for the held frames: a resumed run offers
+        them again from the oldest (:meth:`restore`, then :meth:`offer`), which holds them again
+        without counting a skip (none is full before the last one comes in)."""
+        until = self._until if math.isfinite(self._until) else None  # JSON has no infinity
+        return {"until": until, "first": self._first, "skipped": self.skipped}
+
+    def restore(self, state: dict[str, float | bool | int | None]) -> None:
+        until = state["until"]
+        self._until = -math.inf if until is None else float(until)
+        self._first, self.skipped = bool(state["first"]), int(state["skipped"] or 0)
+        self._held.clear()
 
     def finish(self) -> None:
         """At the end of the video: what is still held was never needed."""

@@ -19,6 +19,7 @@ from mediafarm.tasks.kit import (
     Params,
     Request,
     ResultMetric,
+    Resume,
     Span,
     TimeLimits,
     rung,
@@ -95,6 +96,17 @@ class FrameCounters(BaseModel):
     keyframes_only: bool = False
 
 
+class MadePart(BaseModel):
+    """A stretch ``[start, end)`` of the video and the rung (and model) whose attempt looked at it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: float
+    end: float
+    rung: str
+    model: str
+
+
 class YoloResult(BaseModel):
     """Detections in one video or image.
 
@@ -109,6 +121,11 @@ class YoloResult(BaseModel):
         crop: True when the model saw crops around the motion, not whole frames.
         motion_only: True on the ``motion`` rung: spans of motion, no model ran; a pipeline
             must not read them as people.
+        made: Which rung made which stretch of the video, in order: one part when the job ran
+            on one rung; more when it resumed from a checkpoint on another (a kill moves a job
+            down its ladder). Each stretch's detections are its rung's; an interval that spans
+            a join is one interval. A part made by the ``motion`` rung reports the class
+            ``motion`` for its stretch (``motion_only`` only when it made the whole video).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -122,6 +139,7 @@ class YoloResult(BaseModel):
     model: str = ""
     crop: bool = False
     motion_only: bool = False
+    made: list[MadePart] = Field(default_factory=list)
 
     def spans(self, name: str) -> list[Span]:
         """The intervals of class ``name`` as spans (empty when it was not asked for or not seen)."""
@@ -248,6 +266,13 @@ FAMILY = FamilySpec(
     # few hundred frames a second on 2 cores is ~1 h of 30 fps video in ~5 min; nano on every
     # sampled frame of 1 h at 1 s stride is another ~5 min.
     limits=TimeLimits(soft=5400, hard=5600),
+    # Checkpoints (resume.py): the motion gate's state is kept bit for bit, so the same rung goes
+    # on as if never stopped; a lower rung (a smaller model, or motion alone) makes the rest, and
+    # the result's `made` says which rung made which stretch.
+    resume=Resume(
+        unit="seconds",
+        rule="from the last examined sample, the motion gate's state kept; on any rung (`made` says which made what)",
+    ),
     cli_argument="media",
     ladder_field="ladder",
     summary=summary,

@@ -8,7 +8,8 @@ ones (a few per minute of activity) are held.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from mediafarm.tasks.families.yolo.spec import Detection
 
@@ -59,6 +60,21 @@ class IntervalBuilder:
             self._close(name, current)
         self._open.clear()
         return {name: sorted(found, key=lambda d: d.start) for name, found in self._closed.items()}
+
+    def state(self) -> dict[str, Any]:
+        """Every interval so far, closed and open, as JSON, for a checkpoint."""
+        return {
+            "closed": {name: [d.model_dump(mode="json") for d in found] for name, found in self._closed.items()},
+            "open": {name: asdict(current) for name, current in self._open.items()},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state`: later hits join the open intervals as they would have. The
+        classes this builder was made with keep their keys; the checkpoint's come first (a part
+        made by the ``motion`` rung brings its class along)."""
+        closed = {name: [Detection.model_validate(d) for d in found] for name, found in state["closed"].items()}
+        self._closed = {**closed, **{name: found for name, found in self._closed.items() if name not in closed}}
+        self._open = {name: _Open(**{**current, "box": tuple(current["box"])}) for name, current in state["open"].items()}
 
     def _close(self, name: str, current: _Open) -> None:
         box = tuple(round(v, 1) for v in current.box)

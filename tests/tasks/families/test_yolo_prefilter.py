@@ -65,13 +65,13 @@ def test_frames_are_downscaled_as_they_are_decoded(video: Path) -> None:
 
 
 def test_static_stretches_are_skipped(long_static: Path) -> None:
-    from mediafarm.tasks.families.yolo.engines import _gate, _scan
+    from mediafarm.tasks.families.yolo.engines import _gate, _motion, _scan
 
     params = MotionParams(stride_s=0.5)
     examined: list[float] = []
     with VideoSamples(long_static, stride=0.5, grey_width=160, image_width=None) as video:
         gate = _gate(params, 0.5)
-        for sample, region in _scan(EngineContext.local(), video, params, stage="test"):
+        for sample, region in _scan(EngineContext.local(), video, _motion(params), stage="test"):
             examined += [frame.t for frame in gate.offer(sample.t, sample, region)]
         gate.finish()
         decoded, sampled = video.decoded, video.sampled
