@@ -73,6 +73,9 @@ class ChunkCheckpoints:
         except ValueError as exc:
             log.warning("job %s: its checkpoint does not fit this attempt, speaking from the start: %s",
                         self.ctx.job_id, exc)  # fmt: skip
+            # Its chunks are not this attempt's: none of them may stay among its artifacts.
+            for name in checkpoint.files:
+                self.ctx.artifacts.path(name).unlink(missing_ok=True)
             return 0
         joiner.resume(state["samples"], state["last_sentence"])
         spans.update({i: list(span) for i, span in enumerate(state["spans"])})

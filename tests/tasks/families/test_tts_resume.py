@@ -196,12 +196,16 @@ def test_a_checkpoint_of_another_voice_on_the_same_rung_is_spoken_again_from_the
     # does not go on from chunks cut otherwise, and speaks the whole text as the new rung says.
     result, partials, reference = unkilled(tmp_path, "espeak", models_dir)
     job = Job(tmp_path / "changed", "espeak", models_dir)
-    PARAMS["espeak"] = EspeakParams(max_chars=100)
+    PARAMS["espeak"] = EspeakParams(max_chars=60)  # more chunks than the rung now makes: 35 kept of 50
     try:
-        job.attempt(stop_after=3)
+        job.attempt(stop_after=35)
     finally:
         PARAMS["espeak"] = EspeakParams(max_chars=120)
     again, again_partials = job.attempt()
     assert job.ctx.resume is not None  # it was offered, and the engine chose to start over
     assert again == result and again_partials == partials
+    # No chunk of the other cut is left among the artifacts.
+    assert sorted(a.name for a in job.ctx.artifacts.list() if a.name.startswith("chunks/")) == [
+        p["artifact"] for p in partials
+    ]
     assert np.array_equal(job.audio(again), reference.audio(result))
