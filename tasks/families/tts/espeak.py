@@ -10,6 +10,7 @@ of such runs not match the pieces, each piece is spoken on its own instead: time
 
 from __future__ import annotations
 
+import functools
 import io
 import shutil
 import subprocess
@@ -40,14 +41,22 @@ def find_espeak(binary: str) -> str:
     return path
 
 
+@functools.lru_cache(maxsize=4)
+def _version(binary: str) -> str:
+    """espeak-ng's name and version (``eSpeak NG text-to-speech: 1.51 ...`` up to the colon), asked
+    once per child: a process start for it cost every job 13-40 ms, a third of a short sentence's
+    whole job on a loaded machine (bench/peers.py, tts-espeak)."""
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=TIMEOUT)
+    return done.stdout.split(":")[0].strip() or "espeak-ng"
+
+
 class EspeakVoice:
     """One espeak-ng voice (``en-us+m3``) at one pace."""
 
     def __init__(self, binary: str, voice: str, speed: float) -> None:
         self.binary, self.voice = find_espeak(binary), voice
         self.wpm = int(round(WORDS_PER_MINUTE * speed))
-        version = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=TIMEOUT)
-        self.label = f"{version.stdout.split(':')[0].strip() or 'espeak-ng'} {voice}"
+        self.label = f"{_version(self.binary)} {voice}"
         self.rate = RATE
 
     def speak(self, texts: Sequence[str]) -> list[np.ndarray]:
