@@ -21,8 +21,9 @@ One loop, as the audio arrives (``LiveSource`` decodes the stream to 16 kHz mono
 5. The job ends when the stream ends (EOF), stalls past ``stall_timeout_s``, reaches the operator's
    ``FARM_LIVE_MAX_SECONDS``, or is cancelled; the whole-stream WebVTT/SRT/JSON are written then.
 
-Latency, measured per cue: from the moment the audio of the utterance's end was decoded to the
-moment the cue's segment and the playlist listing it were written.
+Latency, measured per cue: from the moment the audio of the utterance's end was sent (placed by
+the stream's own real-time pace, ``Arrivals``: time waiting in the socket counts) to the moment the
+cue's segment and the playlist listing it were written.
 """
 
 from __future__ import annotations
@@ -188,23 +189,30 @@ class AudioBuffer:
 
 
 class Arrivals:
-    """When (wall clock) the audio of each cue-clock time was decoded: the start of every latency."""
+    """When (wall clock) the audio of each cue-clock time was sent: the start of every latency.
+
+    The moment a frame is decoded is not it: while the child recognises, frames wait in the socket
+    (and FFmpeg's FIFO), and a latency counted from their decoding would leave that wait out. A
+    live source sends in real time, so the frame that arrived soonest after its stream time tells
+    how stream time maps to the wall clock: ``wall = t + min(wall_i - t_i)`` over the frames of the
+    last ``WINDOW`` seconds (a window, so a sender that paused and went on is followed).
+    """
+
+    WINDOW = 30.0
 
     def __init__(self) -> None:
-        self.times: collections.deque[float] = collections.deque(maxlen=20000)
-        self.walls: collections.deque[float] = collections.deque(maxlen=20000)
+        self._seen: collections.deque[tuple[float, float]] = collections.deque()  # (t, wall - t), ascending t
 
     def add(self, at: float, wall: float) -> None:
-        self.times.append(at)
-        self.walls.append(wall)
+        self._seen.append((at, wall - at))
+        while self._seen and self._seen[0][0] < at - self.WINDOW:
+            self._seen.popleft()
 
     def wall_of(self, at: float) -> float | None:
-        """Wall time the first audio at or after cue time ``at`` arrived (None: before what is kept)."""
-        times = list(self.times)
-        i = bisect.bisect_left(times, at)
-        if not times or (i == 0 and at < times[0] - 1.0):
+        """Wall time the stream's cue time ``at`` was sent (None before any frame)."""
+        if not self._seen:
             return None
-        return self.walls[min(i, len(times) - 1)]
+        return at + min(lag for _, lag in self._seen)
 
 
 class LiveJob:

@@ -117,7 +117,8 @@ class LiveTimingReport(TimingReport):
             frames that was not a jump (followed: cues take the PTS).
         gaps: Stream time no output covers (a killed attempt until the next one joined the live edge).
         latency_ms_p50, latency_ms_p95, latency_ms_max: From the moment the audio of an utterance's
-            end was decoded to its cue's segment and playlist being written; None without cues.
+            end was sent (the stream's real-time pace places it) to its cue's segment and playlist
+            being written; None without cues.
         latencies: Cues the latency was measured for.
     """
 
