@@ -132,6 +132,8 @@ def speak(ctx: EngineContext, request: TtsRequest, voice: Voice, max_chars: int)
             encoder.write(pcm)
             yield announce(index, first, first + pcm.size)
         done_chars = sum(c.chars for c in plan.chunks[:start])
+        if start:
+            ctx.progress(done_chars / total_chars, stage="synthesise", media_seconds=joiner.samples / rate)
         for chunk in plan.chunks[start:]:
             ctx.check_cancelled()
             audios = voice.speak([p.text for p in chunk.pieces])
