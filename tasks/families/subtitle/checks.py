@@ -33,14 +33,16 @@ def timing_report(
     rules: CueRules,
     *,
     words_in_silence: int | None = None,
+    refined_by: str | None = None,
 ) -> TimingReport:
     """Check ``cues`` against the speech spans the VAD found in a medium of ``duration`` seconds.
 
     ``words_in_silence`` is the count a :class:`SilentWords` made of every word the cues were made
-    from; it goes into the report as it is (None: the words were not counted).
+    from; it goes into the report as it is (None: the words were not counted). ``refined_by`` says
+    how the words' times were refined before the cues were made (None: as the recogniser gave them).
     """
     if not cues:
-        return TimingReport(words_in_silence=words_in_silence)
+        return TimingReport(words_in_silence=words_in_silence, refined_by=refined_by)
     onsets = [s.start for s in speech]
     offsets = [_nearest_offset_ms(onsets, cue.start) for cue in cues]
     known = [o for o in offsets if o is not None]
@@ -61,6 +63,7 @@ def timing_report(
         offset_ms_p95=_round(np.percentile(known, 95)) if known else None,
         offset_ms_max=_round(max(known)) if known else None,
         late=late,
+        refined_by=refined_by,
     )
 
 

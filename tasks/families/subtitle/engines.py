@@ -7,7 +7,9 @@ recogniser:
 2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows of
    up to ``WINDOW_SECONDS`` of speech (a Whisper call costs the same for 1 s as for 30 s),
    joined by a short silence; the silence between spans is never recognised (it is where Whisper
-   hallucinates). Every recognised time is mapped back, piece by piece, to the media's clock.
+   hallucinates). Each word's edges are refined against the window's own sound (onsets.py: no
+   word starts or ends in silence, an utterance's cue starts at its onset), then every recognised
+   time is mapped back, piece by piece, to the media's clock.
 3. Words become cues as windows finish; cues that later words can no longer change are final and
    go out at once as time-windowed WebVTT segments (artifacts under ``chunks/``, each announced as
    a partial output). The HLS playlist ``chunks/playlist.m3u8`` is rewritten (atomically) after
@@ -30,6 +32,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from mediafarm.tasks.families.subtitle import onsets
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
 from mediafarm.tasks.families.subtitle.recognizers import (
@@ -206,7 +209,10 @@ def transcribe(
         yield from _publish(ctx, chunks, chunks.add(cues.take_rest(), final_until=vad.duration))
         yield from _publish(ctx, chunks, chunks.close(vad.duration), ended=True)
         language, probability = _language(request, heard_language)
-        report = timing_report(cues.all, vad.spans, vad.duration, request.rules, words_in_silence=silent_words.count)
+        report = timing_report(
+            cues.all, vad.spans, vad.duration, request.rules, words_in_silence=silent_words.count,
+            refined_by=onsets.METHOD,
+        )  # fmt: skip
         parts = resumed.parts(ctx.rung_name, vad.duration) if resumed else [Part(0.0, vad.duration, ctx.rung_name)]
         segments_out.close(
             language=language, language_probability=probability, model=model_name or "none", variant=ctx.rung_name,
@@ -322,6 +328,10 @@ class Window:
     def speech_seconds(self) -> float:
         return sum(p.end - p.start for p in self.pieces)
 
+    def spans(self) -> list[tuple[float, float]]:
+        """Where each piece lies in the window's audio: (start, end) seconds."""
+        return [(p.at, p.at + p.end - p.start) for p in self.pieces]
+
     def media_time(self, t: float) -> float:
         """A time in the window's audio → the media's clock (a time in a join goes to the piece
         before it ends or after it starts, whichever is nearer)."""
@@ -427,18 +437,24 @@ def recognised(
     if recognise_batch is None or batch_size <= 1:
         for window, audio in cut_windows(path, windows):
             ctx.check_cancelled()
-            yield window, recognise(audio)
+            yield window, onsets.refine_heard(recognise(audio), audio, window.spans())
         return
     batch: list[tuple[Window, np.ndarray]] = []
     for item in cut_windows(path, windows):
         batch.append(item)
         if len(batch) == batch_size:
             ctx.check_cancelled()
-            yield from zip([w for w, _ in batch], recognise_batch([a for _, a in batch]), strict=True)
+            yield from _refined(batch, recognise_batch([a for _, a in batch]))
             batch = []
     if batch:
         ctx.check_cancelled()
-        yield from zip([w for w, _ in batch], recognise_batch([a for _, a in batch]), strict=True)
+        yield from _refined(batch, recognise_batch([a for _, a in batch]))
+
+
+def _refined(batch: list[tuple[Window, np.ndarray]], heard: list[Recognition]) -> Iterator[tuple[Window, Recognition]]:
+    """Each window's words with their edges refined against its own audio (onsets.py)."""
+    for (window, audio), recognition in zip(batch, heard, strict=True):
+        yield window, onsets.refine_heard(recognition, audio, window.spans())
 
 
 def _join(parts: list[np.ndarray], join: np.ndarray) -> np.ndarray:

@@ -83,6 +83,9 @@ class TimingReport(BaseModel):
             speech onset|, in milliseconds (None without cues).
         threshold_ms: The bound the late cues pass.
         late: Every cue over the bound, with its offset.
+        refined_by: How the word times the cues were made from were refined after recognition
+            (the subtitle engine: against the audio's energy, onsets.py); None where they are the
+            recogniser's own.
     """
 
     cues: int = 0
@@ -97,6 +100,7 @@ class TimingReport(BaseModel):
     offset_ms_max: float | None = None
     threshold_ms: float = PERCEPTIBLE_MS
     late: list[LateCue] = Field(default_factory=list)
+    refined_by: str | None = None
 
 
 # A word the recogniser gives less than this probability is one it is unsure of; a rising share of

@@ -73,7 +73,13 @@ def render(ctx: EngineContext, request: RenderRequest, params: NoParams) -> Rend
     speech = [Span(s.start, s.end) for s in document.speech]
     silent_words = SilentWords(speech, PAD_SECONDS)
     silent_words.add(words)
-    report = timing_report(cues, speech, document.duration, request.rules, words_in_silence=silent_words.count)
+    # The words are the source job's, refined (or not) as its timing report says.
+    timing = canonical.get("timing")
+    refined_by = timing.get("refined_by") if isinstance(timing, dict) else None
+    report = timing_report(
+        cues, speech, document.duration, request.rules, words_in_silence=silent_words.count,
+        refined_by=refined_by if isinstance(refined_by, str) else None,
+    )  # fmt: skip
     files = {}
     if "vtt" in request.formats:
         files["vtt"] = VTT_NAME
