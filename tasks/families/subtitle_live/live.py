@@ -5,7 +5,8 @@ One loop, as the audio arrives (``LiveSource`` decodes the stream to 16 kHz mono
 1. The samples go through silero-vad (the VAD family's model and span rules, fed a few windows at a
    time) and into a rolling buffer that holds only the audio not yet recognised.
 2. A speech span the VAD closes is cut out with the file engine's padding and recognised at once
-   (a span open longer than ``MAX_SPAN_SECONDS`` is cut there, so a monologue is not held back);
+   (a span open longer than ``MAX_SPAN_SECONDS`` is cut there, so a monologue is not held back;
+   a child that has fallen behind the stream gathers spans into one call until it catches up);
    its words are mapped to the cue clock (``clock.StreamClock``: the stream's PTS, re-anchored at
    every frame, a timestamp jump absorbed and recorded) and go into the file engine's ``CueStream``.
 3. Cues are final when the file rules say so, or when the stream has been silent for the cue rules'
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
-from mediafarm.tasks.families.subtitle.engines import PAD_SECONDS, VAD_PARAMS, CueStream, Piece, Window
+from mediafarm.tasks.families.subtitle.engines import JOIN_SECONDS, PAD_SECONDS, VAD_PARAMS, CueStream, Piece, Window
 from mediafarm.tasks.families.subtitle.recognizers import (
     Recognition,
     load_pocketsphinx,
@@ -46,7 +47,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_pocketsphinx,
     transcribe_whisper,
 )
-from mediafarm.tasks.families.subtitle.records import Cue
+from mediafarm.tasks.families.subtitle.records import Cue, Word
 from mediafarm.tasks.families.subtitle.spec import WhisperParams
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_live.clock import StreamClock
@@ -73,6 +74,11 @@ VAD_BATCH = 5
 # and one window of decision lag, then the padding speech is cut with, and rounding to spare.
 LOOKBACK_SECONDS = (VAD_PARAMS.speech_pad_ms / 1000) + SILERO_WINDOW / SAMPLE_RATE + PAD_SECONDS + 0.05
 CANCEL_CHECK_SECONDS = 0.5
+# Behind the stream by more than this (frames waited in the socket), spans are gathered into one
+# recogniser call of up to BACKLOG_SECONDS of speech (``_recognise_now``).
+CATCH_UP_SECONDS = 1.0
+BACKLOG_SECONDS = 10.0
+ONSET_SNAP_SECONDS = 0.4
 STATE_VERSION = 1
 
 Recognise = Callable[[np.ndarray], Recognition]
@@ -235,6 +241,7 @@ class LiveJob:
         self.resumed_at: float | None = None  # cue time the previous attempt's output reached
         self.final_until = 0.0
         self.published: set[tuple[float, float, str]] = set()
+        self.backlog: list[tuple[int, int]] = []  # spans closed, not yet recognised (samples)
         resume = ctx.resume
         if resume is not None and resume.state.get("version") == STATE_VERSION:
             self._restore(resume.state)
@@ -330,13 +337,14 @@ def run_live(
                     _join_live_edge(job, at)
                 audio.append(samples)
                 arrivals.add(job.clock.time_at(audio.end), now)
-                for span in vad.feed(samples):
-                    yield from _recognise(job, audio, span, recognise)
+                job.backlog += vad.feed(samples)
                 open_start = vad.open_start
                 if open_start is not None and (vad.fed - open_start) / SAMPLE_RATE > MAX_SPAN_SECONDS:
                     cut = vad.cut_open(vad.fed)
                     if cut is not None:
-                        yield from _recognise(job, audio, cut, recognise)
+                        job.backlog.append(cut)
+                if job.backlog and _recognise_now(job, arrivals, now):
+                    _recognise(job, audio, vad, recognise)
                 yield from _settle(job, vad, audio, arrivals, ended=False)
                 if now >= next_cancel_check:
                     ctx.check_cancelled()
@@ -351,7 +359,9 @@ def run_live(
         end_reason = str(exc)
     last = vad.finish()
     if last is not None:
-        yield from _recognise(job, audio, last, recognise)
+        job.backlog.append(last)
+    if job.backlog:
+        _recognise(job, audio, vad, recognise)
     duration = max(job.clock.time_at(audio.end), job.final_until)
     yield from _settle(job, vad, audio, arrivals, ended=True, duration=duration)
     return _finish(ctx, job, end_reason, duration)
@@ -371,37 +381,79 @@ def _join_live_edge(job: LiveJob, at: int) -> None:
                             reason=f"attempt {job.attempts - 1} was lost; attempt {job.attempts} joined the live edge"))  # fmt: skip
 
 
-def _recognise(
-    job: LiveJob, audio: AudioBuffer, span: tuple[int, int], recognise: Recognise
-) -> Iterator[dict[str, str]]:
-    """Recognise one closed span (samples) and feed its words to the cues."""
-    pad = round(PAD_SECONDS * SAMPLE_RATE)
-    first, last = max(audio.start, span[0] - pad), min(audio.end, span[1] + pad)
+def _recognise_now(job: LiveJob, arrivals: Arrivals, now: float) -> bool:
+    """Recognise the closed spans now, or wait for more? Now, while the attempt keeps up with the
+    stream (latency first: one recogniser call an utterance). A child that has fallen behind (its
+    frames waited in the socket past ``CATCH_UP_SECONDS``) gathers spans into one call of up to
+    ``BACKLOG_SECONDS`` of speech instead, as the file engine's windows do: a Whisper call costs
+    about the same for 2 s as for 20 s, so it catches up rather than falling further behind."""
+    sent = arrivals.wall_of(job.clock.time_at(job.backlog[-1][1]))
+    behind = now - sent if sent is not None else 0.0
+    speech = sum(b - a for a, b in job.backlog) / SAMPLE_RATE
+    return behind <= CATCH_UP_SECONDS or speech >= BACKLOG_SECONDS
+
+
+def _recognise(job: LiveJob, audio: AudioBuffer, vad: LiveVad, recognise: Recognise) -> None:
+    """Recognise the closed spans of the backlog (samples) in one call, padded and joined by short
+    silences as the file engine's windows are, and feed their words to the cues."""
+    spans, job.backlog = job.backlog, []
     clock = job.clock
-    speech = Span(round(clock.time_at(span[0]), 3), round(clock.time_at(span[1]), 3))
-    if speech.end > speech.start:
-        job.speech.append(speech)
-    if last - first < SAMPLE_RATE // 10:
-        return
-    start_time, end_time = clock.time_at(first), clock.time_at(last)
-    window = Window([Piece(start_time, end_time, 0.0)])
-    heard = recognise(audio.cut(first, last))
-    job.model = heard.model
-    if job.language is None and heard.segments:
-        job.language = heard.language
-    checker = SilentWords([speech], PAD_SECONDS)
-    for segment in heard.segments:
-        # No word starts before the VAD's onset: the padding before it is context for the
-        # recogniser, and a word placed there (tiny.en puts the first at the clip's start) is early.
-        words = [w.model_copy(update={"start": max(w.start, speech.start), "end": max(w.end, speech.start)})
-                 for w in window.to_media(segment).words]  # fmt: skip
-        if words:
-            job.cues.add(words)
-            checker.add(words)
-            job.words += len(words)
-    job.silent_words += checker.count
-    audio.drop_before(last - pad)
-    yield from ()
+    pad = round(PAD_SECONDS * SAMPLE_RATE)
+    speech = [Span(round(clock.time_at(a), 3), round(clock.time_at(b), 3)) for a, b in spans]
+    job.speech += [s for s in speech if s.end > s.start]
+    ranges: list[list[int]] = []
+    for a, b in spans:
+        first, last = max(audio.start, a - pad), min(audio.end, b + pad)
+        if ranges and first <= ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], last)
+        elif last - first >= SAMPLE_RATE // 10:
+            ranges.append([first, last])
+    if ranges:
+        join = np.zeros(round(JOIN_SECONDS * SAMPLE_RATE), dtype=np.float32)
+        pieces, parts, at = [], [], 0.0
+        for first, last in ranges:
+            if parts:
+                parts.append(join)
+                at += JOIN_SECONDS
+            parts.append(audio.cut(first, last))
+            pieces.append(Piece(clock.time_at(first), clock.time_at(first) + (last - first) / SAMPLE_RATE, at))
+            at += (last - first) / SAMPLE_RATE
+        heard = recognise(np.concatenate(parts))
+        job.model = heard.model
+        if job.language is None and heard.segments:
+            job.language = heard.language
+        window = Window(pieces)
+        checker = SilentWords(speech, PAD_SECONDS)
+        claimed: set[int] = set()  # spans whose first word is placed
+        for segment in heard.segments:
+            words = _from_onsets(window.to_media(segment).words, speech, claimed)
+            if words:
+                job.cues.add(words)
+                checker.add(words)
+                job.words += len(words)
+        job.silent_words += checker.count
+    keep = spans[-1][1] if vad.open_start is None else min(spans[-1][1], vad.open_start)
+    audio.drop_before(keep - pad)
+
+
+def _from_onsets(words: Sequence[Word], speech: Sequence[Span], claimed: set[int]) -> list[Word]:
+    """The first word of each speech span starts at the span's onset, which the VAD found on the
+    audio itself; the recogniser's own word times are coarser (tiny.en puts a clip's first word at
+    the clip's start, inside the padding, and a joined window's first word of a piece up to a few
+    hundred ms late). Only a word within ``ONSET_SNAP_SECONDS`` of the onset is moved: a word far
+    from it is not the one the onset belongs to (the recogniser missed that one). ``claimed``: the
+    spans (indices into ``speech``) whose first word was seen, across the segments of one call."""
+    onsets = [s.start for s in speech]
+    out = []
+    for w in words:
+        i = bisect.bisect_right(onsets, w.start + PAD_SECONDS + 0.01) - 1  # the span this word opens or sits in
+        if i >= 0 and i not in claimed and abs(w.start - onsets[i]) <= ONSET_SNAP_SECONDS:
+            claimed.add(i)
+            w = w.model_copy(update={"start": onsets[i], "end": max(w.end, onsets[i])})
+        elif i >= 0:
+            claimed.add(i)
+        out.append(w)
+    return out
 
 
 def _settle(
@@ -423,13 +475,16 @@ def _settle(
         pending = cues._pending
         open_start = vad.open_start
         silent_since = clock.time_at(open_start) if open_start is not None else heard
-        if pending and open_start is None and heard - pending[-1].end >= job.request.rules.sentence_pause_seconds:
+        if job.backlog:  # spans waiting to be recognised: their words come before anything later
+            silent_since = min(silent_since, clock.time_at(job.backlog[0][0]))
+        pause = job.request.rules.sentence_pause_seconds
+        if pending and open_start is None and not job.backlog and heard - pending[-1].end >= pause:
             fresh = cues.take_rest()  # the pause that closes their stretch is here: no later word joins it
         else:
             fresh = cues.take_final()
         bound = min(heard, silent_since) - LOOKBACK_SECONDS
         final_until = min(cues.final_until(bound), bound)
-        if open_start is None:
+        if open_start is None and not job.backlog:
             audio.drop_before(vad.fed - round(LOOKBACK_SECONDS * SAMPLE_RATE))
     final_until = max(final_until, job.final_until)
     job.final_until = final_until
