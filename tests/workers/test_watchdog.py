@@ -79,3 +79,21 @@ def test_a_killed_child_not_yet_reaped_is_killed_recorded_and_logged_once(
     assert kills._value.get() == kills_before + 1
     record = json.loads(watchdog._redis.get(keys.kill(job.id)))
     assert record["pid"] == pid and record["outcome"] == "timeout"
+
+
+def test_child_pids_from_proc_are_the_children_psutil_finds() -> None:
+    import subprocess
+
+    from mediafarm.workers.guards import child_pids
+
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        found = child_pids(os.getpid())
+        if found is None:
+            pytest.skip("this kernel keeps no /proc/<pid>/task/*/children (CONFIG_PROC_CHILDREN); psutil is used")
+        assert {p.pid for p in sleepers} <= found
+        assert found == {c.pid for c in psutil.Process().children()}
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
