@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import json
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -200,7 +199,9 @@ def wer_table(result: dict[str, Any]) -> list[dict[str, Any]]:
 def main() -> None:
     from bench.peers import RESULTS
 
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
+    ap = argparse.ArgumentParser(description="The WER table of a bench.peers run's subtitle rows.")
+    ap.add_argument("results", nargs="?", type=Path, default=RESULTS, help="bench.peers' results file")
+    path = ap.parse_args().results
     result = json.loads(path.read_text())["families"]["subtitle"]
     print(f"{'contender':<46} {'WER':>6} {'errors':>7} {'words':>6} {'in silence':>10} {'peer s / farm s':>16}")
     for row in wer_table(result):
