@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("bench/results/live_subtitle.json"))
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="live-bench-") as tmp:
         folder = Path(tmp)
         wav, truth, duration = _track(folder, args.seconds)
@@ -190,7 +191,9 @@ def main() -> None:
     per = report["engine"]["cpu_per_stream"]
     report["estimate"] = {"cores": cores, "streams_per_core": round(1 / per, 1) if per else None,
                           "streams_on_machine": round(cores / per, 1) if per else None}  # fmt: skip
-    report["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(), "cores": cores}
+    # The machine is shared: its 1-minute load average before and after says what the figures met.
+    report["machine"] = {"python": sys.version.split()[0], "platform": platform.platform(), "cores": cores,
+                         "load_average_before": round(load_before, 1), "load_average_after": round(os.getloadavg()[0], 1)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
