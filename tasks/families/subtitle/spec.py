@@ -239,6 +239,9 @@ FAMILY = FamilySpec(
             model="faster-whisper-large-v3",
             compute_type="float16",
             beam_size=5,
+            # A GPU encodes and decodes a batch of windows in about the time of one (on one CPU
+            # thread a batch costs what its windows do one by one: docs/BENCHMARKS.md, peers).
+            batch_size=8,
         ),  # fmt: skip
         rung("whisper-small", "whisper", model="faster-whisper-small", compute_type="int8", cpu_threads=2),
         rung("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8"),
