@@ -122,6 +122,8 @@ def test_outputs_parse_and_the_timestamp_checks_pass(subtitled) -> None:
     assert timing["in_silence"] == 0 and timing["words_in_silence"] == 0 and timing["rule_violations"] == []
     assert timing["offset_ms_median"] is not None and timing["threshold_ms"] == 112.0
     assert all(late["offset_ms"] > 112 for late in timing["late"])
+    # Word edges refined against the audio (onsets.py): the job's own 112 ms check passes on its output.
+    assert timing["late"] == [] and timing["offset_ms_p95"] <= 112 and "energy" in timing["refined_by"]
     # The canonical JSON: segments with words on the media clock, the rung, the rules.
     import json
 
@@ -158,6 +160,7 @@ def test_rerender_with_other_rules_needs_no_recognition(subtitled) -> None:
     output = render["output"]
     assert output["cues"] > envelope["output"]["cues"] and output["timing"]["rule_violations"] == []
     assert output["timing"]["words_in_silence"] == 0  # the source job's words, counted again
+    assert output["timing"]["refined_by"] == envelope["output"]["timing"]["refined_by"] is not None
     vtt = (get_settings().storage_dir / render["job_id"] / "subtitles.vtt").read_text()
     lines = [line for line in vtt.splitlines()[1:] if line and "-->" not in line]
     assert lines and all(len(line) <= 16 or " " not in line for line in lines)
