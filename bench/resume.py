@@ -13,7 +13,9 @@ unless ``--interval`` says otherwise. A cut closes the attempt after the chunk t
 cut's share of the text (what a SIGKILL leaves: the last checkpoint, up to an interval older);
 "with resume" is the cut attempt plus one resumed from the checkpoint, "without" is the cut
 attempt plus a whole run (what the farm did before). Overhead: an uncut run keeping checkpoints
-against one keeping none (``ctx.checkpoints`` None), alternated. Results go to
+against one keeping none (``ctx.checkpoints`` None), alternated, and the seconds spent inside the
+checkpoint writes of the run keeping them (the direct measure: a shared machine's noise swamps
+the difference of two whole runs). Results go to
 ``bench/results/resume_<family>.json``.
 """
 
@@ -54,13 +56,32 @@ def _tts_attempt(job: Any, *, cut: float | None = None, keep: bool = True) -> di
         store.restore(resume)
     ctx.resume = resume
     ctx.checkpoints = CheckpointWriter(store, "characters", ctx.rung_name, job["interval"], resume) if keep else None
-    ctx.publish = lambda item: None
+    writing = [0.0]  # seconds inside checkpoint writes: the overhead measured directly
+    if ctx.checkpoints is not None:
+        write = ctx.checkpoints.write
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return write(*args, **kwargs)
+            finally:
+                writing[0] += time.perf_counter() - t
+
+        ctx.checkpoints.write = timed  # type: ignore[method-assign]
+    kept = len(resume.files) if resume else 0
+    replayed = [0.0]  # seconds to the last kept chunk announced again: the replay's cost
+
+    def publish(item: dict[str, Any]) -> None:
+        if item["chunk"] < kept:
+            replayed[0] = time.perf_counter() - t0
+
+    ctx.publish = publish
     t0 = time.perf_counter()
     stream = getattr(engines, job["engine"])(ctx, job["request"], job["params"])
     if cut is None:
         result = drain(stream, ctx)
-        return {"s": time.perf_counter() - t0, "from_chunk": len(resume.files) if resume else 0,
-                "chunks": result.chunks, "writes": ctx.checkpoints.writes if keep else 0}  # fmt: skip
+        return {"s": time.perf_counter() - t0, "from_chunk": kept, "replay_s": replayed[0], "chunks": result.chunks,
+                "writes": ctx.checkpoints.writes if keep else 0, "writing_s": writing[0]}  # fmt: skip
     for item in stream:
         if item["chunk"] + 1 >= cut * job["chunks"]:
             stream.close()
@@ -109,10 +130,13 @@ def tts(args: argparse.Namespace) -> dict[str, Any]:
                 resumed = _tts_attempt(cut_job)
                 cuts[f"{share:.0%}"]["resumed"].append(resumed["s"])
                 cuts[f"{share:.0%}"].setdefault("from_chunk", []).append(resumed["from_chunk"])
+                cuts[f"{share:.0%}"].setdefault("replay_s", []).append(resumed["replay_s"])
         full = _median(plain)
         report["full_run_s"] = full
         report["full_run_keeping_checkpoints_s"] = _median([k["s"] for k in keeping])
         report["checkpoint_writes"] = keeping[0]["writes"]
+        report["checkpoint_writing_s"] = _median([k["writing_s"] for k in keeping])
+        report["writing_pct_of_run"] = round(100 * statistics.median(k["writing_s"] / k["s"] for k in keeping), 3)
         report["overhead_pct"] = round(100 * (statistics.median(
             k["s"] / p for k, p in zip(keeping, plain, strict=True)) - 1), 2)  # fmt: skip
         report["cuts"] = {}
@@ -120,6 +144,7 @@ def tts(args: argparse.Namespace) -> dict[str, Any]:
             cut, resumed = _median(runs["cut"]), _median(runs["resumed"])
             report["cuts"][share] = {
                 "cut_attempt_s": cut, "resumed_attempt_s": resumed, "resumed_from_chunk": runs["from_chunk"],
+                "replay_s": _median(runs["replay_s"]),
                 "total_with_resume_s": round(cut + resumed, 3), "total_without_resume_s": round(cut + full, 3),
                 "after_cut_pct_of_full_run": round(100 * resumed / full, 1),
             }  # fmt: skip
@@ -131,10 +156,12 @@ def _print_tts(report: dict[str, Any]) -> None:
     print(f"{report['rung']}: {report['text_chars']:,} characters, {report['chunks']} chunks, "
           f"medians of {report['runs']}, checkpoints every {report['interval_s']:g} s")  # fmt: skip
     print(f"  full run {report['full_run_s']:.2f} s; keeping checkpoints {report['full_run_keeping_checkpoints_s']:.2f}"
-          f" s ({report['checkpoint_writes']} writes): overhead {report['overhead_pct']:+.2f} %")  # fmt: skip
+          f" s ({report['checkpoint_writes']} writes): overhead {report['overhead_pct']:+.2f} %; inside the writes"
+          f" {report['checkpoint_writing_s']:.3f} s = {report['writing_pct_of_run']} % of the run")  # fmt: skip
     for share, r in report["cuts"].items():
-        print(f"  cut at {share}: with resume {r['total_with_resume_s']:.2f} s, without {r['total_without_resume_s']:.2f}"
-              f" s; after the cut {r['resumed_attempt_s']:.2f} s = {r['after_cut_pct_of_full_run']} % of a full run")
+        print(f"  cut at {share}: with resume {r['total_with_resume_s']:.2f} s, "
+              f"without {r['total_without_resume_s']:.2f} s; after the cut {r['resumed_attempt_s']:.2f} s = "
+              f"{r['after_cut_pct_of_full_run']} % of a full run (kept chunks fed back in {r['replay_s']:.2f} s)")
 
 
 FAMILIES: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], Callable[[dict[str, Any]], None]]] = {

@@ -104,7 +104,8 @@ class ChunkCheckpoints:
         return dict(state)
 
     def replay(self, until: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        """The kept chunks before ``until``, in order: (index, first sample, its 16-bit PCM), one in memory at a time."""
+        """The kept chunks before ``until``, in order: (index, first sample, its 16-bit PCM), one
+        in memory at a time."""
         first = 0
         for index in range(until):
             pcm, _ = sf.read(str(self.ctx.artifacts.path(chunk_name(index))), dtype="int16")

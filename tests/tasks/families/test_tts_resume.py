@@ -83,8 +83,8 @@ class Job:
     def __init__(self, tmp: Path, engine: str, models_dir: Path, **fields: Any) -> None:
         self.engine, self.models_dir = engine, models_dir
         self.request = TtsRequest(**{"text": LONG, **fields})
-        self.ctx = EngineContext.local(storage_dir=tmp, models_dir=models_dir, job_id=f"{engine}-{uuid.uuid4().hex[:6]}")
-        self.ctx = EngineContext(self.ctx.job_id, 0, 0, engine, "cpu", self.ctx.artifacts, models_dir)
+        local = EngineContext.local(storage_dir=tmp, models_dir=models_dir, job_id=f"{engine}-{uuid.uuid4().hex[:6]}")
+        self.ctx = EngineContext(local.job_id, 0, 0, engine, "cpu", local.artifacts, models_dir)
         self.store = store_for(self.ctx.artifacts, "tts", self.request.model_dump())
 
     def attempt(self, *, stop_after: int | None = None, rung: str | None = None) -> tuple[Any, list[dict]]:
