@@ -3,6 +3,8 @@
 Viewers notice subtitles more than ~112 ms early or late (the subtitle story); every cue whose
 start lies further than that from the nearest speech onset the VAD found is listed with its
 offset, and the distribution is reported, so a bad rung or a drifting model shows in the data.
+A cue that starts inside a span of speech the cue before it already reaches into (a long sentence
+cut into two cues) has no onset of its own: it is counted as ``continuing``, not measured.
 
 Silence is checked twice: per cue (a cue lying wholly in silence) and per word (a word touching
 no speech span, widened by the padding the speech is cut out with). A cue holding speech and one
@@ -44,7 +46,11 @@ def timing_report(
     if not cues:
         return TimingReport(words_in_silence=words_in_silence, refined_by=refined_by)
     onsets = [s.start for s in speech]
-    offsets = [_nearest_offset_ms(onsets, cue.start) for cue in cues]
+    continuing = [_continues_speech(cues, k, speech, onsets) for k in range(len(cues))]
+    offsets = [
+        None if going_on else _nearest_offset_ms(onsets, cue.start)
+        for cue, going_on in zip(cues, continuing, strict=True)
+    ]
     known = [o for o in offsets if o is not None]
     late = [
         LateCue(index=i, start=round(cue.start, 3), offset_ms=round(offset, 1))
@@ -63,8 +69,19 @@ def timing_report(
         offset_ms_p95=_round(np.percentile(known, 95)) if known else None,
         offset_ms_max=_round(max(known)) if known else None,
         late=late,
+        continuing=sum(continuing),
         refined_by=refined_by,
     )
+
+
+def _continues_speech(cues: Sequence[Cue], k: int, speech: Sequence[Span], onsets: Sequence[float]) -> bool:
+    """Whether cue ``k`` starts inside a span of speech whose onset the cue before it already holds:
+    a sentence cut into two cues, or two sentences with no pause the VAD ends a span at. Such a
+    cue starts where the words before it end, not at an onset, and is not measured against one."""
+    if k == 0:
+        return False
+    i = bisect.bisect_right(onsets, cues[k].start) - 1
+    return i >= 0 and cues[k].start < speech[i].end and cues[k - 1].end > speech[i].start
 
 
 def _nearest_offset_ms(onsets: Sequence[float], start: float) -> float | None:

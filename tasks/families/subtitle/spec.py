@@ -83,6 +83,8 @@ class TimingReport(BaseModel):
             speech onset|, in milliseconds (None without cues).
         threshold_ms: The bound the late cues pass.
         late: Every cue over the bound, with its offset.
+        continuing: Cues that start inside a span of speech the cue before them already reaches
+            into (a sentence cut into two cues): no onset of their own, left out of the offsets.
         refined_by: How the word times the cues were made from were refined after recognition
             (the subtitle engine: against the audio's energy, onsets.py); None where they are the
             recogniser's own.
@@ -100,6 +102,7 @@ class TimingReport(BaseModel):
     offset_ms_max: float | None = None
     threshold_ms: float = PERCEPTIBLE_MS
     late: list[LateCue] = Field(default_factory=list)
+    continuing: int = 0
     refined_by: str | None = None
 
 

@@ -175,3 +175,24 @@ def test_whisper_cues_start_and_end_within_the_perceptible_bound(tracks, tmp_pat
 def test_pocketsphinx_cues_start_and_end_within_the_perceptible_bound(tracks, tmp_path: Path) -> None:
     # pocketsphinx is ~4x slower than tiny.en here: three of the tracks, a voice each.
     check_cue_timing("pocketsphinx", [tracks[0], tracks[3], tracks[-1]], tmp_path)
+
+
+# --- the job's own check: a cue with no onset of its own --------------------------------------------------
+
+
+def test_a_cue_continuing_a_span_of_speech_is_not_measured_against_an_onset() -> None:
+    from mediafarm.tasks.families.subtitle.checks import timing_report
+    from mediafarm.tasks.families.subtitle.records import Cue, CueRules
+
+    speech = [Span(1.0, 9.0), Span(12.0, 14.0), Span(16.0, 18.0)]
+    cues = [
+        Cue(start=1.02, end=3.0, lines=["a long sentence"]),  # the span's onset
+        Cue(start=3.1, end=6.0, lines=["cut into"]),  # continues it: the cue before reaches into the span
+        Cue(start=6.1, end=8.9, lines=["three cues"]),
+        Cue(start=12.3, end=13.9, lines=["late"]),  # the first cue of its span: 300 ms late
+        Cue(start=16.5, end=17.9, lines=["late too"]),  # after a cue that ended before its span
+    ]
+    report = timing_report(cues, speech, duration=20.0, rules=CueRules())
+    assert report.continuing == 2
+    assert [(late.index, late.offset_ms) for late in report.late] == [(3, 300.0), (4, 500.0)]
+    assert report.offset_ms_median == pytest.approx(300.0) and report.offset_ms_max == pytest.approx(500.0)
