@@ -22,7 +22,7 @@ import soundfile as sf
 from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
 from tests.support.kills import kill_running
-from tests.support.live_stream import free_port, http_folder, publish_hls, publish_tcp, publish_udp
+from tests.support.live_stream import free_port, http_folder, publish_hls, publish_tcp, publish_udp, wait_listening
 from tests.support.speech import PHRASES, RATE, espeak_available, make_track
 
 pytestmark = pytest.mark.integration
@@ -193,13 +193,20 @@ def test_a_live_hls_stream_over_local_http(cpu_worker, tiny_en, track, tmp_path)
         output = job.wait(timeout=60)["output"]
     # HLS says where it ends (#EXT-X-ENDLIST): the job ends with the stream, not on a stall.
     assert output["end_reason"].startswith("ended"), output["end_reason"]
+    # FFmpeg joins a live playlist a few segments from its end (its live_start_index), so a job that
+    # starts after the sender may miss the first sentence or join in the middle of one (a cue at the
+    # very start of its clock); every cue after that starts on the stream clock at a true onset.
     shift = output["timing"]["origin_pts"] - TS_OFFSET
-    assert max(_matches([(c["start"], c["end"]) for c in _cues(job)], track.truth, shift)) <= BOUND_S
+    onsets = [start for start, _ in track.truth]
+    cues = [c for c in _cues(job) if c["start"] > 0.5]
+    assert len(cues) >= 2
+    assert all(min(abs(c["start"] + shift - o) for o in onsets) <= BOUND_S for c in cues), (cues, shift)
 
 
 def test_a_live_tcp_stream_ends_with_its_sender(cpu_worker, tiny_en, track) -> None:
     port = free_port(socket.SOCK_STREAM)
     publisher = publish_tcp(track.path, port, ts_offset=TS_OFFSET)  # listens; sends once the job connects
+    wait_listening(port)  # a job connecting before FFmpeg listens is refused: the stream cannot be opened
     job = submit("subtitle-live", stream=f"tcp://127.0.0.1:{port}", chunk_seconds=2, stall_timeout_s=30)
     # TCP pushes back: a child behind the stream (a loaded machine) slows the sender down.
     assert publisher.wait(120) == 0

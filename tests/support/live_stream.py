@@ -14,6 +14,7 @@ import http.server
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,22 @@ def publish_hls(wav: Path, folder: Path, ts_offset: float = 10.0, segment: float
     args = [*mpegts_args(wav, ts_offset)[:-2], "-f", "hls", "-hls_time", f"{segment:g}", "-hls_list_size", "0",
             "-hls_playlist_type", "event", "-hls_flags", "independent_segments", str(folder / "live.m3u8")]  # fmt: skip
     return subprocess.Popen(args, stdin=subprocess.DEVNULL)
+
+
+def wait_listening(port: int, timeout: float = 30.0) -> None:
+    """Wait until something listens on TCP ``port`` (read from /proc/net/tcp: connecting to look
+    would take the one client a listening FFmpeg accepts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table) as fh:
+                for line in fh.readlines()[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                        return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on TCP port {port} after {timeout} s")
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
