@@ -103,7 +103,12 @@ def piper_voice(models: Path) -> Path | None:
 
 
 def piper_track(
-    path: Path, model: Path, pace: float, sentences: Sequence[str] = SENTENCES, seed: int = 0, noise: float = NOISE_LEVEL
+    path: Path,
+    model: Path,
+    pace: float,
+    sentences: Sequence[str] = SENTENCES,
+    seed: int = 0,
+    noise: float = NOISE_LEVEL,
 ) -> TimedTrack:
     """Piper's voice at ``pace`` (above 1 faster), resampled to 16 kHz."""
     from piper import PiperVoice, SynthesisConfig
@@ -136,8 +141,12 @@ class CueErrors:
     @staticmethod
     def stats(errors: Sequence[float]) -> dict[str, float]:
         absolute = np.abs(np.asarray(errors, dtype=float))
-        return {"median_ms": round(float(np.median(absolute)), 1), "p95_ms": round(float(np.percentile(absolute, 95)), 1),
-                "max_ms": round(float(absolute.max()), 1), "mean_signed_ms": round(float(np.mean(errors)), 1)}  # fmt: skip
+        return {
+            "median_ms": round(float(np.median(absolute)), 1),
+            "p95_ms": round(float(np.percentile(absolute, 95)), 1),
+            "max_ms": round(float(absolute.max()), 1),
+            "mean_signed_ms": round(float(np.mean(errors)), 1),
+        }
 
 
 def cue_errors(cues: Sequence[tuple[float, float]], sentences: Sequence[tuple[str, float, float]]) -> CueErrors:

@@ -84,8 +84,8 @@ def test_word_edges_move_to_the_sound_early_late_and_across_the_join() -> None:
 def test_a_word_in_silence_goes_to_the_nearest_speech_edge_and_a_long_sound_is_no_onset() -> None:
     window, audio, [_, (b0, _)] = burst_window(length=2.0)
     join = window.pieces[1].at - 0.1  # in the silence between the pieces, nearer the second
-    heard = [Segment(start=join - 0.05, end=b0 + 0.9, text="so it", words=[
-        Word(text="so", start=join - 0.05, end=join + 0.05), Word(text="it", start=b0 + 0.7, end=b0 + 0.9)])]  # fmt: skip
+    words = [Word(text="so", start=join - 0.05, end=join + 0.05), Word(text="it", start=b0 + 0.7, end=b0 + 0.9)]
+    heard = [Segment(start=join - 0.05, end=b0 + 0.9, text="so it", words=words)]
     words = [w for s in onsets.refine(heard, audio, window.spans()) for w in s.words]
     assert words[0].start == words[0].end == pytest.approx(b0, abs=onsets.FRAME_SECONDS)
     # "it" starts 0.7 s into the sound: more than MAX_PULL_SECONDS, so its start is its own.
