@@ -144,6 +144,7 @@ class VideoSamples:
         ``run_in``, for the motion gate's background. Decoding starts at the keyframe before the
         first frame wanted (a seek); a file that cannot seek is decoded from its start."""
         self.origin, self.decoded, self.sampled = origin, decoded, sampled
+        self.position = max(0.0, counted_after)  # where the counted frames stopped, should none follow
         self._resume_at, self._counted_after = at, counted_after
         first = max(0.0, at if run_in_from is None else min(run_in_from, at))
         self.next_slot = first
