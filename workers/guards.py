@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import sys
@@ -110,19 +109,34 @@ def child_pids(pid: int) -> set[int] | None:
     The watchdog polls 20 times a second. psutil's ``children()`` reads the stat file of every
     process on the machine to find them: about 5 ms of CPU a call with 130 processes, a tenth of a
     core spent by every worker's main process, idle or not (the peers bench found the TTS job
-    slower than bare Piper on a loaded machine). This is a few small reads, about 0.07 ms.
+    slower than bare Piper on a loaded machine). Every thread's file is read, as a child is listed
+    under the thread that forked it. A listing and plain reads, not ``glob`` (which matches each
+    name with a regular expression and stats it): 0.05 ms a call against 0.2 ms, which was still
+    most of an idle worker's main-process CPU.
     """
-    files = glob.glob(f"/proc/{pid}/task/*/children")
-    if not files:
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
         return None
     pids: set[int] = set()
-    for path in files:
+    found = False
+    for tid in tids:
         try:
-            with open(path) as fh:
-                pids.update(int(p) for p in fh.read().split())
-        except OSError:  # a thread that ended meanwhile
+            fd = os.open(f"{base}/{tid}/children", os.O_RDONLY)
+        except OSError:  # no such file on this kernel, or a thread that ended meanwhile
             continue
-    return pids
+        found = True
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        except OSError:  # the thread ended between the open and the read
+            continue
+        finally:
+            os.close(fd)
+        pids.update(int(p) for p in b"".join(chunks).split())
+    return pids if found else None
 
 
 class MemoryWatchdog(bootsteps.StartStopStep):

@@ -81,6 +81,33 @@ def test_a_killed_child_not_yet_reaped_is_killed_recorded_and_logged_once(
     assert record["pid"] == pid and record["outcome"] == "timeout"
 
 
+def test_child_pids_finds_a_child_forked_by_another_thread() -> None:
+    # The kernel lists a child under the thread that forked it, not under the process's main thread.
+    import subprocess
+    import threading
+
+    from mediafarm.workers.guards import child_pids
+
+    started: list[subprocess.Popen[bytes]] = []
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+    thread.start()
+    thread.join()
+    try:
+        found = child_pids(os.getpid())
+        if found is None:
+            pytest.skip("this kernel keeps no /proc/<pid>/task/*/children (CONFIG_PROC_CHILDREN); psutil is used")
+        assert started[0].pid in found
+    finally:
+        started[0].kill()
+        started[0].wait()
+
+
+def test_child_pids_of_no_such_process_is_none() -> None:
+    from mediafarm.workers.guards import child_pids
+
+    assert child_pids(2**22 + 1) is None  # above the kernel's largest pid
+
+
 def test_child_pids_from_proc_are_the_children_psutil_finds() -> None:
     import subprocess
 
