@@ -227,8 +227,8 @@ def vad(args: argparse.Namespace) -> dict[str, Any]:
         _attempt(new_job(), cut_at(0.02))
         report = _measure(args, new_job, whole, cut_at)
     report["model_load_s"] = _model_load_s(
-        "import time; t = time.perf_counter(); from mediafarm.tasks.families.vad.engines import _silero_model; "
-        "_silero_model(); print(time.perf_counter() - t)"
+        "import time; t = time.perf_counter(); from mediafarm.tasks.families.vad.engines import silero_model; "
+        "silero_model(); print(time.perf_counter() - t)"
     )
     return {"rung": "silero-onnx, 1 thread", "media_s": args.seconds, "runs": args.runs,
             "interval_s": args.interval, **report}  # fmt: skip

@@ -317,7 +317,7 @@ def child(spec: dict[str, Any]) -> None:
     from mediafarm.tasks.families.subtitle import engines
     from mediafarm.tasks.families.subtitle.recognizers import load_pocketsphinx, load_whisper
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
-    from mediafarm.tasks.families.vad.engines import _silero_model
+    from mediafarm.tasks.families.vad.engines import silero_model
     from mediafarm.tasks.family import NoParams
 
     t1 = time.perf_counter()
@@ -330,7 +330,7 @@ def child(spec: dict[str, Any]) -> None:
     else:
         load_pocketsphinx()
     if mode != "whole":
-        _silero_model()
+        silero_model()
     t2 = time.perf_counter()
     rss_loaded = _status_kib("VmRSS")
     audio_s = sf.info(str(media)).frames / RATE

@@ -108,7 +108,7 @@ def child(variant: str, path: Path) -> None:
     t1 = time.perf_counter()
     # Each variant's own model: the engine's loader (sequence ONNX model, one thread), or silero's
     # streaming ONNX model (one thread, as its loader sets).
-    model = vad._silero_model() if variant == "ours" else load_silero_vad(onnx=True)
+    model = vad.silero_model() if variant == "ours" else load_silero_vad(onnx=True)
     t2 = time.perf_counter()
     rss_loaded = _status_kib("VmRSS")
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -163,7 +163,7 @@ def transcribe(
                 probabilities += [w.probability for w in mapped.words if w.probability is not None]
             journal.parts = [n for n in resumed.checkpoint.files if n.startswith(f"{JOURNAL}/")]
             chunks.restore(resumed.chunk_state())
-            cues._pending = resumed.pending_words()
+            cues.restore(resumed.pending_words())
             heard_language = _pair(resumed.state["heard_language"])
             model_name = str(resumed.state["model"])
             done = sum(w.speech_seconds for w in windows[:skip])
@@ -200,7 +200,7 @@ def transcribe(
                 journal.flush()
                 ctx.checkpoint(window.end, {
                     "subtitle": STATE_VERSION, "identity": dict(identity or {}), "windows": index,
-                    "vad": vad_state(vad), "pending": [w.model_dump(mode="json") for w in cues._pending],
+                    "vad": vad_state(vad), "pending": [w.model_dump(mode="json") for w in cues.pending],
                     "chunks": chunks.state(), "heard_language": list(heard_language) if heard_language else None,
                     "model": _models(model_name, last_model), "first_language": first_language,
                 }, files=[*journal.parts, *(f"{CHUNKS}/{segment_name(k)}" for k in range(chunks.segment_count)),
@@ -495,6 +495,15 @@ class CueStream:
         self.all.extend(settled)
         self._fresh.extend(settled)
         self._pending = self._pending[count:]
+
+    @property
+    def pending(self) -> list[Word]:
+        """Words heard that no final cue holds yet (a later word may still change their cue)."""
+        return list(self._pending)
+
+    def restore(self, pending: Sequence[Word]) -> None:
+        """Take up the pending words a checkpoint kept (a resumed job goes on from them)."""
+        self._pending = list(pending)
 
     def final_until(self, heard_until: float) -> float:
         """Time up to which no new cue can appear."""

@@ -59,7 +59,7 @@ from mediafarm.tasks.families.subtitle_live.spec import (
     LiveSubtitleResult,
     LiveTimingReport,
 )
-from mediafarm.tasks.families.vad.engines import SILERO_CONTEXT, SILERO_WINDOW, _silero_model, _SpanTracker
+from mediafarm.tasks.families.vad.engines import SILERO_CONTEXT, SILERO_WINDOW, SpanTracker, silero_model
 from mediafarm.tasks.kit import EngineContext, NoParams, Span
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 
@@ -118,8 +118,8 @@ class LiveVad:
     windows at a time. Spans are in samples of this attempt's stream (0 = its first sample)."""
 
     def __init__(self) -> None:
-        self.session = _silero_model()
-        self.tracker = _SpanTracker(VAD_PARAMS)
+        self.session = silero_model()
+        self.tracker = SpanTracker(VAD_PARAMS)
         self.h = np.zeros((1, 1, 128), dtype=np.float32)
         self.c = np.zeros((1, 1, 128), dtype=np.float32)
         self.context = np.zeros(SILERO_CONTEXT, dtype=np.float32)
@@ -472,7 +472,7 @@ def _settle(
         fresh = cues.take_rest()
         final_until = duration
     else:
-        pending = cues._pending
+        pending = cues.pending
         open_start = vad.open_start
         silent_since = clock.time_at(open_start) if open_start is not None else heard
         if job.backlog:  # spans waiting to be recognised: their words come before anything later

@@ -81,7 +81,7 @@ class _Windows:
 
 
 @functools.lru_cache(maxsize=1)
-def _silero_model() -> Any:
+def silero_model() -> Any:
     """silero-vad's sequence ONNX model, loaded once per child process on first use.
 
     The same weights as the streaming ``silero_vad.onnx``, exported so that one session call takes
@@ -118,7 +118,7 @@ def _with_context(windows: np.ndarray, context: np.ndarray) -> tuple[np.ndarray,
     return rows, windows[-1, -SILERO_CONTEXT:].copy()
 
 
-class _SpanTracker:
+class SpanTracker:
     """silero's ``VADIterator`` decisions over a stream of window probabilities, in samples.
 
     The same rules, window for window (start: the first window at or above ``threshold``, padded;
@@ -219,9 +219,9 @@ def silero(ctx: EngineContext, request: VadRequest, params: SileroParams, *, res
 def _silero(
     ctx: EngineContext, request: VadRequest, params: SileroParams, resume: _Resumed | None, resumable: bool
 ) -> VadResult:
-    session = _silero_model()
+    session = silero_model()
     identity = {"engine": "silero", "params": params.model_dump(mode="json")}
-    tracker = _SpanTracker(params)
+    tracker = SpanTracker(params)
     windows = _Windows(Path(request.media), SILERO_WINDOW, ctx, "silero-vad")
     h = np.zeros((1, 1, 128), dtype=np.float32)  # the LSTM's state, carried from block to block
     c = np.zeros((1, 1, 128), dtype=np.float32)

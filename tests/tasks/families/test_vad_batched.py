@@ -101,7 +101,7 @@ def test_batched_probabilities_equal_the_streaming_models(tracks, stock_model) -
     for track in tracks:
         audio = decoded(track.path)
         stock = stock_model.audio_forward(torch.from_numpy(audio), SAMPLE_RATE).numpy().reshape(-1)
-        session, batched = engines._silero_model(), []
+        session, batched = engines.silero_model(), []
         h = c = np.zeros((1, 1, 128), np.float32)
         windows = engines._Windows(track.path, engines.SILERO_WINDOW, EngineContext.local(), "test")
         for rows in engines.silero_rows(windows):
