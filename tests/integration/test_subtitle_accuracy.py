@@ -17,7 +17,6 @@ import pytest
 
 from mediafarm import submit
 from mediafarm.config.settings import get_settings
-from tests.integration.test_subtitle_jobs import tiny_en  # noqa: F401 - a fixture
 from tests.support.speech import espeak_available
 
 pytestmark = [
@@ -67,7 +66,7 @@ def voices_track(media_root: Path):
 
 
 @pytest.mark.parametrize(("name", "bound"), [("clean_track", CLEAN_MAX_WER), ("voices_track", VOICES_MAX_WER)])
-def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name, bound) -> None:  # noqa: F811
+def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name, bound) -> None:
     track = request.getfixturevalue(name)
     job = submit("subtitle", media=str(track.path), formats=["json"])
     envelope = job.wait(timeout=300)
@@ -81,7 +80,7 @@ def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, reques
     assert envelope["output"]["words"] == len(words)
 
 
-def test_windows_in_batches_hear_what_one_window_a_call_hears(tiny_en, voices_track, tmp_path: Path) -> None:  # noqa: F811
+def test_windows_in_batches_hear_what_one_window_a_call_hears(tiny_en, voices_track, tmp_path: Path) -> None:
     # The batch_size rung parameter (GPU rungs batch): the 45 s track is two windows, recognised in one
     # batch; the same words as one window a call.
     from mediafarm.tasks.context import EngineContext

