@@ -264,7 +264,7 @@ class Resuming:
             try:
                 self.store.restore(self.offered)
                 ctx.resume = self.offered
-            except OSError as exc:  # its files went between the look and now: start over
+            except (OSError, UnusableCheckpoint) as exc:  # its files went between the look and now: start over
                 logger.warning("job %s: checkpoint lost before it could be used, starting over: %s", ctx.job_id, exc)
                 self.store.remove()
                 ctx.artifacts.clear()

@@ -86,6 +86,9 @@ class Checkpoint:
         files: Artifact names kept with it; they are back in the job's folder when the engine runs.
         made: Which rung made which stretch of the output, from the start to ``position``.
         written: Unix time of the write.
+        kept: Artifact name -> the name its file is kept under in the checkpoint folder, as the
+            manifest this checkpoint was loaded from says (the one :meth:`CheckpointStore.restore`
+            puts back: another worker may have written a newer manifest since).
     """
 
     position: float
@@ -95,6 +98,7 @@ class Checkpoint:
     files: tuple[str, ...] = ()
     made: tuple[Made, ...] = ()
     written: float = 0.0
+    kept: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def record(self) -> dict[str, Any]:
         """What the attempt history says the attempt resumed from."""
@@ -166,6 +170,7 @@ class CheckpointStore:
                 state=dict(data["state"]), files=tuple(files),
                 made=tuple(Made(float(m["start"]), float(m["end"]), str(m["rung"])) for m in data["made"]),
                 written=float(data["written"]),
+                kept={str(name): str(kept["stored"]) for name, kept in files.items()},
             )  # fmt: skip
         except UnusableCheckpoint:
             raise
@@ -213,13 +218,26 @@ class CheckpointStore:
                 stale.unlink(missing_ok=True)
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        """Put the checkpoint's kept files back in the job's folder under their artifact names."""
-        manifest = json.loads((self.folder / MANIFEST).read_bytes())
+        """Put the checkpoint's kept files back in the job's folder under their artifact names.
+
+        The files are the ones the manifest it was loaded from names, not whatever manifest is
+        there now: a redelivered job's other attempt may have written a newer one meanwhile, whose
+        files belong to another position (putting those back would repeat or lose output).
+
+        Raises:
+            UnusableCheckpoint: a file is not in the checkpoint (it was not loaded), or is gone.
+        """
         for name in checkpoint.files:
+            stored = checkpoint.kept.get(name)
+            if stored is None:
+                raise UnusableCheckpoint(f"it does not say where its file {name!r} is kept")
             target = self.artifacts.path(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)
-            _link_or_copy(self.folder / FILES / manifest["files"][name]["stored"], target)
+            try:
+                _link_or_copy(self.folder / FILES / stored, target)
+            except FileNotFoundError:
+                raise UnusableCheckpoint(f"its file {name!r} is gone") from None
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

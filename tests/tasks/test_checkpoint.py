@@ -170,3 +170,42 @@ def test_a_resume_unit_is_checked():
         Resume(unit="frames", rule="")
     mismatch = Resume(unit="characters", rule="").why_not(Checkpoint(1.0, "seconds", "r", {}), "r")
     assert mismatch and "seconds" in mismatch
+
+
+def test_restore_puts_back_the_loaded_checkpoints_files_not_a_newer_manifests(store):
+    # A redelivered job runs on two workers at once: the other attempt writes a newer checkpoint
+    # between this attempt's offer (load) and its restore. Putting back the newer manifest's files
+    # under the older state would repeat or lose output (or fail the job on a name it lacks).
+    resume = Resume(unit="seconds", rule="r")
+    resuming = Resuming(_Spec(resume), store, FIELDS)
+    store.write_text("chunks/0000.vtt", "WEBVTT\n\none\n")
+    CheckpointWriter(resuming.store, "seconds", "big", interval=0.0).write(10.0, {"n": 1}, files=["chunks/0000.vtt"])
+    record, _ = resuming.offer(rung("big", "whisper"))
+    assert record is not None and record["position"] == 10.0
+
+    other = CheckpointStore(store, resuming.store.fingerprint)  # the other worker's: same job, same request
+    store.write_text("chunks/0000.vtt", "WEBVTT\n\none, redone longer\n")
+    store.write_text("chunks/0001.vtt", "WEBVTT\n\ntwo\n")
+    CheckpointWriter(other, "seconds", "big", interval=0.0).write(20.0, {"n": 2},
+                                                                   files=["chunks/0000.vtt", "chunks/0001.vtt"])
+    store.clear()
+    ctx = EngineContext.local(job_id="job-1")
+    ctx.artifacts = store
+    resuming.prepare(ctx, rung("big", "whisper"), 5.0)  # no KeyError, no newer file under the older state
+    if ctx.resume is not None:
+        assert ctx.resume.position == 10.0
+        assert store.path("chunks/0000.vtt").read_text() == "WEBVTT\n\none\n"
+    else:  # its file went with the newer write: the attempt starts over, with a clean folder
+        assert store.list() == []
+    assert ctx.checkpoints is not None
+
+
+def test_restore_of_a_checkpoint_whose_kept_file_is_gone_is_unusable(store):
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    store.write_text("a.vtt", "one")
+    CheckpointWriter(checkpoints, "seconds", "r", interval=0.0).write(1.0, {}, files=["a.vtt"])
+    loaded = checkpoints.load()
+    for kept in (store.folder / FOLDER / "files").iterdir():
+        kept.unlink()
+    with pytest.raises(UnusableCheckpoint, match="gone"):
+        checkpoints.restore(loaded)
