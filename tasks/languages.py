@@ -18,6 +18,7 @@ Standard library only: every farm process imports this module (the specs' hooks 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from mediafarm.tasks.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from mediafarm.tasks.family import FamilySpec
+
+log = logging.getLogger(__name__)
 
 # The languages of a rung: codes, or None for any language (the rung declares none).
 Languages = frozenset[str] | None
@@ -119,6 +122,17 @@ def rung_languages(spec: FamilySpec, rung: Rung, models_dir: Path | None, reques
     return language_set(engine.languages(engine.parse_params(rung), models_dir, request))
 
 
+def _languages_or_any(spec: FamilySpec, rung: Rung, models_dir: Path | None, request: Any) -> Languages:
+    """:func:`rung_languages`, or None (any: not filtered) when the rung's hook fails (an unreadable
+    voice file, a bug): one rung's hook must not fail every job of its family before anything runs,
+    nor skip a rung that may well handle the job; the engine itself says what is wrong when it runs."""
+    try:
+        return rung_languages(spec, rung, models_dir, request)
+    except Exception:  # noqa: BLE001 - see above
+        log.warning("rung %s: its languages hook failed; not filtering it by language", rung.name, exc_info=True)
+        return None
+
+
 def rung_languages_note(spec: FamilySpec, rung: Rung, models_dir: Path | None) -> str:
     """`` (en, zh)`` after a rung's name where it declares languages (``farm families``); a long
     list is counted (espeak-ng's voices: `` (115 languages)``); "" for any language."""
@@ -162,7 +176,7 @@ class LanguageCheck:
         language = spec.language(request)
         if language is None:
             return None
-        rungs = {r.name: rung_languages(spec, r, models_dir, request) for r in ladder.rungs}
+        rungs = {r.name: _languages_or_any(spec, r, models_dir, request) for r in ladder.rungs}
         check = cls(normalize_language(language), rungs)
         if all(check.why_not(r) for r in ladder.rungs):
             handled = "; ".join(f"{name}: {describe(langs)}" for name, langs in check.rungs.items())

@@ -71,6 +71,8 @@ class SayResult(BaseModel):
 
 
 def _voice_languages(params: VoiceParams, models_dir: Path | None, request: Any) -> list[str]:
+    if params.voice == "unreadable":  # as a hook reading a damaged voice file might fail
+        raise AttributeError("'str' object has no attribute 'get'")
     return params.voice.split("+")
 
 
@@ -157,3 +159,13 @@ def rung_languages_of(rung_: Any) -> Any:
     from mediafarm.tasks.languages import rung_languages
 
     return rung_languages(SPEC, rung_, None)
+
+
+def test_a_rung_whose_languages_hook_fails_is_not_filtered_and_the_job_not_failed() -> None:
+    # One rung's hook failing must neither fail every job of the family before anything runs nor
+    # skip a rung that may handle the job: it counts as declaring nothing (any language).
+    ladder = Ladder("say", "say", (rung("broken", "voice", voice="unreadable"), rung("english", "voice", voice="en")))
+    check = LanguageCheck.of(SPEC, ladder, {"text": "你好。"}, None)
+    assert check is not None and check.rungs["broken"] is None
+    assert check.why_not(ladder.rungs[0]) is None
+    assert check.why_not(ladder.rungs[1]) == "rung english handles en, not the job's language 'zh'"
