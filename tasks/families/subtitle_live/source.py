@@ -20,11 +20,19 @@ from mediafarm.tasks.kit import UnreadableMedia
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 
 # FFmpeg's own options per scheme: a UDP socket with room for a burst (a loaded worker reads late)
-# whose overruns drop packets rather than end the stream; HLS only through HTTP(S).
+# whose overruns drop packets rather than end the stream; HLS only through HTTP(S). Every scheme
+# gets the protocols it needs and no others: without a whitelist a demuxer FFmpeg probes from the
+# data (an HLS playlist served on a tcp:// source) opens whatever URLs the data names (any host,
+# file:), around the operator's allow-list of sources.
 OPTIONS: dict[str, dict[str, str]] = {
-    "udp": {"fifo_size": "1000000", "overrun_nonfatal": "1", "buffer_size": "4194304"},
+    "udp": {"fifo_size": "1000000", "overrun_nonfatal": "1", "buffer_size": "4194304", "protocol_whitelist": "udp"},
+    "tcp": {"protocol_whitelist": "tcp"},
     "http": {"protocol_whitelist": "http,https,tcp,tls,crypto"},
     "https": {"protocol_whitelist": "http,https,tcp,tls,crypto"},
+    "rtmp": {"protocol_whitelist": "rtmp,tcp"},
+    "rtsp": {"protocol_whitelist": "rtsp,rtp,udp,tcp"},
+    "srt": {"protocol_whitelist": "srt"},
+    "rtp": {"protocol_whitelist": "rtp,udp"},
 }
 # How much of the stream FFmpeg looks at before it starts: short, every second is latency.
 PROBE = {"analyzeduration": "1000000", "probesize": "200000"}
