@@ -280,8 +280,10 @@ class CheckpointWriter:
     def write(self, position: float, state: Mapping[str, Any], files: Iterable[str] = ()) -> Checkpoint:
         made = _made(self.resumed, self.rung, float(position))
         checkpoint = Checkpoint(float(position), self.unit, self.rung, dict(state), tuple(files), made, time.time())
-        self.store.save(checkpoint)
-        self._last = time.monotonic()
+        try:
+            self.store.save(checkpoint)
+        finally:  # a failed write (a full disk) is not tried again at every step until the next interval
+            self._last = time.monotonic()
         self.writes += 1
         return checkpoint
 

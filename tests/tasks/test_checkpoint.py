@@ -209,3 +209,20 @@ def test_restore_of_a_checkpoint_whose_kept_file_is_gone_is_unusable(store):
         kept.unlink()
     with pytest.raises(UnusableCheckpoint, match="gone"):
         checkpoints.restore(loaded)
+
+
+def test_a_failed_write_waits_for_the_next_interval_before_trying_again(store, monkeypatch):
+    # A full disk must not turn every step of the engine's loop into a failing write and a logged traceback.
+    checkpoints = store_for(store, "vad", FIELDS)
+    writer = CheckpointWriter(checkpoints, "seconds", "r", interval=3600.0)
+    writer._last -= 3600.0
+    ctx = EngineContext.local(job_id="job-1")
+    ctx.checkpoints = writer
+    assert ctx.checkpoint_due()
+
+    def full(checkpoint):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "save", full)
+    ctx.checkpoint(4.0, {"x": 1})  # logged, not raised
+    assert not ctx.checkpoint_due()
