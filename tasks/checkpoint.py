@@ -200,6 +200,11 @@ class CheckpointStore:
             target = files_folder / stored
             if not target.exists():
                 _link_or_copy(source, target)
+                if not _same_file(target, status):
+                    # Replaced between the look and the link (another attempt of a redelivered job
+                    # writing the same name): the kept file is not the one its name says.
+                    target.unlink(missing_ok=True)
+                    raise OSError(f"artifact {name!r} was replaced while it was being kept; checkpoint not written")
             kept[name] = {"stored": stored, "size": status.st_size}
         manifest = {
             "format": FORMAT, "fingerprint": self.fingerprint, "position": checkpoint.position,
@@ -241,6 +246,12 @@ class CheckpointStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _same_file(kept: Path, status: os.stat_result) -> bool:
+    """Does the kept file hold what ``status`` saw: the same inode if a link, the same size if a copy?"""
+    now = kept.stat()
+    return now.st_size == status.st_size and (now.st_nlink == 1 or now.st_ino == status.st_ino)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

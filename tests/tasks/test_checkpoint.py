@@ -226,3 +226,23 @@ def test_a_failed_write_waits_for_the_next_interval_before_trying_again(store, m
     monkeypatch.setattr(checkpoints, "save", full)
     ctx.checkpoint(4.0, {"x": 1})  # logged, not raised
     assert not ctx.checkpoint_due()
+
+
+def test_an_artifact_replaced_while_it_is_kept_is_not_kept_under_the_name_of_another(store, monkeypatch):
+    # Two attempts of a redelivered job write the same artifact names: one may replace a file between
+    # this save's look at it (its inode names the kept file) and its link.
+    from mediafarm.tasks import checkpoint as module
+
+    store.write_text("a.vtt", "one")
+    checkpoints = store_for(store, "subtitle", FIELDS)
+    real = module._link_or_copy
+
+    def replaced_first(source, target):
+        store.write_text("a.vtt", "other, longer")
+        real(source, target)
+
+    monkeypatch.setattr(module, "_link_or_copy", replaced_first)
+    with pytest.raises(OSError, match="replaced"):
+        CheckpointWriter(checkpoints, "seconds", "r", interval=0.0).write(1.0, {}, files=["a.vtt"])
+    assert checkpoints.load() is None
+    assert list((store.folder / FOLDER / "files").iterdir()) == []
