@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,7 @@ class CheckpointStore:
     def __init__(self, artifacts: ArtifactStore, fingerprint: str) -> None:
         self.artifacts, self.fingerprint = artifacts, fingerprint
         self.folder = artifacts.folder / FOLDER
+        self._kept: set[str] = set()  # stored names this store's own manifests named
 
     def load(self) -> Checkpoint | None:
         """The last checkpoint, or None if there is none.
@@ -184,6 +186,8 @@ class CheckpointStore:
                 raise UnusableCheckpoint(f"its file {name!r} is gone") from None
             if size != kept.get("size"):
                 raise UnusableCheckpoint(f"its file {name!r} has {size} bytes, the checkpoint says {kept.get('size')}")
+        # The attempt that loads it takes it over: its next write may drop what this one kept.
+        self._kept = set(checkpoint.kept.values())
         return checkpoint
 
     def save(self, checkpoint: Checkpoint) -> None:
@@ -211,16 +215,20 @@ class CheckpointStore:
             "unit": checkpoint.unit, "rung": checkpoint.rung, "state": dict(checkpoint.state), "files": kept,
             "made": [m.to_json() for m in checkpoint.made], "written": checkpoint.written or time.time(),
         }  # fmt: skip
-        temp = self.folder / f".{MANIFEST}{PARTIAL_MARK}{os.getpid()}"
+        # Unique per writer: workers on other hosts sharing this storage may have the same pid.
+        temp = self.folder / f".{MANIFEST}{PARTIAL_MARK}{uuid.uuid4().hex}"
         with temp.open("w", encoding="utf-8") as fh:
             json.dump(manifest, fh, separators=(",", ":"))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(temp, self.folder / MANIFEST)
+        # Only what this store kept for its own earlier manifests and no longer needs goes: a file
+        # in the folder it did not keep may be another attempt's (a redelivered job running twice
+        # for a while), and its manifest must keep finding it.
         wanted = {k["stored"] for k in kept.values()}
-        for stale in files_folder.iterdir():
-            if stale.name not in wanted:
-                stale.unlink(missing_ok=True)
+        for stale in self._kept - wanted:
+            (files_folder / stale).unlink(missing_ok=True)
+        self._kept = wanted
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Put the checkpoint's kept files back in the job's folder under their artifact names.

@@ -246,3 +246,25 @@ def test_an_artifact_replaced_while_it_is_kept_is_not_kept_under_the_name_of_ano
         CheckpointWriter(checkpoints, "seconds", "r", interval=0.0).write(1.0, {}, files=["a.vtt"])
     assert checkpoints.load() is None
     assert list((store.folder / FOLDER / "files").iterdir()) == []
+
+
+def test_a_write_never_removes_files_another_attempts_manifest_names(store):
+    # A redelivered job may run twice for a while: each attempt's writes drop only what its own
+    # earlier manifests kept, so whichever manifest is in place finds its files.
+    def stored(name: str) -> str:
+        status = store.path(name).stat()
+        return f"{status.st_ino}-{status.st_size}"
+
+    store.write_text("x.txt", "from the first attempt")
+    first = CheckpointWriter(store_for(store, "subtitle", FIELDS), "seconds", "r", interval=0.0)
+    first.write(5, {"by": "first"}, files=["x.txt"])
+    store.write_text("y.txt", "from the second attempt")
+    second = CheckpointWriter(store_for(store, "subtitle", FIELDS), "seconds", "r", interval=0.0)
+    second.write(6, {"by": "second"}, files=["y.txt"])
+    store.write_text("z.txt", "the first goes on")
+    first.write(7, {"by": "first"}, files=["z.txt"])  # drops its own x, not the second's y
+    kept = {p.name for p in (store.folder / FOLDER / "files").iterdir()}
+    assert kept == {stored("y.txt"), stored("z.txt")}
+    second.write(8, {"by": "second"}, files=["y.txt"])
+    loaded = store_for(store, "subtitle", FIELDS).load()
+    assert loaded.state == {"by": "second"} and loaded.files == ("y.txt",)

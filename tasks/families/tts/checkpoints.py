@@ -70,7 +70,7 @@ class ChunkCheckpoints:
             return 0
         try:
             state = self._fitting(checkpoint.state, checkpoint.position, checkpoint.files)
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:  # RuntimeError: soundfile cannot read a kept chunk
             log.warning("job %s: its checkpoint does not fit this attempt, speaking from the start: %s",
                         self.ctx.job_id, exc)  # fmt: skip
             # Its chunks are not this attempt's: none of them may stay among its artifacts.
