@@ -123,6 +123,10 @@ def farm_up(repo_root_copy: Path) -> Iterator[FarmUp]:
     assert code == 0, f"`farm up` ended with {code} on Ctrl-C:\n{farm.text()[-3000:]}"
 
 
+def _text(part: bytes | str | None) -> str:
+    return part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+
+
 def test_the_readme_tour_runs_on_the_farm_its_farm_up_starts(farm_up: FarmUp, repo_root_copy: Path) -> None:
     url = farm_up.broker_url()
     tour = marked(README, "tour").text
@@ -130,7 +134,13 @@ def test_the_readme_tour_runs_on_the_farm_its_farm_up_starts(farm_up: FarmUp, re
     # The test's own probe after the reader's commands: the job id the tour kept in $job.
     script = "set -euo pipefail\n" + tour.replace(PLACEHOLDER, url) + '\necho "tour job: $job"\n'
     env = newcomer_env(repo_root_copy)
-    proc = run(["bash", "-c", script], repo_root_copy, env, timeout=900)
+    # `bash -x`: a tour that hangs says at which command. It must end before the test's own timeout
+    # (pytest-timeout's 300 s), or the failure shows the test's threads instead of the tour's output.
+    try:
+        proc = run(["bash", "-x", "-c", script], repo_root_copy, env, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        said = "".join(_text(part) for part in (exc.stdout, exc.stderr))
+        pytest.fail(f"the tour did not end in 240 s:\n{said[-6000:]}\n--- farm up ---\n{farm_up.text()[-3000:]}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"the tour failed:\n{out[-6000:]}\n--- farm up ---\n{farm_up.text()[-3000:]}"
     assert "speech spans" in proc.stdout  # vad --wait printed its result

@@ -61,6 +61,9 @@ rungs = [{ name = "espeak", engine = "espeak" }, { name = "piper", engine = "pip
 
 [ladders.yolo]
 rungs = [{ name = "motion", engine = "motion", params = { stride_s = 0.5 } }]
+
+[ladders.subtitle-live]
+rungs = [{ name = "pocketsphinx", engine = "pocketsphinx" }]
 """
 
 
@@ -253,6 +256,17 @@ CASES: list[Case] = [
          r"mute\.mp4 has no audio stream"),
     Case("wav-zero-channels", "subtitle", media("ch0.wav", partial(mk.write_wav, channels=0)), WORKER,
          r"declares no channels"),
+    # ---- subtitle-live
+    Case("stream-not-a-url", "subtitle-live", fields(stream="not a url"), SUBMIT,
+         r"stream: .*scheme '\(none\)' is not one the farm reads live"),
+    Case("stream-a-local-file", "subtitle-live", fields(stream="file:///etc/passwd"), SUBMIT,
+         r"scheme 'file' is not one the farm reads live"),
+    Case("stream-ffmpeg-concat", "subtitle-live", fields(stream="concat:udp://127.0.0.1:1|x"), SUBMIT,
+         r"scheme 'concat' is not one the farm reads live"),
+    Case("stall-timeout-zero", "subtitle-live", fields(stream="udp://127.0.0.1:5000", stall_timeout_s=0), SUBMIT,
+         r"stall_timeout_s: Input should be greater than or equal to 1"),
+    Case("stream-not-configured", "subtitle-live", fields(stream="udp://10.20.30.40:5000"), WORKER,
+         r"live source udp://10\.20\.30\.40:5000 is not configured: add it to FARM_LIVE_SOURCES"),
     # ---- subtitle-render
     Case("source-empty", "subtitle-render", fields(source=""), SUBMIT, r"source: String should have at least 1"),
     Case("source-201-chars", "subtitle-render", fields(source="s" * 201), SUBMIT, r"source: String should have at"),
