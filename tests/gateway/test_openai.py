@@ -18,7 +18,7 @@ from mediafarm.config.settings import get_settings
 from mediafarm.gateway.security import owner_of
 from mediafarm.tasks.handles import JobHandle
 from tests.gateway.conftest import TOKEN
-from tests.integration.test_subtitle_jobs import tiny_en, wer, words_of  # noqa: F401 - tiny_en is a fixture
+from tests.integration.test_subtitle_jobs import wer, words_of
 from tests.support.kills import kill_running, killing
 from tests.support.piper_voice import link_joe_voice
 
