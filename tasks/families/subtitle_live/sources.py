@@ -11,6 +11,10 @@ is read only from a source the operator listed. Nothing here imports PyAV: the s
   ``localhost``);
 - ``scheme://host`` or ``scheme://host:port``: that scheme on that host (any port, or that one);
   the host may be an IP network (``udp://239.0.0.0/8`` for a multicast range).
+
+``push://<id>`` is not a network source: it is audio a producer pushes into the farm's own Redis
+(``subtitle_live.push``, the gateway's WebSocket), which every worker reads already; no entry is
+needed for it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from mediafarm.tasks.families.subtitle_live.push import SCHEME as PUSH_SCHEME
+from mediafarm.tasks.families.subtitle_live.push import PushFormatError, parse_push_url
 
 # Schemes a live request may name. Tested here: udp, tcp (MPEG-TS) and http (HLS); the others
 # are FFmpeg protocols read the same way, accepted when the operator lists them, not tested.
@@ -51,9 +58,15 @@ def parse_url(url: str) -> tuple[str, str, int | None]:
         raise SourceNotAllowed(f"a stream URL must be a non-empty string, got {url!r}")
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
+    if scheme == PUSH_SCHEME:
+        try:
+            push_id, _ = parse_push_url(url)
+        except PushFormatError as exc:
+            raise SourceNotAllowed(str(exc)) from None
+        return scheme, push_id, None
     if scheme not in SCHEMES:
         raise SourceNotAllowed(f"stream {url!r}: scheme {scheme or '(none)'!r} is not one the farm reads live; "
-                               f"one of {', '.join(SCHEMES)}")  # fmt: skip
+                               f"one of {', '.join((*SCHEMES, PUSH_SCHEME))}")  # fmt: skip
     try:
         host, port = (parts.hostname or "").lower(), parts.port
     except ValueError as exc:
@@ -90,6 +103,8 @@ def check_source(url: str, entries: Sequence[str]) -> str:
     """``url`` itself if one of the allow-list ``entries`` lets it be read, else SourceNotAllowed
     naming the source and the setting."""
     scheme, host, port = parse_url(url)
+    if scheme == PUSH_SCHEME:
+        return url  # the farm's own Redis, not the network
     if any(rule.allows(scheme, host, port) for rule in parse_rules(entries)):
         return url
     where = f"{scheme}://{host}" + (f":{port}" if port is not None else "")
