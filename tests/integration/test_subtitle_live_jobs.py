@@ -165,6 +165,51 @@ def test_a_child_killed_mid_stream_comes_back_at_the_live_edge_with_the_gap_reco
     assert "#EXT-X-GAP" in _artifact(job, "chunks/playlist.m3u8") or gap["end"] - gap["start"] < 4
 
 
+def test_a_pushed_stream_killed_mid_stream_is_read_again_from_its_checkpoint_with_nothing_missed(
+    cpu_worker, tiny_en, track
+) -> None:
+    from mediafarm.tasks.families.subtitle_live.push import AudioPush
+    from mediafarm.tasks.kit import farm_redis
+
+    audio, _ = sf.read(track.path, dtype="int16")
+    pcm = audio.astype("<i2").tobytes()
+    push = AudioPush(farm_redis())
+    job = submit("subtitle-live", stream=push.url, chunk_seconds=2, stall_timeout_s=10)
+
+    def pushing() -> None:  # in real time, 100 ms at a time, then the end of the stream
+        step, began = RATE // 10 * 2, time.monotonic()
+        for k, i in enumerate(range(0, len(pcm), step)):
+            time.sleep(max(0.0, began + k * 0.1 - time.monotonic()))
+            push.write(pcm[i : i + step])
+        push.end()
+
+    import threading
+
+    pusher = threading.Thread(target=pushing)
+    pusher.start()
+    # After the first sentence's segment is out, the child dies.
+    deadline = time.monotonic() + 60
+    while not job.partials():
+        assert time.monotonic() < deadline, job.attempts()
+        time.sleep(0.05)
+    killed = kill_running(job, "whisper-tiny")
+    pusher.join(60)
+    envelope = job.wait(timeout=90)
+    output, attempts = envelope["output"], envelope["attempts"]
+    assert attempts[-2]["pid"] == killed["pid"] and attempts[-2]["outcome"] == "killed"
+    assert attempts[-1]["variant"] == "pocketsphinx" and attempts[-1]["resumed_from"] is not None
+    # The pushed audio was still in Redis: the next attempt read it again from the checkpoint, so
+    # nothing is missing (no gap) and nothing is there twice (one span and one cue a sentence).
+    assert output["timing"]["gaps"] == [] and output["timing"]["discontinuities"] == []
+    assert output["end_reason"].startswith("ended")
+    assert output["spans"] == len(track.truth)
+    cues = _cues(job)
+    assert len(cues) == len(track.truth), cues
+    assert max(_matches([(c["start"], c["end"]) for c in cues], track.truth, 0.0)) <= BOUND_S
+    assert {c.get("rung") for c in cues} == {"whisper-tiny", "pocketsphinx"}
+    assert output["timing"]["overlaps"] == 0 and output["timing"]["rule_violations"] == []
+
+
 def test_a_live_hls_stream_over_local_http(cpu_worker, tiny_en, track, tmp_path) -> None:
     folder = tmp_path / "hls"
     publisher = publish_hls(track.path, folder, ts_offset=TS_OFFSET)

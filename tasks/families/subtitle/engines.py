@@ -478,8 +478,9 @@ class CueStream:
 
     FORCE_AFTER_SECONDS = 60.0
 
-    def __init__(self, request: SubtitleRequest) -> None:
+    def __init__(self, request: SubtitleRequest, rung: str | None = None) -> None:
         self.rules = request.rules
+        self.rung = rung  # tagged on each cue made here (a live job's attempts may run on several rungs)
         self.all: list[Cue] = []
         self._pending: list[Word] = []
         self._fresh: list[Cue] = []
@@ -492,9 +493,15 @@ class CueStream:
             # Words are counted back from the cue text: only safe when no word holds a space.
             if sum(len(c.text.split()) for c in cues) == len(self._pending):
                 settled, count = cues[:-1], sum(len(c.text.split()) for c in cues[:-1])
+        settled = self._tagged(settled)
         self.all.extend(settled)
         self._fresh.extend(settled)
         self._pending = self._pending[count:]
+
+    def _tagged(self, cues: Sequence[Cue]) -> list[Cue]:
+        if self.rung is None:
+            return list(cues)
+        return [c.model_copy(update={"rung": self.rung}) for c in cues]
 
     @property
     def pending(self) -> list[Word]:
@@ -514,7 +521,7 @@ class CueStream:
         return fresh
 
     def take_rest(self) -> list[Cue]:
-        rest = build_cues(self._pending, self.rules) if self._pending else []
+        rest = self._tagged(build_cues(self._pending, self.rules)) if self._pending else []
         self._pending = []
         self.all.extend(rest)
         return self.take_final() + rest

@@ -35,6 +35,7 @@ import json
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -51,6 +52,8 @@ from mediafarm.tasks.families.subtitle.records import Cue, Word
 from mediafarm.tasks.families.subtitle.spec import WhisperParams
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_live.clock import StreamClock
+from mediafarm.tasks.families.subtitle_live.push import SCHEME as PUSH_SCHEME
+from mediafarm.tasks.families.subtitle_live.push import PushEnded, PushSource
 from mediafarm.tasks.families.subtitle_live.source import LiveSource, SourceEnded
 from mediafarm.tasks.families.subtitle_live.spec import (
     Gap,
@@ -60,7 +63,7 @@ from mediafarm.tasks.families.subtitle_live.spec import (
     LiveTimingReport,
 )
 from mediafarm.tasks.families.vad.engines import SILERO_CONTEXT, SILERO_WINDOW, SpanTracker, silero_model
-from mediafarm.tasks.kit import EngineContext, NoParams, Span
+from mediafarm.tasks.kit import EngineContext, NoParams, Span, UnreadableMedia
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 
 JSON_NAME, VTT_NAME, SRT_NAME = "subtitles.json", "subtitles.vtt", "subtitles.srt"
@@ -80,6 +83,8 @@ CATCH_UP_SECONDS = 1.0
 BACKLOG_SECONDS = 10.0
 ONSET_SNAP_SECONDS = 0.4
 STATE_VERSION = 1
+# A resumed attempt whose first frame is this close to its checkpoint missed nothing (a sample's rounding).
+JOIN_TOLERANCE_SECONDS = 0.002
 
 Recognise = Callable[[np.ndarray], Recognition]
 
@@ -227,7 +232,7 @@ class LiveJob:
     def __init__(self, ctx: EngineContext, request: LiveSubtitleRequest) -> None:
         self.ctx, self.request = ctx, request
         self.clock = StreamClock(SAMPLE_RATE)
-        self.cues = CueStream(request)  # type: ignore[arg-type]  # it reads .rules only
+        self.cues = CueStream(request, rung=ctx.rung_name)  # type: ignore[arg-type]  # it reads .rules only
         self.chunks = ChunkedWebVTT(window_seconds=request.chunk_seconds)
         self.speech: list[Span] = []
         self.gaps: list[Gap] = []
@@ -242,6 +247,7 @@ class LiveJob:
         self.final_until = 0.0
         self.published: set[tuple[float, float, str]] = set()
         self.backlog: list[tuple[int, int]] = []  # spans closed, not yet recognised (samples)
+        self._pending_words = 0  # words the checkpoint counted that no final cue holds
         resume = ctx.resume
         if resume is not None and resume.state.get("version") == STATE_VERSION:
             self._restore(resume.state)
@@ -258,6 +264,7 @@ class LiveJob:
         self.gaps = [Gap.model_validate(g) for g in state["gaps"]]
         self.latencies = list(state["latencies"])
         self.words, self.silent_words = state["words"], state["silent_words"]
+        self._pending_words = state.get("pending_words", 0)
         self.language = self.language or state.get("language")
         self.model = state.get("model", "")
         self.started_at = state["started_at"]
@@ -275,10 +282,19 @@ class LiveJob:
         return {
             "version": STATE_VERSION, "clock": self.clock.state(), "cues": [c.model_dump(mode="json") for c in self.cues.all],
             "speech": [[s.start, s.end] for s in self.speech], "gaps": [g.model_dump() for g in self.gaps],
-            "latencies": self.latencies, "words": self.words, "silent_words": self.silent_words,
+            "latencies": self.latencies, "words": self.words, "pending_words": len(self.cues.pending),
+            "silent_words": self.silent_words,
             "language": self.language, "model": self.model, "started_at": self.started_at,
             "attempts": self.attempts, "final_until": self.final_until, "segments": self.chunks.segment_count,
         }  # fmt: skip
+
+    def replay(self) -> None:
+        """The attempt reads the stream again from the checkpoint (a pushed stream keeps its
+        audio): what was heard after the checkpoint is heard again, so it is not kept twice."""
+        assert self.resumed_at is not None
+        self.speech = [s for s in self.speech if s.start < self.resumed_at]
+        self.words -= self._pending_words
+        self._pending_words = 0
 
     def files(self) -> list[str]:
         return [f"{CHUNKS}/{segment_name}" for segment_name in _segment_names(self.chunks.segment_count)] + [PLAYLIST]
@@ -327,7 +343,7 @@ def run_live(
     next_cancel_check = 0.0
     ctx.progress(None, stage="connecting")
     try:
-        with LiveSource(request.stream, stall_timeout=request.stall_timeout_s) as source:
+        with _open_source(ctx, request, job) as source:
             for pts, samples in source.frames():
                 now = time.time()
                 at = audio.end
@@ -355,7 +371,7 @@ def run_live(
                     break
             else:
                 end_reason = "ended: the stream ended"
-    except SourceEnded as exc:
+    except (SourceEnded, PushEnded) as exc:
         end_reason = str(exc)
     last = vad.finish()
     if last is not None:
@@ -367,11 +383,29 @@ def run_live(
     return _finish(ctx, job, end_reason, duration)
 
 
+def _open_source(ctx: EngineContext, request: LiveSubtitleRequest, job: LiveJob) -> LiveSource | PushSource:
+    """The stream's reader. A pushed stream is the farm's own Redis, which keeps its audio a while:
+    an attempt that resumes reads it again from its checkpoint (``LiveJob.replay``) instead of
+    joining the live edge, so a lost attempt costs no stream time. Other sources cannot be rewound."""
+    if urlsplit(request.stream).scheme.lower() != PUSH_SCHEME:
+        return LiveSource(request.stream, stall_timeout=request.stall_timeout_s)
+    if ctx.redis is None:
+        raise UnreadableMedia(f"stream {request.stream}: a pushed stream is read from the farm's Redis, "
+                              "and this engine was given none")  # fmt: skip
+    start = None
+    if job.resumed_at is not None and job.clock.origin is not None:
+        start = job.resumed_at + job.clock.origin + job.clock.offset
+        job.replay()
+    return PushSource(ctx.redis, request.stream, stall_timeout=request.stall_timeout_s, start_pts=start)
+
+
 def _join_live_edge(job: LiveJob, at: int) -> None:
     """The first frame of an attempt that resumed: the stream time since the checkpoint is a gap."""
     resumed_at, job.resumed_at = job.resumed_at, None
     assert resumed_at is not None
     edge = job.clock.time_at(at)
+    if abs(edge - resumed_at) < JOIN_TOLERANCE_SECONDS:
+        return  # the stream read again from the checkpoint (a push): nothing missed
     if edge < resumed_at:
         # The stream's timestamps went back across the restart (a restarted sender): a jump, absorbed.
         job.clock.hold(resumed_at)
