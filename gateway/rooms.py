@@ -36,11 +36,9 @@ from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
 from mediafarm.gateway.room_frames import (
     CLOSE_BAD_ROOM,
     CLOSE_NORMAL,
-    CLOSE_POLICY,
     CLOSE_SERVER_ERROR,
     PROTOCOL,
     ROOM_NAME,
-    TOKEN_PROTOCOL_PREFIX,
     End,
     FrameError,
     Line,
@@ -50,8 +48,8 @@ from mediafarm.gateway.room_frames import (
     room_job_id,
 )
 from mediafarm.gateway.room_lease import Lease
-from mediafarm.gateway.security import LOCAL, known_token, owner_of
 from mediafarm.gateway.settings import GatewayConfig
+from mediafarm.gateway.socket_admission import admit, close
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
@@ -96,51 +94,21 @@ class _Room:
             await self.websocket.send_json(frame)
 
 
-def _credentials(websocket: WebSocket) -> str | None:
-    """The token a client gave: ``Authorization: Bearer`` or a ``bearer.<token>`` subprotocol."""
-    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    for offered in websocket.scope.get("subprotocols", []):
-        if offered.startswith(TOKEN_PROTOCOL_PREFIX) and len(offered) > len(TOKEN_PROTOCOL_PREFIX):
-            return offered[len(TOKEN_PROTOCOL_PREFIX) :]
-    return None
-
-
 @router.websocket("/v1/rooms/{room}")
 async def room_socket(websocket: WebSocket, room: str) -> None:
     config: GatewayConfig = websocket.app.state.config
-    # Accepted before any check, so that a refusal reaches a browser as a close code and a reason
-    # (a refused handshake is only an HTTP status it does not show). The token subprotocol is never
-    # echoed back: only ``farm.v1``, when offered.
-    await websocket.accept(subprotocol=PROTOCOL if PROTOCOL in websocket.scope.get("subprotocols", []) else None)
-    origin = websocket.headers.get("origin")
-    if origin is not None and origin not in config.cors_origins:
-        # A browser names the page that opened the socket, and a WebSocket has no CORS: without
-        # this check any web page a user visits could open a room on a loopback gateway that has
-        # no tokens. Clients that are not browsers send no Origin.
-        await _close(websocket, CLOSE_POLICY, f"origin {origin[:100]} may not open rooms (FARM_CORS_ORIGINS)")
+    owner = await admit(websocket, config, "rooms")
+    if owner is None:
         return
-    owner = LOCAL
-    if config.tokens:
-        token = _credentials(websocket)
-        if token is None:
-            await _close(websocket, CLOSE_POLICY, "this gateway needs a bearer token: an Authorization header, "
-                                                f"or the subprotocol {TOKEN_PROTOCOL_PREFIX}<token>")  # fmt: skip
-            return
-        if not known_token(config, token):
-            await _close(websocket, CLOSE_POLICY, "the bearer token is not one this gateway accepts")
-            return
-        owner = owner_of(token)
     if not _ROOM.match(room):
-        await _close(websocket, CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
+        await close(websocket, CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
         return
     state = _Room(websocket, config, owner, room)
     lease = Lease(owner, room, state.connection)
     try:
         await anyio.to_thread.run_sync(lease.take)
     except (RedisError, OperationalError) as exc:
-        await _close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
+        await close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
         return
     await state.send_json({"type": "ready", "room": room, "protocol": PROTOCOL, "max_lines": config.room_max_lines,
                            "linger": config.room_linger})  # fmt: skip
@@ -159,11 +127,6 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
             await _say_end(websocket, state, cancelled)
         else:
             lease.linger(config.room_linger, lines)
-
-
-async def _close(websocket: WebSocket, code: int, reason: str) -> None:
-    # A close frame's reason holds at most 123 bytes of UTF-8 (RFC 6455 5.5); longer ones fail.
-    await websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
 
 
 async def _say_end(websocket: WebSocket, room: _Room, cancelled: list[int]) -> None:
