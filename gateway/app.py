@@ -14,7 +14,7 @@ from pydantic.json_schema import models_json_schema
 
 from mediafarm import __version__
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway import jobs, openai_models, rooms, speech, transcriptions, uploads
+from mediafarm.gateway import jobs, live_subtitles, openai_models, rooms, speech, transcriptions, uploads
 from mediafarm.gateway import metrics as gateway_metrics
 from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
@@ -43,6 +43,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.include_router(transcriptions.router)
     app.include_router(openai_models.router)
     app.include_router(rooms.router)  # WebSocket /v1/rooms/{room}: dialogue rooms
+    app.include_router(live_subtitles.router)  # WebSocket /v1/live/subtitles: pushed audio in, WebVTT out
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["farm"], summary="Is the farm's Redis reachable?")
     gateway_metrics.install(app, get_settings().gateway_metrics_open)  # GET /metrics, and requests counted
     if config.cors_origins:  # no CORS header at all unless the operator names the origins

@@ -1,0 +1,222 @@
+"""Live subtitles of audio a client pushes: ``WebSocket /v1/live/subtitles``, PCM in, WebVTT segments out.
+
+The client's first frame is ``start`` (the PCM format and the subtitle-live request's fields); the
+gateway opens a push stream in the farm's Redis (``subtitle_live.push.AudioPush``), submits a
+``subtitle-live`` job that reads it, and answers ``ready`` with the job's id. Then binary frames
+are the audio (s16le, any split), and the job's segments come back as the worker writes them:
+``segment`` frames with their WebVTT, in order, each once, across attempts. ``end`` from the client
+ends the stream; the job finishes what it heard, and the gateway sends the job's ``end`` frame (its
+result, or its failure) and closes. A client that leaves without ``end`` ends the stream the same
+way: the job still finishes, and its result is the job's, under the id ``ready`` gave.
+
+Two coroutines per connection: the reader (frames in, appended to the stream in a worker thread)
+and the sender (the job followed, segments out). A client pushing faster than the job reads is
+held back: past ``MAX_AHEAD_SECONDS`` of audio the job has not read, the reader stops reading the
+socket until it catches up, so the WebSocket's own flow control slows the client and Redis holds a
+bounded amount.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+from starlette.websockets import WebSocketState
+
+from mediafarm.gateway.events import read_snapshot
+from mediafarm.gateway.job_watch import JobWatch
+from mediafarm.gateway.room_frames import CLOSE_NORMAL, CLOSE_SERVER_ERROR, error
+from mediafarm.gateway.settings import GatewayConfig
+from mediafarm.gateway.socket_admission import admit, close
+from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.client import submit
+from mediafarm.tasks.errors import InvalidRequest, Overloaded
+from mediafarm.tasks.families.subtitle_live.push import MAX_AHEAD_SECONDS, AudioPush, PushFormatError
+from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.plan import READY
+
+router = APIRouter()
+FAMILY = "subtitle-live"
+CLOSE_INVALID = 4400  # a start frame that does not fit
+CLOSE_TRY_AGAIN = 1013  # the farm is overloaded (RFC 6455 "Try Again Later")
+# How long a client has to send its start frame.
+START_TIMEOUT_S = 30.0
+# A binary frame larger than this is refused: 1 MiB is 30 s of 16 kHz mono, far more than a live frame.
+MAX_AUDIO_FRAME = 1 << 20
+# Seconds between two looks at the job (one Redis round trip; the job read in full only when it changed).
+POLL_S = 0.1
+
+
+@dataclass
+class _Live:
+    websocket: WebSocket
+    config: GatewayConfig
+    push: AudioPush
+    job: JobHandle
+    send_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    sent: set[str] = field(default_factory=set)  # segment names sent
+
+    async def send_json(self, frame: dict[str, Any]) -> None:
+        async with self.send_lock:
+            await self.websocket.send_json(frame)
+
+
+@router.websocket("/v1/live/subtitles")
+async def live_subtitles(websocket: WebSocket) -> None:
+    config: GatewayConfig = websocket.app.state.config
+    owner = await admit(websocket, config, "live subtitles")
+    if owner is None:
+        return
+    try:
+        with anyio.fail_after(START_TIMEOUT_S):
+            message = await websocket.receive()
+    except TimeoutError:
+        await close(websocket, CLOSE_INVALID, f"no start frame within {START_TIMEOUT_S:g} s")
+        return
+    if message["type"] == "websocket.disconnect":
+        return
+    started = await _start(websocket, owner, message.get("text"))
+    if started is None:
+        return
+    push, job = started
+    live = _Live(websocket, config, push, job)
+    await live.send_json({"type": "ready", "job": job.id, "stream": push.url,
+                          "sample_rate": push.format.sample_rate, "channels": push.format.channels})  # fmt: skip
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_sender, live)
+            left = await _reader(live)
+            await _end_stream(push)
+            if left:  # no one to send the rest to: the job finishes on its own, its result kept
+                tasks.cancel_scope.cancel()
+    except* (WebSocketDisconnect, OSError):  # the client left while a frame was being sent to it
+        pass
+    finally:
+        await _end_stream(push)
+
+
+async def _end_stream(push: AudioPush) -> None:
+    with anyio.CancelScope(shield=True):
+        try:
+            await anyio.to_thread.run_sync(push.end)
+        except (RedisError, OperationalError):
+            pass  # the stream then stalls: the job ends on its stall timeout
+
+
+async def _start(websocket: WebSocket, owner: str, text: str | None) -> tuple[AudioPush, JobHandle] | None:
+    """The start frame → the push stream and its job; None once the socket was closed with the reason."""
+    try:
+        frame = json.loads(text) if text is not None else None
+    except ValueError:
+        frame = None
+    if not isinstance(frame, dict) or frame.get("type") != "start":
+        await close(websocket, CLOSE_INVALID, 'the first frame must be {"type": "start", ...} as JSON text')
+        return None
+    fields = {k: v for k, v in frame.items() if k not in ("type", "sample_rate", "channels")}
+    if "stream" in fields:
+        await close(websocket, CLOSE_INVALID, "start: the stream is this socket's audio; send no 'stream'")
+        return None
+    try:
+        push = AudioPush(celery_app.backend.client, sample_rate=_whole(frame, "sample_rate", 16000),
+                         channels=_whole(frame, "channels", 1))  # fmt: skip
+    except (PushFormatError, ValueError) as exc:
+        await close(websocket, CLOSE_INVALID, f"start: {exc}")
+        return None
+
+    def send() -> JobHandle:
+        return submit(FAMILY, tenant=owner, stream=push.url, **fields)
+
+    try:
+        job = await anyio.to_thread.run_sync(send)
+    except InvalidRequest as exc:
+        # The reason may be longer than a close frame holds: it goes in an error frame first.
+        await websocket.send_json(error(f"start: {exc}", code="invalid"))
+        await close(websocket, CLOSE_INVALID, f"start: {exc}")
+        return None
+    except Overloaded as exc:
+        await websocket.send_json(error(str(exc), code="overloaded", retry_after=exc.retry_after))
+        await close(websocket, CLOSE_TRY_AGAIN, str(exc))
+        return None
+    except (RedisError, OperationalError) as exc:
+        await close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
+        return None
+    return push, job
+
+
+def _whole(frame: dict[str, Any], name: str, default: int) -> int:
+    value = frame.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return value
+
+
+async def _reader(live: _Live) -> bool:
+    """Audio in until the client ends the stream (False) or leaves (True)."""
+    while True:
+        message = await live.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return True
+        data = message.get("bytes")
+        if data is None:
+            try:
+                frame = json.loads(message.get("text") or "")
+            except ValueError:
+                frame = None
+            if isinstance(frame, dict) and frame.get("type") == "end":
+                return False
+            await live.send_json(error('after start, a frame is audio (binary) or {"type": "end"}', code="invalid"))
+            continue
+        if len(data) > MAX_AUDIO_FRAME:
+            await live.send_json(error(f"an audio frame may hold at most {MAX_AUDIO_FRAME:,} bytes", code="invalid"))
+            continue
+        ahead = await anyio.to_thread.run_sync(live.push.write, data)
+        while ahead > MAX_AHEAD_SECONDS:  # the job is behind: stop reading the socket until it catches up
+            await anyio.sleep(0.2)
+            ahead = await anyio.to_thread.run_sync(live.push.ahead)
+
+
+async def _sender(live: _Live) -> None:
+    """The job's new segments out as they are announced, then its end frame; closes the socket."""
+    watch = JobWatch(live.job.id)
+    store = ArtifactStore(live.config.storage_dir, live.job.id)
+    while True:
+        try:
+            changed = await anyio.to_thread.run_sync(watch.changed)
+            snapshot = await anyio.to_thread.run_sync(read_snapshot, live.job) if changed else None
+        except (RedisError, OperationalError):
+            await anyio.sleep(1.0)  # Redis away for a moment: the job goes on; so does the look
+            continue
+        if snapshot is not None:
+            # Each attempt announces the segments it writes; one that took over writes only new ones.
+            for item in snapshot.partials:
+                name = item.get("segment") if isinstance(item, dict) else None
+                if isinstance(name, str) and name not in live.sent:
+                    await _send_segment(live, store, name)
+            if snapshot.state in READY:
+                end: dict[str, Any] = {"type": "end", "job": live.job.id, "state": snapshot.state}
+                if snapshot.envelope is not None:
+                    end["output"] = snapshot.envelope.get("output")
+                if snapshot.failure is not None:
+                    end["failure"] = snapshot.failure
+                await live.send_json(end)
+                if live.websocket.client_state is WebSocketState.CONNECTED:
+                    await live.websocket.close(CLOSE_NORMAL)
+                return
+        await anyio.sleep(POLL_S)
+
+
+async def _send_segment(live: _Live, store: ArtifactStore, name: str) -> None:
+    try:
+        path = store.path(name)
+        text = await anyio.to_thread.run_sync(path.read_text)
+    except (UnsafeArtifactName, OSError) as exc:
+        await live.send_json(error(f"segment {name} cannot be read: {exc}", code="missing", name=name))
+        return
+    live.sent.add(name)
+    await live.send_json({"type": "segment", "name": name, "vtt": text})
