@@ -8,9 +8,11 @@ onset on the stream clock is known to the sample and the job's cue times are che
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -20,6 +22,8 @@ import soundfile as sf
 
 from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks.families.subtitle_live.push import AudioPush
+from mediafarm.tasks.kit import farm_redis
 from tests.support.kills import kill_running
 from tests.support.live_stream import free_port, http_folder, publish_hls, publish_tcp, publish_udp, wait_listening
 from tests.support.speech import PHRASES, RATE, espeak_available, make_track
@@ -165,49 +169,113 @@ def test_a_child_killed_mid_stream_comes_back_at_the_live_edge_with_the_gap_reco
     assert "#EXT-X-GAP" in _artifact(job, "chunks/playlist.m3u8") or gap["end"] - gap["start"] < 4
 
 
-def test_a_pushed_stream_killed_mid_stream_is_read_again_from_its_checkpoint_with_nothing_missed(
-    cpu_worker, tiny_en, track
-) -> None:
-    from mediafarm.tasks.families.subtitle_live.push import AudioPush
-    from mediafarm.tasks.kit import farm_redis
+def _push_in_real_time(push, pcm: bytes) -> threading.Thread:
+    """A thread writing ``pcm`` (16 kHz mono s16le) to ``push`` at the pace it plays, 100 ms at a
+    time, then ending the stream."""
 
-    audio, _ = sf.read(track.path, dtype="int16")
-    pcm = audio.astype("<i2").tobytes()
-    push = AudioPush(farm_redis())
-    job = submit("subtitle-live", stream=push.url, chunk_seconds=2, stall_timeout_s=10)
-
-    def pushing() -> None:  # in real time, 100 ms at a time, then the end of the stream
+    def pushing() -> None:
         step, began = RATE // 10 * 2, time.monotonic()
         for k, i in enumerate(range(0, len(pcm), step)):
             time.sleep(max(0.0, began + k * 0.1 - time.monotonic()))
             push.write(pcm[i : i + step])
         push.end()
 
-    import threading
+    thread = threading.Thread(target=pushing, daemon=True)
+    thread.start()
+    return thread
 
-    pusher = threading.Thread(target=pushing)
-    pusher.start()
-    # After the first sentence's segment is out, the child dies.
-    deadline = time.monotonic() + 60
+
+def _track_pcm(track) -> bytes:
+    audio, _ = sf.read(track.path, dtype="int16")
+    return audio.astype("<i2").tobytes()
+
+
+def _first_segment(job, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
     while not job.partials():
         assert time.monotonic() < deadline, job.attempts()
         time.sleep(0.05)
-    killed = kill_running(job, "whisper-tiny")
-    pusher.join(60)
-    envelope = job.wait(timeout=90)
-    output, attempts = envelope["output"], envelope["attempts"]
-    assert attempts[-2]["pid"] == killed["pid"] and attempts[-2]["outcome"] == "killed"
-    assert attempts[-1]["variant"] == "pocketsphinx" and attempts[-1]["resumed_from"] is not None
-    # The pushed audio was still in Redis: the next attempt read it again from the checkpoint, so
-    # nothing is missing (no gap) and nothing is there twice (one span and one cue a sentence).
+
+
+def _no_gap_and_every_sentence_once(job, output, track) -> list[dict]:
+    """The checks of a pushed job that lost an attempt: the next one read the audio again from its
+    checkpoint, so nothing is missing (no gap) and nothing is there twice (a span and a cue a
+    sentence, each at its true onset)."""
     assert output["timing"]["gaps"] == [] and output["timing"]["discontinuities"] == []
-    assert output["end_reason"].startswith("ended")
+    assert output["end_reason"].startswith("ended"), output["end_reason"]
     assert output["spans"] == len(track.truth)
     cues = _cues(job)
     assert len(cues) == len(track.truth), cues
     assert max(_matches([(c["start"], c["end"]) for c in cues], track.truth, 0.0)) <= BOUND_S
-    assert {c.get("rung") for c in cues} == {"whisper-tiny", "pocketsphinx"}
     assert output["timing"]["overlaps"] == 0 and output["timing"]["rule_violations"] == []
+    return cues
+
+
+def test_a_pushed_stream_killed_mid_stream_is_read_again_from_its_checkpoint_with_nothing_missed(
+    cpu_worker, tiny_en, track
+) -> None:
+    push = AudioPush(farm_redis())
+    job = submit("subtitle-live", stream=push.url, chunk_seconds=2, stall_timeout_s=10)
+    pusher = _push_in_real_time(push, _track_pcm(track))
+    _first_segment(job)  # the first sentence's segment is out: then the child dies
+    killed = kill_running(job, "whisper-tiny")
+    pusher.join(60)
+    envelope = job.wait(timeout=90)
+    attempts = envelope["attempts"]
+    assert attempts[-2]["pid"] == killed["pid"] and attempts[-2]["outcome"] == "killed"
+    assert attempts[-1]["variant"] == "pocketsphinx" and attempts[-1]["resumed_from"] is not None
+    cues = _no_gap_and_every_sentence_once(job, envelope["output"], track)
+    assert {c.get("rung") for c in cues} == {"whisper-tiny", "pocketsphinx"}
+
+
+DEATH_QUEUE = "live-death"
+
+
+@pytest.fixture()
+def death_workers(start_worker, session_dir):
+    """Factory: workers on their own queue under a 45 s visibility timeout (a live job's limits
+    below it: maximum 30 s, soft 35 s, hard 40 s; every other family's 6/7 s), stopped when the
+    test ends: their restore sweep hands back every queue's unacked messages older than 45 s."""
+    from mediafarm.workers.launch import stop_worker
+    from tests.support.chaos_suite import short_limits_config
+
+    config = short_limits_config(session_dir / "live-death.toml")  # every family 6/7 s ...
+    short = "[limits.subtitle-live]\nsoft = 6\nhard = 7"
+    assert short in config.read_text()
+    config.write_text(config.read_text().replace(short, "[limits.subtitle-live]\nsoft = 35\nhard = 40"))  # ... but live
+    env = {"FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "45", "FARM_RESTORE_INTERVAL": "1",
+           "FARM_LIVE_MAX_SECONDS": "30"}  # fmt: skip
+    started = []
+
+    def start():
+        started.append(start_worker("cpu", concurrency=1, queues=[DEATH_QUEUE], env=env))
+        return started[-1]
+
+    yield start
+    for worker in started:
+        stop_worker(worker.process, timeout=20)
+
+
+def test_a_live_job_whose_whole_worker_dies_goes_on_on_another_worker(death_workers, tiny_en, track) -> None:
+    first = death_workers()
+    push = AudioPush(farm_redis())
+    job = submit("subtitle-live", queue=DEATH_QUEUE, stream=push.url, chunk_seconds=2, stall_timeout_s=90)
+    pusher = _push_in_real_time(push, _track_pcm(track))
+    _first_segment(job)
+    # The whole worker dies mid-stream: main process and children, as in a machine or container loss.
+    os.killpg(first.main_pid(), signal.SIGKILL)
+    first.process.wait(10)
+    second = death_workers()
+    pusher.join(60)  # the rest of the stream waits in Redis for whoever reads it next
+    envelope = job.wait(timeout=150)
+    *_, lost, ok = envelope["attempts"]  # after the GPU rung's "unavailable" record
+    assert (lost["outcome"], ok["outcome"]) == ("worker_lost", "ok")
+    assert lost["variant"] == ok["variant"] == "whisper-tiny"  # not the job's fault: same rung
+    assert (lost["worker"], ok["worker"]) == (first.node, second.node)
+    assert ok["resumed_from"] is not None
+    # The redelivery came after the 45 s visibility timeout, past the 30 s maximum counted on the
+    # wall clock: the maximum counts the attempts' running time, so the job went on to the end.
+    _no_gap_and_every_sentence_once(job, envelope["output"], track)
 
 
 def test_a_live_hls_stream_over_local_http(cpu_worker, tiny_en, track, tmp_path) -> None:

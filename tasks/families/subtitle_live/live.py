@@ -241,7 +241,8 @@ class LiveJob:
         self.silent_words = 0
         self.language: str | None = request.language
         self.model = ""
-        self.started_at = time.time()
+        self.started_at = time.time()  # this attempt's start
+        self.ran_before = 0.0  # seconds the earlier attempts ran, up to the checkpoint this one resumes from
         self.attempts = 1
         self.resumed_at: float | None = None  # cue time the previous attempt's output reached
         self.final_until = 0.0
@@ -267,7 +268,7 @@ class LiveJob:
         self._pending_words = state.get("pending_words", 0)
         self.language = self.language or state.get("language")
         self.model = state.get("model", "")
-        self.started_at = state["started_at"]
+        self.ran_before = float(state.get("ran", 0.0))
         self.attempts = state["attempts"] + 1
         self.final_until = self.resumed_at = state["final_until"]
         # The segments already written are back in the folder: move the writer past them (what it
@@ -284,9 +285,15 @@ class LiveJob:
             "speech": [[s.start, s.end] for s in self.speech], "gaps": [g.model_dump() for g in self.gaps],
             "latencies": self.latencies, "words": self.words, "pending_words": len(self.cues.pending),
             "silent_words": self.silent_words,
-            "language": self.language, "model": self.model, "started_at": self.started_at,
+            "language": self.language, "model": self.model, "ran": self.ran,
             "attempts": self.attempts, "final_until": self.final_until, "segments": self.chunks.segment_count,
         }  # fmt: skip
+
+    @property
+    def ran(self) -> float:
+        """Seconds the job's attempts have run, this one until now (the time between a lost
+        attempt's checkpoint and the next attempt's start is not counted: no attempt ran)."""
+        return self.ran_before + (time.time() - self.started_at)
 
     def replay(self) -> None:
         """The attempt reads the stream again from the checkpoint (a pushed stream keeps its
@@ -338,7 +345,10 @@ def run_live(
     vad = LiveVad()
     audio = AudioBuffer()
     arrivals = Arrivals()
-    deadline = job.started_at + settings.max_seconds
+    # FARM_LIVE_MAX_SECONDS bounds the time attempts run, not the wall clock since the first one: a
+    # job whose worker died comes back after the broker's visibility timeout, which is longer than
+    # the family's hard limit and so than the maximum itself.
+    deadline = job.started_at + settings.max_seconds - job.ran_before
     end_reason = ""
     next_cancel_check = 0.0
     ctx.progress(None, stage="connecting")

@@ -6,8 +6,10 @@ limits, since the file family's hard limit would kill it). Imported by every far
 
 Limits of a job that never ends (docs/families/subtitle-live.md):
 
-- ``FARM_LIVE_MAX_SECONDS`` (operator, default 3600): the longest a live job runs, counted from
-  its first attempt's start across every attempt; the job then ends with ``end_reason`` saying so.
+- ``FARM_LIVE_MAX_SECONDS`` (operator, default 3600): the longest a live job runs, its attempts'
+  running time added up (up to each lost attempt's last checkpoint; the wait for the next attempt,
+  which after a worker's death is the broker's visibility timeout, is not counted); the job then
+  ends with ``end_reason`` saying so.
   The family's time limits are derived from it (soft = max + 120 s, hard = max + 180 s), so the
   watchdog's hard limit only ever catches an engine that failed to stop itself, and the worker's
   start-up check (hard limit below the visibility timeout) bounds what an operator may set.
@@ -51,7 +53,7 @@ class LiveSettings(BaseSettings):
     Attributes:
         sources: ``FARM_LIVE_SOURCES``, comma-separated: ``loopback`` (default) and/or
             ``scheme://host[:port]`` / ``scheme://network`` entries (``subtitle_live.sources``).
-        max_seconds: ``FARM_LIVE_MAX_SECONDS``: the longest a live job runs, all attempts together.
+        max_seconds: ``FARM_LIVE_MAX_SECONDS``: the longest a live job runs, its attempts' running time added up.
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_LIVE_", extra="ignore")
