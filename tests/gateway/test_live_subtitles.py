@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -19,7 +21,9 @@ import webvtt
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.handles import JobHandle
-from tests.gateway.conftest import TOKEN
+from tests.conftest import REPO
+from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
+from tests.support.docs import code_blocks
 from tests.support.speech import PHRASES, RATE, espeak_available, make_track
 
 websockets_sync = pytest.importorskip("websockets.sync.client", reason="live pushes need the gateway extra's websockets")
@@ -188,3 +192,17 @@ def test_a_client_that_leaves_without_end_ends_the_stream_and_the_job_finishes(c
     # Ended by the drop (not by the 60 s stall timeout), with what it heard.
     assert output["end_reason"].startswith("ended") and time.monotonic() - began < 55
     assert output["cues"] >= 1 and np.isclose(output["duration"], len(pcm) // 4 / RATE, atol=0.1)
+
+
+def test_the_docs_live_client_runs_against_a_gateway_without_tokens(cpu_worker, tiny_en, track, tmp_path) -> None:
+    blocks = code_blocks(REPO / "docs" / "gateway.md")
+    (block,) = [b for b in blocks if "/v1/live/subtitles" in b.text and b.lang == "python"]
+    assert "ws://127.0.0.1:8000/v1/live/subtitles" in block.text
+    with running_gateway(gateway_config(tokens=())) as url:
+        script = tmp_path / "live.py"
+        script.write_text(block.text.replace("ws://127.0.0.1:8000", url.replace("http://", "ws://")))
+        run = subprocess.run([sys.executable, str(script), str(track.path)], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("{'type': 'ready'") and run.stdout.rstrip().endswith("{'end': 'SUCCESS'}")
+    assert run.stdout.count("WEBVTT") >= 8 and "lazy dog" in run.stdout  # ~18 s in 2 s segments
