@@ -25,11 +25,16 @@ pytestmark = [
 ]
 
 # Measured when set (tiny.en, faster-whisper 1.2.1): clean 0.070 (5 errors in 71 words, "the birch
-# canoe" heard as "the merch can do"), several voices and speeds 0.387 (48 in 124: tiny.en on fast
-# and accented espeak-ng voices). Bounds: those plus about 8 and 11 points, short of what one lost
-# sentence of the clean track (+0.13) or one lost window would add.
+# canoe" heard as "the merch can do"). Bound: that plus 8 points, short of what one lost sentence of
+# the clean track (+0.13) would add.
 CLEAN_MAX_WER = 0.15
-VOICES_MAX_WER = 0.50
+# The several-voices track (tiny.en on fast and accented espeak-ng voices) is hard enough that what
+# tiny.en hears in it moves with the CPU's int8 kernels: 0.387 for the job on an AVX2 machine, 0.589
+# on an AVX-512 one, where faster-whisper's own transcribe(vad_filter=True, word_timestamps=True)
+# heard 0.524 (transcribe without word times 0.452). So its bound is the bare library's figure on
+# the same machine, same model and threads, plus 10 points: about one lost sentence (9 words of
+# 124), well short of a lost window.
+VOICES_OVER_BARE = 0.10
 SEED = 16
 
 
@@ -65,9 +70,22 @@ def voices_track(media_root: Path):
     return make("conversation", media_root / "accuracy-voices.wav", 45, seed=SEED)
 
 
-@pytest.mark.parametrize(("name", "bound"), [("clean_track", CLEAN_MAX_WER), ("voices_track", VOICES_MAX_WER)])
-def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name, bound) -> None:
+def bare_wer(tiny_en: Path, track) -> float:
+    """What faster-whisper's own transcribe(vad_filter=True, word_timestamps=True) hears in ``track``,
+    on the job's model, compute type, threads and beam, as a user would call it."""
+    from faster_whisper import WhisperModel
+
+    from tests.support.subtitle_tracks import normalise, wer
+
+    model = WhisperModel(str(tiny_en), device="cpu", compute_type="int8", cpu_threads=1)
+    segments, _ = model.transcribe(str(track.path), beam_size=1, vad_filter=True, word_timestamps=True, language="en")
+    return wer(track.words, normalise(" ".join(s.text for s in segments)))
+
+
+@pytest.mark.parametrize("name", ["clean_track", "voices_track"])
+def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name) -> None:
     track = request.getfixturevalue(name)
+    bound = CLEAN_MAX_WER if name == "clean_track" else bare_wer(tiny_en, track) + VOICES_OVER_BARE
     job = submit("subtitle", media=str(track.path), formats=["json"])
     envelope = job.wait(timeout=300)
     assert envelope["variant"] == "whisper-tiny"
@@ -98,5 +116,11 @@ def test_windows_in_batches_hear_what_one_window_a_call_hears(tiny_en, voices_tr
         return [(w["text"], w["start"], w["end"]) for s in data["segments"] for w in s["words"]]
 
     one, batched = run(1), run(3)
-    assert [w for w, _, _ in batched] == [w for w, _, _ in one]
-    assert score(voices_track, batched) == score(voices_track, one)
+    # Not word for word: int8 kernels decode a padded batch with other roundings than one window
+    # (on an AVX-512 CPU one word of 124 came out different; on AVX2 none did). At most 5 % of the
+    # words, and no more errors against the truth than that, nor any word in silence.
+    from tests.support.subtitle_tracks import wer
+
+    assert wer([w for w, _, _ in one], [w for w, _, _ in batched]) <= 0.05
+    (one_wer, one_silent), (batched_wer, batched_silent) = score(voices_track, one), score(voices_track, batched)
+    assert batched_wer <= one_wer + 0.05 and batched_silent == one_silent == 0

@@ -45,6 +45,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
 )
 from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
 from mediafarm.tasks.families.subtitle.resume import JOURNAL, STATE_VERSION, Journal, Part, Resumed, tag_cues, vad_state
+from mediafarm.tasks.families.subtitle.second_look import second_look
 from mediafarm.tasks.families.subtitle.spec import (
     UNSURE_BELOW,
     Confidence,
@@ -104,7 +105,8 @@ def whisper(
 
     batched = recognise_batch if params.batch_size > 1 else None
     identity = {"engine": "whisper", **params.model_dump(mode="json")}
-    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size, identity=identity))
+    # Whisper may skip a stretch of a long window whole: what it missed gets a second look (second_look.py).
+    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size, identity=identity, relook=True))
 
 
 def pocketsphinx(
@@ -127,6 +129,7 @@ def transcribe(
     batch_size: int = 1,
     *,
     identity: Mapping[str, Any] | None = None,
+    relook: bool = False,
 ) -> Generator[Any, None, SubtitleResult]:
     """The pipeline of the module docstring; yields each finished WebVTT segment's artifact name.
     With ``recognise_batch``, windows are recognised ``batch_size`` at a time. ``identity`` (the
@@ -174,7 +177,7 @@ def transcribe(
             yield from _publish(ctx, chunks, chunks.add(cues.take_rest(), final_until=at))
         last_model = model_name
         for index, (window, heard) in enumerate(
-            recognised(ctx, path, windows[skip:], recognise, recognise_batch, batch_size), start=skip + 1
+            recognised(ctx, path, windows[skip:], recognise, recognise_batch, batch_size, relook), start=skip + 1
         ):
             last_model = heard.model
             first_language = first_language or heard.language
@@ -431,29 +434,36 @@ def recognised(
     recognise: Recognise,
     recognise_batch: RecogniseBatch | None = None,
     batch_size: int = 1,
+    relook: bool = False,
 ) -> Iterator[tuple[Window, Recognition]]:
     """Each window with what was heard in it, in order: one at a time, or ``batch_size`` windows a
-    call with ``recognise_batch`` (at most that many windows of audio held: memory stays flat)."""
+    call with ``recognise_batch`` (at most that many windows of audio held: memory stays flat).
+    ``relook``: pieces a window's recognition left without a word are recognised again alone."""
     if recognise_batch is None or batch_size <= 1:
         for window, audio in cut_windows(path, windows):
             ctx.check_cancelled()
-            yield window, onsets.refine_heard(recognise(audio), audio, window.spans())
+            yield from _refined([(window, audio)], [recognise(audio)], recognise if relook else None)
         return
     batch: list[tuple[Window, np.ndarray]] = []
     for item in cut_windows(path, windows):
         batch.append(item)
         if len(batch) == batch_size:
             ctx.check_cancelled()
-            yield from _refined(batch, recognise_batch([a for _, a in batch]))
+            yield from _refined(batch, recognise_batch([a for _, a in batch]), recognise if relook else None)
             batch = []
     if batch:
         ctx.check_cancelled()
-        yield from _refined(batch, recognise_batch([a for _, a in batch]))
+        yield from _refined(batch, recognise_batch([a for _, a in batch]), recognise if relook else None)
 
 
-def _refined(batch: list[tuple[Window, np.ndarray]], heard: list[Recognition]) -> Iterator[tuple[Window, Recognition]]:
-    """Each window's words with their edges refined against its own audio (onsets.py)."""
+def _refined(
+    batch: list[tuple[Window, np.ndarray]], heard: list[Recognition], relook: Recognise | None
+) -> Iterator[tuple[Window, Recognition]]:
+    """Each window's words, the pieces it missed looked at again (second_look.py) when ``relook``
+    is given, with their edges refined against its own audio (onsets.py)."""
     for (window, audio), recognition in zip(batch, heard, strict=True):
+        if relook is not None:
+            recognition = second_look(recognition, audio, window.spans(), relook)
         yield window, onsets.refine_heard(recognition, audio, window.spans())
 
 

@@ -7,6 +7,7 @@ any weights. Each span is recognised on its own, as the family's engine will aft
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import shutil
@@ -35,6 +36,7 @@ from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.family import NoParams
 from mediafarm.tasks.records import Outcome
 from tests.support.speech import PHRASES
+from tests.support.subtitle_tracks import wer
 
 # Measured here (faster-whisper 1.2.1, ctranslate2 4.8.5, int8, 1 thread, beam 1, espeak-ng speech,
 # one call a sentence): tiny.en WER 3/33 = 9.1 % ("quick brown fox jumps" → "quick ground foc stump").
@@ -197,13 +199,53 @@ def test_a_batch_of_windows_hears_what_each_window_hears_alone(tiny_en: Path, sp
     assert len(together) == len(windows)
     for audio, one, batched in zip(windows, alone, together, strict=True):
         assert_well_formed(batched, 0.0, audio.size / 16000)
-        assert [w.text for w in words_of(batched)] == [w.text for w in words_of(one)]
-        for a, b in zip(words_of(one), words_of(batched), strict=True):
+        # The same words, but for at most one: int8 kernels decode a padded batch with other
+        # roundings than one window (an AVX-512 CPU dropped a last "out."; AVX2 dropped none).
+        texts_one, texts_batched = [w.text for w in words_of(one)], [w.text for w in words_of(batched)]
+        assert wer(texts_one, texts_batched) * len(texts_one) <= 1, (texts_one, texts_batched)
+        same = difflib.SequenceMatcher(a=texts_one, b=texts_batched, autojunk=False).get_matching_blocks()
+        pairs = [(words_of(one)[m.a + k], words_of(batched)[m.b + k]) for m in same for k in range(m.size)]
+        assert len(pairs) >= len(texts_one) - 1
+        for a, b in pairs:
             # faster-whisper's word-length heuristics move a word by a step or two (20 ms each) in a batch.
             assert abs(a.start - b.start) <= 0.1 and abs(a.end - b.end) <= 0.1, (a, b)
         assert batched.language == "en" and batched.model == one.model
     with pytest.raises(ValueError, match="empty"):
         transcribe_whisper_batch(model, [windows[0], np.zeros(0, dtype=np.float32)])
+
+
+def test_a_second_look_hears_the_pieces_a_window_left_without_a_word(tiny_en: Path, spans: list[Span]) -> None:
+    # A window of three pieces whose recognition heard only the first (as Whisper does when its
+    # timestamps jump past the rest): the other two are recognised alone and put in their place.
+    from mediafarm.tasks.families.subtitle.second_look import missed, second_look
+
+    model = load_whisper(tiny_en)
+    join = np.zeros(4800, dtype=np.float32)
+    audio = np.concatenate([spans[0].samples, join, spans[1].samples, join, spans[2].samples])
+    bounds, at = [], 0.0
+    for span in spans[:3]:
+        bounds.append((at, at + span.samples.size / 16000))
+        at += span.samples.size / 16000 + 0.3
+    first_only = transcribe_whisper(model, spans[0].samples, offset=0.0)
+    assert missed(first_only, bounds) == [1, 2]
+    calls = []
+
+    def recognise(piece: np.ndarray) -> Recognition:
+        calls.append(piece.size)
+        return transcribe_whisper(model, piece, offset=0.0)
+
+    looked = second_look(first_only, audio, bounds, recognise)
+    assert calls == [spans[1].samples.size, spans[2].samples.size] and missed(looked, bounds) == []
+    heard = normalise(" ".join(s.text for s in looked.segments))
+    assert heard[: len(normalise(spans[0].phrase))] == normalise(first_only.segments[0].text)
+    for span, (a, b) in zip(spans[1:3], bounds[1:3], strict=True):
+        words = [w for s in looked.segments for w in s.words if a <= w.start < b]
+        assert words and all(a <= w.start <= w.end <= b for w in words)
+        assert len(set(normalise(" ".join(w.text for w in words))) & set(normalise(span.phrase))) >= 3
+    # A window of one piece is not decoded again (the same audio would give the same words), nor is
+    # a window that missed nothing.
+    assert second_look(Recognition([], "en", 1.0, "m"), spans[0].samples, bounds[:1], recognise).segments == []
+    assert second_look(looked, audio, bounds, recognise) is looked and len(calls) == 2
 
 
 # --- the random Whisper: the loading path without weights -------------------------------------------------
