@@ -53,7 +53,7 @@ from mediafarm.tasks.families.subtitle.spec import WhisperParams
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_live.clock import StreamClock
 from mediafarm.tasks.families.subtitle_live.push import SCHEME as PUSH_SCHEME
-from mediafarm.tasks.families.subtitle_live.push import PushEnded, PushSource
+from mediafarm.tasks.families.subtitle_live.push import PushEnded, PushSource, PushTaken
 from mediafarm.tasks.families.subtitle_live.source import LiveSource, SourceEnded
 from mediafarm.tasks.families.subtitle_live.spec import (
     Gap,
@@ -63,7 +63,7 @@ from mediafarm.tasks.families.subtitle_live.spec import (
     LiveTimingReport,
 )
 from mediafarm.tasks.families.vad.engines import SILERO_CONTEXT, SILERO_WINDOW, SpanTracker, silero_model
-from mediafarm.tasks.kit import EngineContext, NoParams, Span, UnreadableMedia
+from mediafarm.tasks.kit import EngineContext, InvalidRequest, NoParams, Span, UnreadableMedia
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 
 JSON_NAME, VTT_NAME, SRT_NAME = "subtitles.json", "subtitles.vtt", "subtitles.srt"
@@ -297,9 +297,11 @@ class LiveJob:
 
     def replay(self) -> None:
         """The attempt reads the stream again from the checkpoint (a pushed stream keeps its
-        audio): what was heard after the checkpoint is heard again, so it is not kept twice."""
-        assert self.resumed_at is not None
-        self.speech = [s for s in self.speech if s.start < self.resumed_at]
+        audio): what was heard after the checkpoint is heard again, so it is not kept twice (a span
+        the checkpoint cuts through, in a long monologue, ends there: the replay finds the rest)."""
+        at = self.resumed_at
+        assert at is not None
+        self.speech = [Span(s.start, min(s.end, at)) for s in self.speech if s.start < at]
         self.words -= self._pending_words
         self._pending_words = 0
 
@@ -352,8 +354,9 @@ def run_live(
     end_reason = ""
     next_cancel_check = 0.0
     ctx.progress(None, stage="connecting")
+    source = _open_source(ctx, request, job)
     try:
-        with _open_source(ctx, request, job) as source:
+        with source:
             for pts, samples in source.frames():
                 now = time.time()
                 at = audio.end
@@ -383,6 +386,8 @@ def run_live(
                 end_reason = "ended: the stream ended"
     except (SourceEnded, PushEnded) as exc:
         end_reason = str(exc)
+    except PushTaken as exc:
+        raise InvalidRequest(f"subtitle-live request: {exc}") from None
     last = vad.finish()
     if last is not None:
         job.backlog.append(last)
@@ -390,7 +395,10 @@ def run_live(
         _recognise(job, audio, vad, recognise)
     duration = max(job.clock.time_at(audio.end), job.final_until)
     yield from _settle(job, vad, audio, arrivals, ended=True, duration=duration)
-    return _finish(ctx, job, end_reason, duration)
+    result = _finish(ctx, job, end_reason, duration)
+    if isinstance(source, PushSource):
+        source.done()  # the job has ended for good: a killed attempt never gets here, its successor reads on
+    return result
 
 
 def _open_source(ctx: EngineContext, request: LiveSubtitleRequest, job: LiveJob) -> LiveSource | PushSource:
@@ -406,7 +414,8 @@ def _open_source(ctx: EngineContext, request: LiveSubtitleRequest, job: LiveJob)
     if job.resumed_at is not None and job.clock.origin is not None:
         start = job.resumed_at + job.clock.origin + job.clock.offset
         job.replay()
-    return PushSource(ctx.redis, request.stream, stall_timeout=request.stall_timeout_s, start_pts=start)
+    return PushSource(ctx.redis, request.stream, stall_timeout=request.stall_timeout_s, reader=ctx.job_id,
+                      start_pts=start)  # fmt: skip
 
 
 def _join_live_edge(job: LiveJob, at: int) -> None:
@@ -421,8 +430,9 @@ def _join_live_edge(job: LiveJob, at: int) -> None:
         job.clock.hold(resumed_at)
         edge = resumed_at
     if edge > resumed_at:
-        job.gaps.append(Gap(start=round(resumed_at, 3), end=round(edge, 3),
-                            reason=f"attempt {job.attempts - 1} was lost; attempt {job.attempts} joined the live edge"))  # fmt: skip
+        where = "the oldest audio the push still kept" if job.request.stream.startswith("push:") else "the live edge"
+        reason = f"attempt {job.attempts - 1} was lost; attempt {job.attempts} joined {where}"
+        job.gaps.append(Gap(start=round(resumed_at, 3), end=round(edge, 3), reason=reason))
 
 
 def _recognise_now(job: LiveJob, arrivals: Arrivals, now: float) -> bool:

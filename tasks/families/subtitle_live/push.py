@@ -10,13 +10,20 @@ data comes (the stall timeout is the read's timeout), and it keeps what was push
 an attempt that takes over from a killed one reads the audio again from the checkpoint instead of
 losing it (no gap, unlike a UDP or TCP stream, which the farm cannot rewind).
 
-Layout of the stream: each entry holds whole frames of s16le PCM (``pcm``), and its id is
-``0-<first frame + 1>``: ids grow with the stream's own sample position, so the entry holding a
-position is one ``XREVRANGE`` away, and trimming by position is ``XTRIM MINID``. The last entry may
-be ``end``: the pusher ended the stream. The reader records how far it has read (``:read``); the
-pusher keeps ``KEEP_SECONDS`` of audio behind that for a resumed attempt, trims the rest, and is
-told how far ahead of the reader it is, so a producer faster than real time can wait (the gateway
-stops reading its WebSocket) instead of growing Redis without a bound.
+Layout of the stream: each entry holds whole frames of s16le PCM (``pcm``, at least
+``ENTRY_SECONDS`` of them: a browser posting 128 samples at a time would otherwise cost a round trip
+each), and its id is ``0-<first frame + 1>``: ids grow with the stream's own sample position, so the
+entry holding a position is one ``XREVRANGE`` away, and trimming by position is ``XTRIM MINID``. The
+last entry may be ``end``: the pusher ended the stream. The reader records how far it has read
+(``:read``); the pusher keeps ``KEEP_SECONDS`` of audio behind that for a resumed attempt, trims
+the rest, and is told how far ahead of the reader it is, so a producer faster than real time can be
+told to wait (the gateway's ``hold`` frame) instead of growing Redis without a bound.
+
+One job reads a push: its first attempt claims it (``:reader``, the job's id), and every other job
+naming the same URL is refused, so a push id that leaks (it is in the job's request and result)
+lets no one else read the audio or move the reading position. The keys live as long as a job
+could still come back for them (the broker's visibility timeout, after a worker's death, plus an
+hour; renewed by every write and read) and are deleted when the job ends for good.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
 SCHEME = "push"
 # An id is part of a Redis key and of a URL's host (which urlsplit lower-cases): lower-case only.
 PUSH_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{7,63}$")
-SAMPLE_RATES = range(8000, 192001)
+SAMPLE_RATES = range(8000, 48001)  # speech: 48 kHz is the most any capture needs
 CHANNELS = (1, 2)
 # Audio kept behind the reader's position, for an attempt that replaces a killed one: the live job
 # checkpoints at every segment it publishes (every chunk_seconds, at most 60 s), and the audio from
@@ -46,9 +53,12 @@ CHANNELS = (1, 2)
 # stream trimmed and records the missing part as a gap.
 KEEP_SECONDS = 120.0
 # How far ahead of the reader a pusher may get before it is told to wait (``AudioPush.ahead``).
-MAX_AHEAD_SECONDS = 300.0
-# Keys expire this long after the last write or read: a pusher or a job that vanished leaves nothing.
-EXPIRE_SECONDS = 3600
+MAX_AHEAD_SECONDS = 60.0
+# The least audio one stream entry holds (the rest waits in the pusher for the next write).
+ENTRY_SECONDS = 0.05
+# Keys outlive the last write or read by the broker's visibility timeout (a job whose worker died
+# comes back after it) plus this: a pusher or a job that vanished leaves nothing for long.
+EXPIRE_MARGIN_SECONDS = 3600
 # Entries a reader takes per round trip, and the longest it blocks in one.
 READ_COUNT = 64
 BLOCK_MS = 1000
@@ -85,6 +95,18 @@ def push_key(push_id: str) -> str:
 def read_key(push_id: str) -> str:
     """Frames of the push its reader has taken (``AudioPush.ahead`` and the trim read it)."""
     return family_key("subtitle-live", "push", push_id, "read")
+
+
+def reader_key(push_id: str) -> str:
+    """The job that reads the push (the first to open it)."""
+    return family_key("subtitle-live", "push", push_id, "reader")
+
+
+def expire_seconds() -> int:
+    """How long the keys of a push outlive their last write or read."""
+    from mediafarm.tasks.kit import get_settings
+
+    return get_settings().visibility_timeout + EXPIRE_MARGIN_SECONDS
 
 
 def push_url(push_id: str, fmt: PushFormat) -> str:
@@ -138,9 +160,12 @@ class AudioPush:
         if not PUSH_ID.match(self.id):
             raise PushFormatError(f"push id {self.id!r}: 8-64 lower-case letters, digits, '_' or '-'")
         self.keep_frames = round(keep_seconds * sample_rate)
-        self.frames = 0  # frames appended so far
+        self.entry_bytes = round(ENTRY_SECONDS * sample_rate) * self.format.frame_bytes
+        self.expire = expire_seconds()
+        self.frames = 0  # frames appended to the stream so far
+        self._read_frames = 0  # the reader's position as last read
         self.ended = False
-        self._rest = b""
+        self._rest = b""  # bytes not appended yet: a part of a frame, or less than an entry
 
     @property
     def url(self) -> str:
@@ -150,23 +175,32 @@ class AudioPush:
         """Append ``data`` (s16le PCM); returns how many seconds of audio the reader has not taken yet."""
         if self.ended:
             raise PushFormatError("the push has ended: it takes no more audio")
-        data = self._rest + bytes(data)
-        whole = len(data) - len(data) % self.format.frame_bytes
-        self._rest = data[whole:]
+        self._rest += bytes(data)
+        if len(self._rest) < self.entry_bytes:  # held back: the reader's position as last read
+            return (self.frames - self._read_frames) / self.format.sample_rate
+        return self._append()
+
+    def _append(self) -> float:
+        """The whole frames held back, as one entry; the seconds the reader has not taken."""
+        whole = len(self._rest) - len(self._rest) % self.format.frame_bytes
+        data, self._rest = self._rest[:whole], self._rest[whole:]
         if not whole:
             return self.ahead()
         first = self.frames
         self.frames += whole // self.format.frame_bytes
         key = push_key(self.id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(key, {"pcm": data[:whole]}, id=f"0-{first + 1}")
+        pipe.xadd(key, {"pcm": data}, id=f"0-{first + 1}")
         pipe.get(read_key(self.id))
-        pipe.expire(key, EXPIRE_SECONDS)
+        pipe.expire(key, self.expire)
         _, read, _ = pipe.execute()
-        read_frames = int(read) if read is not None else 0
+        read_frames = self._read_frames = int(read) if read is not None else 0
         keep_from = min(read_frames, self.frames) - self.keep_frames
         if keep_from > 0:
-            self.redis.xtrim(key, minid=f"0-{keep_from + 1}", approximate=False)
+            # From the entry holding the keep point on: trimming at the point itself would drop it whole.
+            holding = self.redis.xrevrange(key, max=f"0-{keep_from + 1}", min="-", count=1)
+            if holding:
+                self.redis.xtrim(key, minid=_text(holding[0][0]), approximate=False)
         return (self.frames - read_frames) / self.format.sample_rate
 
     def ahead(self) -> float:
@@ -175,15 +209,17 @@ class AudioPush:
         return (self.frames - (int(read) if read is not None else 0)) / self.format.sample_rate
 
     def end(self) -> None:
-        """End the stream (a partial frame left over is dropped): the job ends with it."""
+        """End the stream (a partial frame left over is dropped): the job ends with it. Marked
+        ended only once Redis took it, so a call after a failed one tries again."""
         if self.ended:
             return
-        self.ended = True
+        self._append()
         key = push_key(self.id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xadd(key, {"end": "1"}, id=f"0-{self.frames + 1}")
-        pipe.expire(key, EXPIRE_SECONDS)
+        pipe.expire(key, self.expire)
         pipe.execute()
+        self.ended = True
 
     def __enter__(self) -> AudioPush:
         return self
@@ -196,6 +232,10 @@ class PushEnded(Exception):
     """The push stalled: nothing came within the stall timeout (the message says so)."""
 
 
+class PushTaken(PushFormatError):
+    """Another job reads this push."""
+
+
 class PushSource:
     """The job's end: ``with PushSource(redis, url, stall_timeout=10) as source: for pts, samples
     in source.frames(): ...``, as :class:`~.source.LiveSource` yields them (pts in seconds of the
@@ -205,14 +245,25 @@ class PushSource:
     checkpoint is read again), or from the oldest audio kept when it is gone or not given.
     """
 
-    def __init__(self, redis: Any, url: str, *, stall_timeout: float, start_pts: float | None = None,
+    def __init__(self, redis: Any, url: str, *, stall_timeout: float, reader: str, start_pts: float | None = None,
                  rate: int = 16000) -> None:  # fmt: skip
         self.redis, self.stall_timeout, self.start_pts, self.rate = redis, stall_timeout, start_pts, rate
+        self.reader = reader  # the job's id: its attempts read the push, no other job does
         self.id, self.format = parse_push_url(url)
         self.key = push_key(self.id)
+        self.expire = expire_seconds()
 
     def __enter__(self) -> PushSource:
+        key = reader_key(self.id)
+        if not self.redis.set(key, self.reader, nx=True, ex=self.expire):
+            owner = _text(self.redis.get(key) or b"")
+            if owner and owner != self.reader:
+                raise PushTaken(f"push {self.id} is read by another job ({owner}); a push is read by one job only")
         return self
+
+    def done(self) -> None:
+        """The job has ended for good: the push's keys go (a pusher still writing gets an error)."""
+        self.redis.delete(self.key, read_key(self.id), reader_key(self.id))
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         return None
@@ -241,6 +292,7 @@ class PushSource:
             for entry_id, fields in answer:
                 after = _text(entry_id)
                 if _field(fields, "end") is not None:
+                    self._read_to(expected)
                     yield from resampler.flush()
                     return
                 first = int(after.split("-")[1]) - 1
@@ -254,7 +306,15 @@ class PushSource:
                     resampler.reset()  # entries trimmed before they were read: the clock sees the jump
                 expected = first + samples.size
                 yield from resampler.feed(first / fmt.sample_rate, samples)
-            self.redis.set(read_key(self.id), expected or 0, ex=EXPIRE_SECONDS)
+            self._read_to(expected)
+
+    def _read_to(self, position: int | None) -> None:
+        """Record how far the job has read, and keep the push's keys as long again."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(read_key(self.id), position or 0, ex=self.expire)
+        pipe.expire(self.key, self.expire)
+        pipe.expire(reader_key(self.id), self.expire)
+        pipe.execute()
 
     def _read(self, after: str) -> list[Any]:
         """The entries after ``after``, waiting up to the stall timeout in reads of at most
