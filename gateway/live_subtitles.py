@@ -11,9 +11,10 @@ way: the job still finishes, and its result is the job's, under the id ``ready``
 
 Two coroutines per connection: the reader (frames in, appended to the stream in a worker thread)
 and the sender (the job followed, segments out). A client pushing faster than the job reads is
-held back: past ``MAX_AHEAD_SECONDS`` of audio the job has not read, the reader stops reading the
-socket until it catches up, so the WebSocket's own flow control slows the client and Redis holds a
-bounded amount.
+told so: past ``MAX_AHEAD_SECONDS`` of audio the job has not read, a ``hold`` frame, and ``resume``
+once the job is within half of it again; a client that goes on past ``HOLD_GRACE_SECONDS`` more is
+closed with 1013, so Redis holds a bounded amount. The socket is never left unread to slow a
+client down: uvicorn's keep-alive pings would go unanswered and drop it.
 """
 
 from __future__ import annotations
@@ -38,13 +39,20 @@ from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.families.subtitle_live.push import MAX_AHEAD_SECONDS, AudioPush, PushFormatError
+from mediafarm.tasks.families.subtitle_live.spec import LiveSubtitleRequest
 from mediafarm.tasks.handles import JobHandle
 from mediafarm.tasks.plan import READY
 
 router = APIRouter()
 FAMILY = "subtitle-live"
 CLOSE_INVALID = 4400  # a start frame that does not fit
-CLOSE_TRY_AGAIN = 1013  # the farm is overloaded (RFC 6455 "Try Again Later")
+CLOSE_TOO_BIG = 1009  # an audio frame over MAX_AUDIO_FRAME (RFC 6455 "Message Too Big")
+CLOSE_TRY_AGAIN = 1013  # the farm is overloaded, or the client ignored a hold (RFC 6455 "Try Again Later")
+# What a start frame may hold besides its type and the PCM format: the request's own fields, but the
+# stream (the socket's audio). Nothing of submit's own (queue, job_id, priority, tenant) gets through.
+START_FIELDS = frozenset(LiveSubtitleRequest.model_fields) - {"stream"}
+# How far past MAX_AHEAD_SECONDS a client that was told to hold may go on before it is closed.
+HOLD_GRACE_SECONDS = 30.0
 # How long a client has to send its start frame.
 START_TIMEOUT_S = 30.0
 # A binary frame larger than this is refused: 1 MiB is 30 s of 16 kHz mono, far more than a live frame.
@@ -61,6 +69,7 @@ class _Live:
     job: JobHandle
     send_lock: anyio.Lock = field(default_factory=anyio.Lock)
     sent: set[str] = field(default_factory=set)  # segment names sent
+    holding: bool = False  # a hold frame was sent, no resume yet
 
     async def send_json(self, frame: dict[str, Any]) -> None:
         async with self.send_lock:
@@ -86,19 +95,33 @@ async def live_subtitles(websocket: WebSocket) -> None:
         return
     push, job = started
     live = _Live(websocket, config, push, job)
-    await live.send_json({"type": "ready", "job": job.id, "stream": push.url,
-                          "sample_rate": push.format.sample_rate, "channels": push.format.channels})  # fmt: skip
     try:
+        await live.send_json({"type": "ready", "job": job.id, "stream": push.url,
+                              "sample_rate": push.format.sample_rate, "channels": push.format.channels})  # fmt: skip
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_sender, live)
+            tasks.start_soon(_sender, live, tasks.cancel_scope)
             left = await _reader(live)
             await _end_stream(push)
             if left:  # no one to send the rest to: the job finishes on its own, its result kept
                 tasks.cancel_scope.cancel()
-    except* (WebSocketDisconnect, OSError):  # the client left while a frame was being sent to it
+    except* (WebSocketDisconnect, OSError, RuntimeError):  # the client left while a frame was being sent to it
         pass
+    except* (RedisError, OperationalError) as group:
+        await _close_quietly(live, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {group.exceptions[0]}")
     finally:
         await _end_stream(push)
+
+
+async def _close_quietly(live: _Live, code: int, reason: str) -> None:
+    """An error frame, then the close, unless the client has already gone."""
+    if live.websocket.client_state is not WebSocketState.CONNECTED:
+        return
+    try:
+        async with live.send_lock:
+            await live.websocket.send_json(error(reason, code="closing"))
+            await close(live.websocket, code, reason)
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass
 
 
 async def _end_stream(push: AudioPush) -> None:
@@ -122,6 +145,13 @@ async def _start(websocket: WebSocket, owner: str, text: str | None) -> tuple[Au
     if "stream" in fields:
         await close(websocket, CLOSE_INVALID, "start: the stream is this socket's audio; send no 'stream'")
         return None
+    unknown = sorted(set(fields) - START_FIELDS)
+    if unknown:
+        await websocket.send_json(error(f"start: unknown field(s) {', '.join(unknown)}; a start frame takes "
+                                        f"sample_rate, channels and {', '.join(sorted(START_FIELDS))}",
+                                        code="invalid"))  # fmt: skip
+        await close(websocket, CLOSE_INVALID, f"start: unknown field(s) {', '.join(unknown)}")
+        return None
     try:
         push = AudioPush(celery_app.backend.client, sample_rate=_whole(frame, "sample_rate", 16000),
                          channels=_whole(frame, "channels", 1))  # fmt: skip
@@ -134,7 +164,7 @@ async def _start(websocket: WebSocket, owner: str, text: str | None) -> tuple[Au
 
     try:
         job = await anyio.to_thread.run_sync(send)
-    except InvalidRequest as exc:
+    except (InvalidRequest, ValueError, TypeError) as exc:
         # The reason may be longer than a close frame holds: it goes in an error frame first.
         await websocket.send_json(error(f"start: {exc}", code="invalid"))
         await close(websocket, CLOSE_INVALID, f"start: {exc}")
@@ -173,22 +203,31 @@ async def _reader(live: _Live) -> bool:
             await live.send_json(error('after start, a frame is audio (binary) or {"type": "end"}', code="invalid"))
             continue
         if len(data) > MAX_AUDIO_FRAME:
-            await live.send_json(error(f"an audio frame may hold at most {MAX_AUDIO_FRAME:,} bytes", code="invalid"))
-            continue
+            # Dropping it would shift every later byte (a frame may end mid-sample): the stream ends here.
+            await _close_quietly(live, CLOSE_TOO_BIG, f"an audio frame may hold at most {MAX_AUDIO_FRAME:,} bytes")
+            return True
         ahead = await anyio.to_thread.run_sync(live.push.write, data)
-        while ahead > MAX_AHEAD_SECONDS:  # the job is behind: stop reading the socket until it catches up
-            await anyio.sleep(0.2)
-            ahead = await anyio.to_thread.run_sync(live.push.ahead)
+        if ahead > MAX_AHEAD_SECONDS + HOLD_GRACE_SECONDS:
+            await _close_quietly(live, CLOSE_TRY_AGAIN, f"the job is {ahead:.0f} s behind the audio pushed: a hold "
+                                                         "frame asked to wait for resume")  # fmt: skip
+            return True
+        if ahead > MAX_AHEAD_SECONDS and not live.holding:
+            live.holding = True
+            await live.send_json({"type": "hold", "ahead": round(ahead, 1), "max_ahead": MAX_AHEAD_SECONDS})
 
 
-async def _sender(live: _Live) -> None:
-    """The job's new segments out as they are announced, then its end frame; closes the socket."""
+async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
+    """The job's new segments out as they are announced (and ``resume`` after a hold), then its
+    end frame; closes the socket and stops the reader (``scope``)."""
     watch = JobWatch(live.job.id)
     store = ArtifactStore(live.config.storage_dir, live.job.id)
     while True:
         try:
             changed = await anyio.to_thread.run_sync(watch.changed)
             snapshot = await anyio.to_thread.run_sync(read_snapshot, live.job) if changed else None
+            if live.holding and await anyio.to_thread.run_sync(live.push.ahead) <= MAX_AHEAD_SECONDS / 2:
+                live.holding = False
+                await live.send_json({"type": "resume"})
         except (RedisError, OperationalError):
             await anyio.sleep(1.0)  # Redis away for a moment: the job goes on; so does the look
             continue
@@ -204,9 +243,11 @@ async def _sender(live: _Live) -> None:
                     end["output"] = snapshot.envelope.get("output")
                 if snapshot.failure is not None:
                     end["failure"] = snapshot.failure
-                await live.send_json(end)
-                if live.websocket.client_state is WebSocketState.CONNECTED:
-                    await live.websocket.close(CLOSE_NORMAL)
+                async with live.send_lock:
+                    await live.websocket.send_json(end)
+                    if live.websocket.client_state is WebSocketState.CONNECTED:
+                        await live.websocket.close(CLOSE_NORMAL)
+                scope.cancel()  # the reader too: the job takes no more audio
                 return
         await anyio.sleep(POLL_S)
 

@@ -162,6 +162,11 @@ def test_stereo_at_48k_is_taken_as_pushed(cpu_worker, tiny_en, live_url, track) 
         ('{"type": "start", "stream": "udp://127.0.0.1:5000"}', "send no 'stream'"),
         ('{"type": "start", "chunk_seconds": 0.1}', "chunk_seconds"),
         ('{"type": "start", "colour": "blue"}', "colour"),
+        ('{"type": "start", "sample_rate": 96000}', "sample_rate 96000"),
+        # submit()'s own keywords are not request fields: a client picks no queue, id, priority or tenant.
+        ('{"type": "start", "queue": "gpu0.subtitle"}', "unknown field(s) queue"),
+        ('{"type": "start", "job_id": "mine"}', "unknown field(s) job_id"),
+        ('{"type": "start", "priority": 9, "tenant": "someone"}', "unknown field(s) priority, tenant"),
     ],
 )
 def test_a_start_that_does_not_fit_is_refused_naming_the_problem(gateway_url, live_url, first, reason) -> None:
@@ -206,3 +211,45 @@ def test_the_docs_live_client_runs_against_a_gateway_without_tokens(cpu_worker, 
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("{'type': 'ready'") and run.stdout.rstrip().endswith("{'end': 'SUCCESS'}")
     assert run.stdout.count("WEBVTT") >= 8 and "lazy dog" in run.stdout  # ~18 s in 2 s segments
+
+
+def test_a_client_far_ahead_of_its_job_is_told_to_hold_then_to_resume(cpu_worker, tiny_en, live_url) -> None:
+    second = bytes(RATE * 2)  # a second of silence
+    with connect(live_url) as ws:
+        ws.send(json.dumps({"type": "start", "stall_timeout_s": 10}))
+        json.loads(ws.recv(timeout=30))
+        for _ in range(70):  # faster than any job reads it: 70 s at once, past the 60 s it may be ahead
+            ws.send(second)
+        hold = json.loads(ws.recv(timeout=30))
+        assert hold["type"] == "hold" and hold["ahead"] > 60, hold
+        # The job reads on (its empty segments come meanwhile); the client may go on after resume.
+        frames = [json.loads(ws.recv(timeout=60))]
+        while frames[-1]["type"] == "segment":
+            frames.append(json.loads(ws.recv(timeout=60)))
+        assert frames[-1] == {"type": "resume"}, frames[-1]
+        ws.send(json.dumps({"type": "end"}))
+        frames = [json.loads(m) for m in ws]
+    assert frames[-1]["type"] == "end" and frames[-1]["state"] == "SUCCESS", frames[-1]
+    assert frames[-1]["output"]["duration"] == pytest.approx(70.0, abs=0.1)  # every second of it read
+
+
+def test_a_client_that_ignores_a_hold_or_sends_too_big_a_frame_is_closed(cpu_worker, tiny_en, live_url) -> None:
+    with connect(live_url) as ws:
+        ws.send(json.dumps({"type": "start"}))
+        ready = json.loads(ws.recv(timeout=30))
+        with pytest.raises(ConnectionClosed) as closed:
+            for _ in range(120):
+                ws.send(bytes(RATE * 2))
+            while True:
+                ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 1013 and "hold" in closed.value.rcvd.reason
+    # The audio taken before the close is the stream, which ended there: the job finishes with it.
+    assert JobHandle(ready["job"], "subtitle-live").wait(timeout=120)["output"]["end_reason"].startswith("ended")
+    with connect(live_url) as ws:
+        ws.send(json.dumps({"type": "start"}))
+        json.loads(ws.recv(timeout=30))
+        ws.send(bytes((1 << 20) + 2))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 1009 and "at most 1,048,576 bytes" in closed.value.rcvd.reason
