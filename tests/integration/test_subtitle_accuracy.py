@@ -35,6 +35,9 @@ CLEAN_MAX_WER = 0.15
 # the same machine, same model and threads, plus 10 points: about one lost sentence (9 words of
 # 124), well short of a lost window.
 VOICES_OVER_BARE = 0.10
+# And never above this, whatever the bare library hears: a regression the library shares (a model or
+# CTranslate2 change) still fails here once it costs a couple of sentences more than any CPU measured.
+VOICES_MAX_WER = 0.65
 SEED = 16
 
 
@@ -85,7 +88,7 @@ def bare_wer(tiny_en: Path, track) -> float:
 @pytest.mark.parametrize("name", ["clean_track", "voices_track"])
 def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name) -> None:
     track = request.getfixturevalue(name)
-    bound = CLEAN_MAX_WER if name == "clean_track" else bare_wer(tiny_en, track) + VOICES_OVER_BARE
+    bound = CLEAN_MAX_WER if name == "clean_track" else min(bare_wer(tiny_en, track) + VOICES_OVER_BARE, VOICES_MAX_WER)
     job = submit("subtitle", media=str(track.path), formats=["json"])
     envelope = job.wait(timeout=300)
     assert envelope["variant"] == "whisper-tiny"

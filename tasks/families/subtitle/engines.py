@@ -104,7 +104,8 @@ def whisper(
         return heard
 
     batched = recognise_batch if params.batch_size > 1 else None
-    identity = {"engine": "whisper", **params.model_dump(mode="json")}
+    # "relook": a checkpoint of an engine without the second look is not this recogniser's own.
+    identity = {"engine": "whisper", "relook": 1, **params.model_dump(mode="json")}
     # Whisper may skip a stretch of a long window whole: what it missed gets a second look (second_look.py).
     return (yield from transcribe(ctx, request, recognise, batched, params.batch_size, identity=identity, relook=True))
 
