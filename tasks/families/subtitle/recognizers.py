@@ -51,12 +51,21 @@ class Recognition:
         language: The language spoken (an ISO 639-1 code, e.g. "en").
         language_probability: The recogniser's confidence in ``language``; None when it does not say.
         model: The recogniser and its model, with versions, for the job's result.
+        unsure: The recogniser doubts its own decode of the span: Whisper gave a segment an average
+            log-probability under ``UNSURE_LOG_PROB`` (the threshold its own temperature fallback
+            uses). False where the recogniser does not say.
     """
 
     segments: list[Segment]
     language: str
     language_probability: float | None
     model: str
+    unsure: bool = False
+
+
+# Whisper's own log_prob_threshold: a decode whose average log-probability is under it is one its
+# temperature fallback would do again (the farm decodes at temperature 0 only: second_look.py).
+UNSURE_LOG_PROB = -1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +162,7 @@ def transcribe_whisper(
             # random, and measured to drop whole windows (bench/subtitle.py, docs/BENCHMARKS.md).
             temperature=0.0,
         )
+        raw_segments = list(raw_segments)
         segments = [segment for raw in raw_segments if (segment := _whisper_segment(raw, offset, duration))]
     except RuntimeError as exc:  # decoding is lazy: CUDA OOM surfaces while iterating
         raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")), "CTranslate2")
@@ -162,6 +172,7 @@ def transcribe_whisper(
         language=info.language,
         language_probability=float(info.language_probability),
         model=label,
+        unsure=any(raw.avg_logprob < UNSURE_LOG_PROB for raw in raw_segments),
     )
 
 
@@ -207,9 +218,11 @@ def transcribe_whisper_batch(
             batch_size=batch_size,
         )
         per_window: list[list[Segment]] = [[] for _ in samples]
+        unsure = [False for _ in samples]
         for raw in raw_segments:
             # A segment's seek is its clip's start in frames (its times are on the joined clock).
             i = int(np.argmin(np.abs(starts * model.frames_per_second - raw.seek)))
+            unsure[i] = unsure[i] or raw.avg_logprob < UNSURE_LOG_PROB
             shifted = _whisper_segment(raw, -starts[i], sizes[i] / SAMPLE_RATE, shift_first=True)
             if shifted:
                 per_window[i].append(shifted)
@@ -218,8 +231,8 @@ def transcribe_whisper_batch(
         raise
     return [
         Recognition(segments=segments, language=info.language,
-                    language_probability=float(info.language_probability), model=label)
-        for segments in per_window
+                    language_probability=float(info.language_probability), model=label, unsure=doubt)
+        for segments, doubt in zip(per_window, unsure, strict=True)
     ]  # fmt: skip
 
 

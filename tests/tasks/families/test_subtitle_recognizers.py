@@ -248,6 +248,41 @@ def test_a_second_look_hears_the_pieces_a_window_left_without_a_word(tiny_en: Pa
     assert second_look(looked, audio, bounds, recognise) is looked and len(calls) == 2
 
 
+def test_a_window_whisper_doubts_is_heard_again_in_two_halves(tiny_en: Path, spans: list[Span]) -> None:
+    # A window of three pieces whose decode Whisper doubted (a segment under its own log-probability
+    # threshold): recognised again as its first piece and as its other two, each half's words put
+    # back on the window's clock, every piece heard.
+    import dataclasses
+
+    from mediafarm.tasks.families.subtitle.second_look import missed, second_look
+
+    model = load_whisper(tiny_en)
+    join = np.zeros(4800, dtype=np.float32)
+    audio = np.concatenate([spans[0].samples, join, spans[1].samples, join, spans[2].samples])
+    bounds, at = [], 0.0
+    for span in spans[:3]:
+        bounds.append((at, at + span.samples.size / 16000))
+        at += span.samples.size / 16000 + 0.3
+    whole = transcribe_whisper(model, audio, offset=0.0)
+    calls = []
+
+    def recognise(piece: np.ndarray) -> Recognition:
+        calls.append(piece.size)
+        return transcribe_whisper(model, piece, offset=0.0)
+
+    doubted = dataclasses.replace(whole, unsure=True)
+    looked = second_look(doubted, audio, bounds, recognise)
+    first_half = spans[0].samples.size
+    second_half = round(bounds[2][1] * 16000) - round(bounds[1][0] * 16000)
+    assert calls == [first_half, second_half] and not looked.unsure and missed(looked, bounds) == []
+    assert all(w.start >= bounds[1][0] for s in looked.segments for w in s.words if w.start > bounds[0][1])
+    heard = normalise(" ".join(s.text for s in looked.segments))
+    for span in spans[:3]:
+        assert len(set(heard) & set(normalise(span.phrase))) >= 3
+    # What Whisper does not doubt is kept as it was.
+    assert whole.unsure is False and second_look(whole, audio, bounds, recognise) is whole
+
+
 # --- the random Whisper: the loading path without weights -------------------------------------------------
 
 
