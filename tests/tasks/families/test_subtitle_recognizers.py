@@ -214,25 +214,39 @@ def test_a_batch_of_windows_hears_what_each_window_hears_alone(tiny_en: Path, sp
         transcribe_whisper_batch(model, [windows[0], np.zeros(0, dtype=np.float32)])
 
 
-def test_a_second_look_hears_the_pieces_a_window_left_without_a_word(tiny_en: Path, spans: list[Span]) -> None:
-    # A window of three pieces whose recognition heard only the first (as Whisper does when its
-    # timestamps jump past the rest): the other two are recognised alone and put in their place.
-    from mediafarm.tasks.families.subtitle.second_look import missed, second_look
-
-    model = load_whisper(tiny_en)
+def three_piece_window(spans: list[Span]) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """The first three spans joined by 0.3 s of silence, as the engine packs a window, and where
+    each piece lies in it (seconds)."""
     join = np.zeros(4800, dtype=np.float32)
     audio = np.concatenate([spans[0].samples, join, spans[1].samples, join, spans[2].samples])
     bounds, at = [], 0.0
     for span in spans[:3]:
         bounds.append((at, at + span.samples.size / 16000))
         at += span.samples.size / 16000 + 0.3
-    first_only = transcribe_whisper(model, spans[0].samples, offset=0.0)
-    assert missed(first_only, bounds) == [1, 2]
-    calls = []
+    return audio, bounds
+
+
+def counting_recogniser(model: Any, calls: list[int]) -> Any:
+    """tiny.en on a piece of audio, each call's length in samples appended to ``calls``."""
 
     def recognise(piece: np.ndarray) -> Recognition:
         calls.append(piece.size)
         return transcribe_whisper(model, piece, offset=0.0)
+
+    return recognise
+
+
+def test_a_second_look_hears_the_pieces_a_window_left_without_a_word(tiny_en: Path, spans: list[Span]) -> None:
+    # A window of three pieces whose recognition heard only the first (as Whisper does when its
+    # timestamps jump past the rest): the other two are recognised alone and put in their place.
+    from mediafarm.tasks.families.subtitle.second_look import missed, second_look
+
+    model = load_whisper(tiny_en)
+    audio, bounds = three_piece_window(spans)
+    first_only = transcribe_whisper(model, spans[0].samples, offset=0.0)
+    assert missed(first_only, bounds) == [1, 2]
+    calls: list[int] = []
+    recognise = counting_recogniser(model, calls)
 
     looked = second_look(first_only, audio, bounds, recognise)
     assert calls == [spans[1].samples.size, spans[2].samples.size] and missed(looked, bounds) == []
@@ -257,18 +271,10 @@ def test_a_window_whisper_doubts_is_heard_again_in_two_halves(tiny_en: Path, spa
     from mediafarm.tasks.families.subtitle.second_look import missed, second_look
 
     model = load_whisper(tiny_en)
-    join = np.zeros(4800, dtype=np.float32)
-    audio = np.concatenate([spans[0].samples, join, spans[1].samples, join, spans[2].samples])
-    bounds, at = [], 0.0
-    for span in spans[:3]:
-        bounds.append((at, at + span.samples.size / 16000))
-        at += span.samples.size / 16000 + 0.3
+    audio, bounds = three_piece_window(spans)
     whole = transcribe_whisper(model, audio, offset=0.0)
-    calls = []
-
-    def recognise(piece: np.ndarray) -> Recognition:
-        calls.append(piece.size)
-        return transcribe_whisper(model, piece, offset=0.0)
+    calls: list[int] = []
+    recognise = counting_recogniser(model, calls)
 
     doubted = dataclasses.replace(whole, unsure=True)
     looked = second_look(doubted, audio, bounds, recognise)
