@@ -50,6 +50,7 @@ import numpy as np
 import soundfile as sf
 
 from bench.farm import farm, worker
+from bench.live_subtitle import latency_stats
 from tests.support.speech import RATE, make_track
 
 CHUNK_SECONDS = 2
@@ -63,14 +64,6 @@ END_LAG_S = 5.0
 GOAL_P95_MS = 3000.0
 # A sentence's phase offsets are taken this far from speech, so a rotated pattern cuts no sentence.
 MARGIN_S = 0.3
-
-
-def _stats(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"p50": None, "p95": None, "max": None, "n": 0}
-    a = np.asarray(values)
-    return {"p50": round(float(np.percentile(a, 50)), 1), "p95": round(float(np.percentile(a, 95)), 1),
-            "max": round(float(a.max()), 1), "n": int(a.size)}  # fmt: skip
 
 
 def _streams(folder: Path, seconds: float, count: int) -> list[tuple[bytes, list[tuple[float, float]], float]]:
@@ -228,13 +221,13 @@ def run_round(n: int, streams: list[tuple[bytes, list[tuple[float, float]], floa
         per_stream.append({
             "job": job.id, "rung": envelope["attempts"][-1]["variant"], "attempts": len(envelope["attempts"]),
             "end_reason": output["end_reason"], "sentences": len(truth), "cues": len(cues),
-            "latency_ms": _stats(latencies), "first_third_p50_ms": _round(first_third),
+            "latency_ms": latency_stats(latencies), "first_third_p50_ms": _round(first_third),
             "last_third_p50_ms": _round(last_third), "growth_ms": _round(growth), "end_lag_s": _round(end_lag, 2),
             "gaps": len(timing["gaps"]), "drift_ms_max": timing["drift_ms_max"],
             "pusher_late_max_ms": round(pusher.late_max * 1000, 1), "kept_real_time": kept,
         })  # fmt: skip
     stream_seconds = sum(s[2] for s in streams[:n])
-    summary = _stats(pooled)
+    summary = latency_stats(pooled)
     growths = [s["growth_ms"] for s in per_stream if s["growth_ms"] is not None]
     lags = [s["end_lag_s"] for s in per_stream if s["end_lag_s"] is not None]
     all_kept = all(s["kept_real_time"] for s in per_stream)

@@ -115,8 +115,8 @@ def run_engine(folder: Path, wav: Path, truth: list[tuple[float, float]], durati
     return {
         "stream_seconds": round(duration, 1), "sentences": len(truth), "cues": len(cues), "end_reason": result.end_reason,
         "latency_engine_ms": {"p50": t.latency_ms_p50, "p95": t.latency_ms_p95, "max": t.latency_ms_max, "n": t.latencies},
-        "latency_end_to_end_ms": _stats(end_to_end), "drift_ms_max": t.drift_ms_max,
-        "cue_onset_error_ms": _stats(onset_errors), "late_cues_over_112ms": len(t.late),
+        "latency_end_to_end_ms": latency_stats(end_to_end), "drift_ms_max": t.drift_ms_max,
+        "cue_onset_error_ms": latency_stats(onset_errors), "late_cues_over_112ms": len(t.late),
         "discontinuities": len(t.discontinuities), "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 1),
         "cpu_per_stream": round(cpu / duration, 3),
     }  # fmt: skip
@@ -164,7 +164,8 @@ def run_decoders(folder: Path, wav: Path, seconds: float) -> dict[str, Any]:
     return out
 
 
-def _stats(values: list[float]) -> dict[str, float | int | None]:
+def latency_stats(values: list[float]) -> dict[str, float | int | None]:
+    """P50, P95 and max (ms, one decimal) of ``values``, and how many."""
     if not values:
         return {"p50": None, "p95": None, "max": None, "n": 0}
     a = np.asarray(values)
