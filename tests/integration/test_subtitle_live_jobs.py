@@ -25,7 +25,16 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks.families.subtitle_live.push import AudioPush
 from mediafarm.tasks.kit import farm_redis
 from tests.support.kills import kill_running
-from tests.support.live_stream import free_port, http_folder, publish_hls, publish_tcp, publish_udp, wait_listening
+from tests.support.live_stream import (
+    free_port,
+    http_folder,
+    publish_hls,
+    publish_tcp,
+    publish_udp,
+    real_time_pieces,
+    track_pcm,
+    wait_listening,
+)
 from tests.support.speech import PHRASES, RATE, espeak_available, make_track
 
 pytestmark = pytest.mark.integration
@@ -174,20 +183,13 @@ def _push_in_real_time(push, pcm: bytes) -> threading.Thread:
     time, then ending the stream."""
 
     def pushing() -> None:
-        step, began = RATE // 10 * 2, time.monotonic()
-        for k, i in enumerate(range(0, len(pcm), step)):
-            time.sleep(max(0.0, began + k * 0.1 - time.monotonic()))
-            push.write(pcm[i : i + step])
+        for piece in real_time_pieces(pcm, RATE):
+            push.write(piece)
         push.end()
 
     thread = threading.Thread(target=pushing, daemon=True)
     thread.start()
     return thread
-
-
-def _track_pcm(track) -> bytes:
-    audio, _ = sf.read(track.path, dtype="int16")
-    return audio.astype("<i2").tobytes()
 
 
 def _first_segment(job, timeout: float = 60.0) -> None:
@@ -216,7 +218,7 @@ def test_a_pushed_stream_killed_mid_stream_is_read_again_from_its_checkpoint_wit
 ) -> None:
     push = AudioPush(farm_redis())
     job = submit("subtitle-live", stream=push.url, chunk_seconds=2, stall_timeout_s=10)
-    pusher = _push_in_real_time(push, _track_pcm(track))
+    pusher = _push_in_real_time(push, track_pcm(track.path))
     _first_segment(job)  # the first sentence's segment is out: then the child dies
     killed = kill_running(job, "whisper-tiny")
     pusher.join(60)
@@ -260,7 +262,7 @@ def test_a_live_job_whose_whole_worker_dies_goes_on_on_another_worker(death_work
     first = death_workers()
     push = AudioPush(farm_redis())
     job = submit("subtitle-live", queue=DEATH_QUEUE, stream=push.url, chunk_seconds=2, stall_timeout_s=90)
-    pusher = _push_in_real_time(push, _track_pcm(track))
+    pusher = _push_in_real_time(push, track_pcm(track.path))
     _first_segment(job)
     # The whole worker dies mid-stream: main process and children, as in a machine or container loss.
     os.killpg(first.main_pid(), signal.SIGKILL)

@@ -1,5 +1,6 @@
 """Live streams the tests make on this machine: FFmpeg publishing a WAV in real time (``-re``) as
-MPEG-TS over loopback UDP or TCP, or as HLS into a folder a local ``http.server`` serves.
+MPEG-TS over loopback UDP or TCP, or as HLS into a folder a local ``http.server`` serves; and the
+PCM of a WAV cut into pieces at the pace it plays, for a test that pushes it (``push://``).
 
 Timestamps are pinned so a test knows the stream clock: ``-muxdelay 0 -muxpreload 0`` and
 ``-output_ts_offset`` make the first audio sample's PTS ``ts_offset`` seconds, so a moment ``t``
@@ -84,3 +85,21 @@ def http_folder(folder: Path) -> Iterator[str]:
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
+
+
+def track_pcm(wav: Path) -> bytes:
+    """A 16-bit mono WAV's samples as s16le bytes, what a push takes."""
+    import soundfile as sf
+
+    audio, _ = sf.read(wav, dtype="int16")
+    return audio.astype("<i2").tobytes()
+
+
+def real_time_pieces(pcm: bytes, rate: int, piece_seconds: float = 0.1) -> Iterator[bytes]:
+    """``pcm`` (16-bit mono at ``rate``) in ``piece_seconds`` pieces, each given when it is due as
+    the audio plays from the first one."""
+    step = round(piece_seconds * rate) * 2
+    began = time.monotonic()
+    for k, i in enumerate(range(0, len(pcm), step)):
+        time.sleep(max(0.0, began + k * piece_seconds - time.monotonic()))
+        yield pcm[i : i + step]
