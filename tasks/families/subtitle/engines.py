@@ -440,21 +440,22 @@ def recognised(
     """Each window with what was heard in it, in order: one at a time, or ``batch_size`` windows a
     call with ``recognise_batch`` (at most that many windows of audio held: memory stays flat).
     ``relook``: pieces a window's recognition left without a word are recognised again alone."""
+    again = recognise if relook else None
     if recognise_batch is None or batch_size <= 1:
         for window, audio in cut_windows(path, windows):
             ctx.check_cancelled()
-            yield from _refined([(window, audio)], [recognise(audio)], recognise if relook else None)
+            yield from _refined([(window, audio)], [recognise(audio)], again)
         return
     batch: list[tuple[Window, np.ndarray]] = []
     for item in cut_windows(path, windows):
         batch.append(item)
         if len(batch) == batch_size:
             ctx.check_cancelled()
-            yield from _refined(batch, recognise_batch([a for _, a in batch]), recognise if relook else None)
+            yield from _refined(batch, recognise_batch([a for _, a in batch]), again)
             batch = []
     if batch:
         ctx.check_cancelled()
-        yield from _refined(batch, recognise_batch([a for _, a in batch]), recognise if relook else None)
+        yield from _refined(batch, recognise_batch([a for _, a in batch]), again)
 
 
 def _refined(

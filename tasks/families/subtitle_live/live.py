@@ -35,7 +35,6 @@ import json
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -52,8 +51,7 @@ from mediafarm.tasks.families.subtitle.records import Cue, Word
 from mediafarm.tasks.families.subtitle.spec import WhisperParams
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_live.clock import StreamClock
-from mediafarm.tasks.families.subtitle_live.push import SCHEME as PUSH_SCHEME
-from mediafarm.tasks.families.subtitle_live.push import PushEnded, PushSource, PushTaken
+from mediafarm.tasks.families.subtitle_live.push import PushEnded, PushSource, PushTaken, is_push_url
 from mediafarm.tasks.families.subtitle_live.source import LiveSource, SourceEnded
 from mediafarm.tasks.families.subtitle_live.spec import (
     Gap,
@@ -405,7 +403,7 @@ def _open_source(ctx: EngineContext, request: LiveSubtitleRequest, job: LiveJob)
     """The stream's reader. A pushed stream is the farm's own Redis, which keeps its audio a while:
     an attempt that resumes reads it again from its checkpoint (``LiveJob.replay``) instead of
     joining the live edge, so a lost attempt costs no stream time. Other sources cannot be rewound."""
-    if urlsplit(request.stream).scheme.lower() != PUSH_SCHEME:
+    if not is_push_url(request.stream):
         return LiveSource(request.stream, stall_timeout=request.stall_timeout_s)
     if ctx.redis is None:
         raise UnreadableMedia(f"stream {request.stream}: a pushed stream is read from the farm's Redis, "
@@ -430,7 +428,7 @@ def _join_live_edge(job: LiveJob, at: int) -> None:
         job.clock.hold(resumed_at)
         edge = resumed_at
     if edge > resumed_at:
-        where = "the oldest audio the push still kept" if job.request.stream.startswith("push:") else "the live edge"
+        where = "the oldest audio the push still kept" if is_push_url(job.request.stream) else "the live edge"
         reason = f"attempt {job.attempts - 1} was lost; attempt {job.attempts} joined {where}"
         job.gaps.append(Gap(start=round(resumed_at, 3), end=round(edge, 3), reason=reason))
 

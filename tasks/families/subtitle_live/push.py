@@ -113,11 +113,16 @@ def push_url(push_id: str, fmt: PushFormat) -> str:
     return f"{SCHEME}://{push_id}?sample_rate={fmt.sample_rate}&channels={fmt.channels}"
 
 
+def is_push_url(url: str) -> bool:
+    """Does ``url`` name a push (whatever else is wrong with it)?"""
+    return urlsplit(url.strip()).scheme.lower() == SCHEME
+
+
 def parse_push_url(url: str) -> tuple[str, PushFormat]:
     """(id, format) of a ``push://`` URL; PushFormatError naming what does not fit."""
-    parts = urlsplit(url.strip())
-    if parts.scheme.lower() != SCHEME:
+    if not is_push_url(url):
         raise PushFormatError(f"stream {url!r} is not a push:// URL")
+    parts = urlsplit(url.strip())
     push_id = parts.netloc
     if not PUSH_ID.match(push_id):
         raise PushFormatError(f"stream {url!r}: a push id is 8-64 lower-case letters, digits, '_' or '-'")
