@@ -90,7 +90,7 @@ async def live_subtitles(websocket: WebSocket) -> None:
         return
     if message["type"] == "websocket.disconnect":
         return
-    started = await _start(websocket, owner, message.get("text"))
+    started = await _start(websocket, config, owner, message.get("text"))
     if started is None:
         return
     push, job = started
@@ -132,7 +132,9 @@ async def _end_stream(push: AudioPush) -> None:
             pass  # the stream then stalls: the job ends on its stall timeout
 
 
-async def _start(websocket: WebSocket, owner: str, text: str | None) -> tuple[AudioPush, JobHandle] | None:
+async def _start(
+    websocket: WebSocket, config: GatewayConfig, owner: str, text: str | None
+) -> tuple[AudioPush, JobHandle] | None:
     """The start frame → the push stream and its job; None once the socket was closed with the reason."""
     try:
         frame = json.loads(text) if text is not None else None
@@ -160,7 +162,7 @@ async def _start(websocket: WebSocket, owner: str, text: str | None) -> tuple[Au
         return None
 
     def send() -> JobHandle:
-        return submit(FAMILY, tenant=owner, stream=push.url, **fields)
+        return submit(FAMILY, queue=config.live_queue, tenant=owner, stream=push.url, **fields)
 
     try:
         job = await anyio.to_thread.run_sync(send)

@@ -37,6 +37,8 @@ class GatewayConfig:
             one Redis round trip each, the whole job read only when it changed, ``job_watch``).
         room_linger: Seconds a dropped room connection's unfinished lines wait for the client to
             connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
+        live_queue: Where a pushed live stream's job goes (``/v1/live/subtitles``); None: the
+            subtitle-live family's queue.
     """
 
     tokens: tuple[str, ...]
@@ -53,6 +55,7 @@ class GatewayConfig:
     room_poll: float = 0.03
     speech_poll: float = 0.03
     room_linger: float = 10.0
+    live_queue: str | None = None
 
     @classmethod
     def from_settings(cls, settings: FarmSettings) -> GatewayConfig:

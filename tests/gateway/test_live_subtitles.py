@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,10 @@ from mediafarm.tasks.handles import JobHandle
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support.docs import code_blocks
+from tests.support.live_stream import real_time_pieces, track_pcm
 from tests.support.speech import PHRASES, RATE, espeak_available, make_track
 
-websockets_sync = pytest.importorskip("websockets.sync.client", reason="live pushes need the gateway extra's websockets")
+websockets_sync = pytest.importorskip("websockets.sync.client", reason="pushes need the gateway extra's websockets")
 ConnectionClosed = pytest.importorskip("websockets.exceptions").ConnectionClosed
 pytestmark = pytest.mark.integration
 BOUND_S = 0.112  # the subtitle story's perceptible offset
@@ -50,19 +52,10 @@ def connect(url: str, **options: Any) -> Any:
     return websockets_sync.connect(url, open_timeout=30, **options)
 
 
-def _pcm(track) -> bytes:
-    audio, rate = sf.read(track.path, dtype="int16")
-    assert rate == RATE
-    return audio.astype("<i2").tobytes()
-
-
-def _push_in_real_time(ws: Any, pcm: bytes, rate: int = RATE) -> float:
-    """Send ``pcm`` (16-bit mono) in FRAME_S pieces at the pace it plays; the time the last went out."""
-    step = round(FRAME_S * rate) * 2
-    began = time.monotonic()
-    for k, i in enumerate(range(0, len(pcm), step)):
-        time.sleep(max(0.0, began + k * FRAME_S - time.monotonic()))
-        ws.send(pcm[i : i + step])
+def _push_in_real_time(ws: Any, pcm: bytes) -> float:
+    """Send ``pcm`` (16 kHz mono) in FRAME_S pieces at the pace it plays; the time the last went out."""
+    for piece in real_time_pieces(pcm, RATE, FRAME_S):
+        ws.send(piece)
     return time.monotonic()
 
 
@@ -102,7 +95,7 @@ def test_pushed_audio_gets_its_cues_back_while_it_plays_on_its_own_clock(cpu_wor
         ready = json.loads(ws.recv(timeout=30))
         assert ready["type"] == "ready" and ready["stream"].startswith("push://"), ready
         threading.Thread(target=_collect, args=(ws, frames, done), daemon=True).start()
-        pushed_at = _push_in_real_time(ws, _pcm(track))
+        pushed_at = _push_in_real_time(ws, track_pcm(track.path))
         ws.send(json.dumps({"type": "end"}))
         assert done.wait(120), f"no end frame: {frames}"
     segments = [f for f in frames if f["type"] == "segment"]
@@ -186,7 +179,7 @@ def test_a_push_without_a_token_is_refused(live_url) -> None:
 
 
 def test_a_client_that_leaves_without_end_ends_the_stream_and_the_job_finishes(cpu_worker, tiny_en, live_url, track):
-    pcm = _pcm(track)
+    pcm = track_pcm(track.path)
     with connect(live_url) as ws:
         ws.send(json.dumps({"type": "start", "stall_timeout_s": 60}))
         ready = json.loads(ws.recv(timeout=30))
@@ -213,17 +206,40 @@ def test_the_docs_live_client_runs_against_a_gateway_without_tokens(cpu_worker, 
     assert run.stdout.count("WEBVTT") >= 8 and "lazy dog" in run.stdout  # ~18 s in 2 s segments
 
 
-def test_a_client_far_ahead_of_its_job_is_told_to_hold_then_to_resume(cpu_worker, tiny_en, live_url) -> None:
+HELD_QUEUE = "live-held"
+
+
+@pytest.fixture()
+def held_url() -> Iterator[str]:
+    """A gateway whose live jobs go to a queue no worker takes until a test starts one
+    (``held_worker``): a job that reads nothing yet, so how far ahead a client is stays the test's."""
+    with running_gateway(gateway_config(live_queue=HELD_QUEUE)) as url:
+        yield url.replace("http://", "ws://") + "/v1/live/subtitles"
+
+
+@pytest.fixture()
+def held_worker(start_worker, tiny_en) -> Iterator[Any]:
+    """Starts the held queue's worker when called; stops it when the test ends."""
+    from mediafarm.workers.launch import stop_worker
+
+    started = []
+    yield lambda: started.append(start_worker("cpu", concurrency=1, queues=[HELD_QUEUE]))
+    for worker in started:
+        stop_worker(worker.process, timeout=20)
+
+
+def test_a_client_far_ahead_of_its_job_is_told_to_hold_then_to_resume(held_url, held_worker) -> None:
     second = bytes(RATE * 2)  # a second of silence
-    with connect(live_url) as ws:
+    with connect(held_url) as ws:
         ws.send(json.dumps({"type": "start", "stall_timeout_s": 10}))
         json.loads(ws.recv(timeout=30))
-        for _ in range(70):  # faster than any job reads it: 70 s at once, past the 60 s it may be ahead
+        for _ in range(70):  # 70 s while no job reads: past the 60 s a client may be ahead
             ws.send(second)
         hold = json.loads(ws.recv(timeout=30))
         assert hold["type"] == "hold" and hold["ahead"] > 60, hold
-        # The job reads on (its empty segments come meanwhile); the client may go on after resume.
-        frames = [json.loads(ws.recv(timeout=60))]
+        held_worker()  # the job runs and reads on; the client may go on after resume
+        # Its empty segments may come before the resume.
+        frames = [json.loads(ws.recv(timeout=90))]
         while frames[-1]["type"] == "segment":
             frames.append(json.loads(ws.recv(timeout=60)))
         assert frames[-1] == {"type": "resume"}, frames[-1]
@@ -233,8 +249,8 @@ def test_a_client_far_ahead_of_its_job_is_told_to_hold_then_to_resume(cpu_worker
     assert frames[-1]["output"]["duration"] == pytest.approx(70.0, abs=0.1)  # every second of it read
 
 
-def test_a_client_that_ignores_a_hold_or_sends_too_big_a_frame_is_closed(cpu_worker, tiny_en, live_url) -> None:
-    with connect(live_url) as ws:
+def test_a_client_that_ignores_a_hold_or_sends_too_big_a_frame_is_closed(held_url, held_worker) -> None:
+    with connect(held_url) as ws:
         ws.send(json.dumps({"type": "start"}))
         ready = json.loads(ws.recv(timeout=30))
         with pytest.raises(ConnectionClosed) as closed:
@@ -244,8 +260,9 @@ def test_a_client_that_ignores_a_hold_or_sends_too_big_a_frame_is_closed(cpu_wor
                 ws.recv(timeout=30)
     assert closed.value.rcvd.code == 1013 and "hold" in closed.value.rcvd.reason
     # The audio taken before the close is the stream, which ended there: the job finishes with it.
+    held_worker()
     assert JobHandle(ready["job"], "subtitle-live").wait(timeout=120)["output"]["end_reason"].startswith("ended")
-    with connect(live_url) as ws:
+    with connect(held_url) as ws:
         ws.send(json.dumps({"type": "start"}))
         json.loads(ws.recv(timeout=30))
         ws.send(bytes((1 << 20) + 2))
