@@ -10,6 +10,7 @@ from __future__ import annotations
 from mediafarm.tasks.media.decode import (
     BLOCK_SECONDS,
     SAMPLE_RATE,
+    KeptAudio,
     audio_blocks,
     checked_audio_stream,
     checked_video_stream,
@@ -26,6 +27,7 @@ __all__ = [
     # Decoding: audio as 16 kHz mono float32 blocks, video frames past damaged packets.
     "BLOCK_SECONDS",
     "SAMPLE_RATE",
+    "KeptAudio",
     "audio_blocks",
     "declared_length",
     "has_audio_stream",

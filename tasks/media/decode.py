@@ -286,6 +286,40 @@ def audio_blocks(
             yield np.concatenate(pending).astype(np.float32) / 32768.0
 
 
+class KeptAudio:
+    """A file's :func:`audio_blocks` for two passes, decoded once where the audio is short.
+
+    The first pass (:meth:`blocks`) decodes and keeps the blocks while they total at most
+    ``keep_seconds``; the second (:meth:`again`) is those kept blocks, or a fresh decode where the
+    audio was longer or the first pass never ran to its end. So memory stays flat with length: at
+    most ``keep_seconds`` of samples are held (16 kHz float32: 3.8 MB a minute), whatever the file.
+    """
+
+    def __init__(self, path: Path, keep_seconds: float) -> None:
+        self.path, self.limit = path, int(keep_seconds * SAMPLE_RATE)
+        self._kept: list[np.ndarray] | None = None
+
+    def blocks(self, path: Path | None = None) -> Iterator[np.ndarray]:
+        """The first pass (``path``: the same file, as a reader of ``audio_blocks`` passes it)."""
+        if path is not None and Path(path) != self.path:
+            raise ValueError(f"KeptAudio of {self.path} asked for {path}")
+        kept: list[np.ndarray] | None = []
+        held = 0
+        for block in audio_blocks(self.path):
+            held += block.size
+            if kept is not None and held <= self.limit:
+                kept.append(block)
+            else:
+                kept = None  # too long to keep: the second pass decodes again
+            yield block
+        self._kept = kept
+
+    def again(self) -> Iterator[np.ndarray]:
+        """The second pass: what the first kept, or the file decoded anew."""
+        kept, self._kept = self._kept, None
+        return iter(kept) if kept is not None else audio_blocks(self.path)
+
+
 def _in_output_form(frame: av.AudioFrame, rate: int) -> bool:
     return frame.format.name == "s16" and frame.sample_rate == rate and len(frame.layout.channels) == 1
 

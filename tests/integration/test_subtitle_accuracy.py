@@ -24,10 +24,14 @@ pytestmark = [
     pytest.mark.skipif(not espeak_available(), reason="espeak-ng makes the speech (apt-get install espeak-ng)"),
 ]
 
-# Measured when set (tiny.en, faster-whisper 1.2.1): clean 0.070 (5 errors in 71 words, "the birch
-# canoe" heard as "the merch can do"). Bound: that plus 8 points, short of what one lost sentence of
-# the clean track (+0.13) would add.
-CLEAN_MAX_WER = 0.15
+# The clean track: 0.070 when first measured (5 errors in 71 words on an AVX2 machine, "the birch
+# canoe" heard as "the merch can do"); on an AVX-512 one 0.127 with the encoder given the whole 30 s
+# and 0.155 fitted to each window (11 errors, as faster-whisper's own transcribe, with or without word
+# times, and BatchedInferencePipeline heard there). tiny.en's few slips on it move with the CPU's int8
+# kernels and the encoder's length, so its bound is the bare library's figure on the same machine plus
+# 5 points (3 words of 71), short of what one lost sentence (+0.13) would add, and never above 0.20.
+CLEAN_OVER_BARE = 0.05
+CLEAN_MAX_WER = 0.20
 # The several-voices track (tiny.en on fast and accented espeak-ng voices) is hard enough that what
 # tiny.en hears in it moves with the CPU's int8 kernels: 0.387 for the job on an AVX2 machine, 0.589
 # on an AVX-512 one, where faster-whisper's own transcribe(vad_filter=True, word_timestamps=True)
@@ -88,7 +92,8 @@ def bare_wer(tiny_en: Path, track) -> float:
 @pytest.mark.parametrize("name", ["clean_track", "voices_track"])
 def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name) -> None:
     track = request.getfixturevalue(name)
-    bound = CLEAN_MAX_WER if name == "clean_track" else min(bare_wer(tiny_en, track) + VOICES_OVER_BARE, VOICES_MAX_WER)
+    over, most = (CLEAN_OVER_BARE, CLEAN_MAX_WER) if name == "clean_track" else (VOICES_OVER_BARE, VOICES_MAX_WER)
+    bound = min(bare_wer(tiny_en, track) + over, most)
     job = submit("subtitle", media=str(track.path), formats=["json"])
     envelope = job.wait(timeout=300)
     assert envelope["variant"] == "whisper-tiny"

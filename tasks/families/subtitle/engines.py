@@ -5,11 +5,12 @@ recogniser:
 
 1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing).
 2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows of
-   up to ``WINDOW_SECONDS`` of speech (a Whisper call costs the same for 1 s as for 30 s),
-   joined by a short silence; the silence between spans is never recognised (it is where Whisper
-   hallucinates). Each word's edges are refined against the window's own sound (onsets.py: no
-   word starts or ends in silence, an utterance's cue starts at its onset), then every recognised
-   time is mapped back, piece by piece, to the media's clock.
+   up to ``WINDOW_SECONDS`` of speech (``FITTED_WINDOW_SECONDS`` where Whisper's encoder is
+   fitted to the window: recognizers.encoder_frames), joined by a short silence; the silence
+   between spans is never recognised (it is where Whisper hallucinates). Each word's edges are
+   refined against the window's own sound (onsets.py: no word starts or ends in silence, an
+   utterance's cue starts at its onset), then every recognised time is mapped back, piece by
+   piece, to the media's clock.
 3. Words become cues as windows finish; cues that later words can no longer change are final and
    go out at once as time-windowed WebVTT segments (artifacts under ``chunks/``, each announced as
    a partial output). The HLS playlist ``chunks/playlist.m3u8`` is rewritten (atomically) after
@@ -58,15 +59,23 @@ from mediafarm.tasks.families.vad import engines as vad
 from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
 from mediafarm.tasks.families.vad.spec import MadeBy, SileroParams, VadRequest, VadResult, WebrtcParams
 from mediafarm.tasks.kit import EngineContext, NoParams, Span
-from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks
+from mediafarm.tasks.kit.media import SAMPLE_RATE, KeptAudio, audio_blocks
 
 # VAD for subtitles: a shorter silence ends a span than for cam-filter, so cue onsets can follow it.
 VAD_PARAMS = SileroParams(threshold=0.5, min_silence_ms=250, speech_pad_ms=30)
 # Speech is cut with this much context on each side (word edges are soft)...
 PAD_SECONDS = 0.15
-# ... and recognised in windows of at most this much speech, pieces joined by a short silence.
+# ... and recognised in windows of at most this much speech, pieces joined by a short silence:
+# nearly Whisper's whole 30 s, which it encodes whatever a window holds...
 WINDOW_SECONDS = 28.0
+# ... or this much where the encoder sees only the window (a rung's fit_context): a 20 s window
+# costs less than half a 28 s one to encode, and on the peer tracks 20 s windows heard as many words as
+# 28 s (15 s: more second looks; docs/BENCHMARKS.md "Fitted encoder").
+FITTED_WINDOW_SECONDS = 20.0
 JOIN_SECONDS = 0.3
+# Audio up to this long is decoded once, for the VAD and then for recognition (held meanwhile,
+# 38 MB); longer audio is decoded twice, so memory does not grow with the media's length.
+KEEP_AUDIO_SECONDS = 600.0
 # Shares of the job's progress: the VAD pass is cheap next to recognition.
 VAD_SHARE = 0.15
 
@@ -90,7 +99,9 @@ def whisper(
 
     def recognise(audio: np.ndarray) -> Recognition:
         nonlocal language
-        heard = transcribe_whisper(model, audio, offset=0.0, language=language, beam_size=params.beam_size)
+        heard = transcribe_whisper(
+            model, audio, offset=0.0, language=language, beam_size=params.beam_size, fit_context=params.fit_context
+        )
         # The first window's language holds for the rest, so one medium is not split across two.
         language = language or heard.language
         return heard
@@ -98,8 +109,9 @@ def whisper(
     def recognise_batch(audios: list[np.ndarray]) -> list[Recognition]:
         nonlocal language
         heard = transcribe_whisper_batch(
-            model, audios, language=language, beam_size=params.beam_size, batch_size=params.batch_size
-        )
+            model, audios, language=language, beam_size=params.beam_size, batch_size=params.batch_size,
+            fit_context=params.fit_context,
+        )  # fmt: skip
         language = language or next((h.language for h in heard if h.segments), None)
         return heard
 
@@ -107,7 +119,9 @@ def whisper(
     # "relook": a checkpoint of an engine without the second look is not this recogniser's own.
     identity = {"engine": "whisper", "relook": 1, **params.model_dump(mode="json")}
     # Whisper may skip a stretch of a long window whole: what it missed gets a second look (second_look.py).
-    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size, identity=identity, relook=True))
+    window = FITTED_WINDOW_SECONDS if params.fit_context else WINDOW_SECONDS
+    return (yield from transcribe(ctx, request, recognise, batched, params.batch_size, identity=identity, relook=True,
+                                  window_seconds=window))  # fmt: skip
 
 
 def pocketsphinx(
@@ -131,15 +145,20 @@ def transcribe(
     *,
     identity: Mapping[str, Any] | None = None,
     relook: bool = False,
+    window_seconds: float = WINDOW_SECONDS,
 ) -> Generator[Any, None, SubtitleResult]:
     """The pipeline of the module docstring; yields each finished WebVTT segment's artifact name.
     With ``recognise_batch``, windows are recognised ``batch_size`` at a time. ``identity`` (the
     engine and its parameters) tells a resumed attempt whether the recogniser that made its
-    checkpoint is its own (resume.py)."""
+    checkpoint is its own (resume.py). ``window_seconds``: the longest window (a resumed attempt
+    plans its windows as the checkpoint's attempt did, so that the windows done are the same)."""
     path = Path(request.media)
     resumed = Resumed.of(ctx.resume, identity or {})
-    vad = resumed.vad() if resumed is not None else speech_spans(ctx.part(0.0, VAD_SHARE), path)
-    windows = plan_windows(vad.spans, vad.duration)
+    audio = KeptAudio(path, KEEP_AUDIO_SECONDS)
+    vad = resumed.vad() if resumed is not None else speech_spans(ctx.part(0.0, VAD_SHARE), path, audio)
+    if resumed is not None:
+        window_seconds = resumed.window_seconds
+    windows = plan_windows(vad.spans, vad.duration, window_seconds)
     speech_total = sum(p.end - p.start for w in windows for p in w.pieces) or 1.0
     recognising = ctx.part(VAD_SHARE, 1.0)
     cues = CueStream(request)
@@ -178,7 +197,7 @@ def transcribe(
             yield from _publish(ctx, chunks, chunks.add(cues.take_rest(), final_until=at))
         last_model = model_name
         for index, (window, heard) in enumerate(
-            recognised(ctx, path, windows[skip:], recognise, recognise_batch, batch_size, relook), start=skip + 1
+            recognised(ctx, audio, windows[skip:], recognise, recognise_batch, batch_size, relook), start=skip + 1
         ):
             last_model = heard.model
             first_language = first_language or heard.language
@@ -204,6 +223,7 @@ def transcribe(
                 journal.flush()
                 ctx.checkpoint(window.end, {
                     "subtitle": STATE_VERSION, "identity": dict(identity or {}), "windows": index,
+                    "window_seconds": window_seconds,
                     "vad": vad_state(vad), "pending": [w.model_dump(mode="json") for w in cues.pending],
                     "chunks": chunks.state(), "heard_language": list(heard_language) if heard_language else None,
                     "model": _models(model_name, last_model), "first_language": first_language,
@@ -275,12 +295,15 @@ def _publish(
         yield {"segment": f"{CHUNKS}/{name}"}
 
 
-def speech_spans(ctx: EngineContext, path: Path) -> VadResult:
+def speech_spans(ctx: EngineContext, path: Path, audio: KeptAudio | None = None) -> VadResult:
     """The farm's own streaming VAD: silero, or webrtcvad on a pool without silero (as the VAD
-    family's own needs for silero say). The job's checkpoints are the subtitle engine's, not the VAD's."""
+    family's own needs for silero say). The job's checkpoints are the subtitle engine's, not the VAD's.
+    ``audio``: the VAD decodes through it, which keeps short audio for recognition."""
+    decode = audio.blocks if audio is not None else audio_blocks
     if VAD_FAMILY.engines["silero"].missing() is None:
-        return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS, resumable=False)
-    return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250), resumable=False)
+        return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS, resumable=False, decode=decode)
+    return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250), resumable=False,
+                      decode=decode)  # fmt: skip
 
 
 def _resumed_language(ctx: EngineContext, *, batched: bool) -> str | None:
@@ -367,9 +390,9 @@ class Window:
         return Segment(start=words[0].start, end=words[-1].end, text=" ".join(w.text for w in words), words=words)
 
 
-def plan_windows(spans: Sequence[Span], duration: float) -> list[Window]:
+def plan_windows(spans: Sequence[Span], duration: float, window_seconds: float = WINDOW_SECONDS) -> list[Window]:
     """Pad the speech spans, merge those that touch, and pack them into windows of at most
-    WINDOW_SECONDS of audio. A span longer than a window is split at window length."""
+    ``window_seconds`` of audio. A span longer than a window is split at window length."""
     padded: list[Span] = []
     for span in spans:
         start, end = max(0.0, span.start - PAD_SECONDS), min(duration, span.end + PAD_SECONDS)
@@ -380,23 +403,24 @@ def plan_windows(spans: Sequence[Span], duration: float) -> list[Window]:
     pieces: list[Span] = []
     for span in padded:
         start = span.start
-        while span.end - start > WINDOW_SECONDS:
-            pieces.append(Span(start, start + WINDOW_SECONDS))
-            start += WINDOW_SECONDS
+        while span.end - start > window_seconds:
+            pieces.append(Span(start, start + window_seconds))
+            start += window_seconds
         pieces.append(Span(start, span.end))
     windows: list[Window] = []
     for piece in pieces:
         current = windows[-1] if windows else None
         at = 0.0 if current is None else current.length + JOIN_SECONDS
-        if current is None or at + (piece.end - piece.start) > WINDOW_SECONDS:
+        if current is None or at + (piece.end - piece.start) > window_seconds:
             windows.append(Window([Piece(piece.start, piece.end, 0.0)]))
         else:
             current.pieces.append(Piece(piece.start, piece.end, at))
     return windows
 
 
-def cut_windows(path: Path, windows: Sequence[Window]) -> Iterator[tuple[Window, np.ndarray]]:
-    """One streaming decode: each window's audio (its pieces' samples joined by silence), in order."""
+def cut_windows(audio: KeptAudio, windows: Sequence[Window]) -> Iterator[tuple[Window, np.ndarray]]:
+    """The second pass over the audio (kept, or one more streaming decode): each window's audio
+    (its pieces' samples joined by silence), in order."""
     pieces = [(w, p) for w in windows for p in w.pieces]
     if not pieces:
         return
@@ -405,7 +429,7 @@ def cut_windows(path: Path, windows: Sequence[Window]) -> Iterator[tuple[Window,
     parts: list[np.ndarray] = []
     collected: list[np.ndarray] = []
     position = 0  # samples decoded before the current block
-    for block in audio_blocks(path):
+    for block in audio.again():
         block_end = position + block.size
         while index < len(pieces):
             window, piece = pieces[index]
@@ -430,7 +454,7 @@ def cut_windows(path: Path, windows: Sequence[Window]) -> Iterator[tuple[Window,
 
 def recognised(
     ctx: EngineContext,
-    path: Path,
+    source: KeptAudio,
     windows: Sequence[Window],
     recognise: Recognise,
     recognise_batch: RecogniseBatch | None = None,
@@ -442,12 +466,12 @@ def recognised(
     ``relook``: pieces a window's recognition left without a word are recognised again alone."""
     again = recognise if relook else None
     if recognise_batch is None or batch_size <= 1:
-        for window, audio in cut_windows(path, windows):
+        for window, audio in cut_windows(source, windows):
             ctx.check_cancelled()
             yield from _refined([(window, audio)], [recognise(audio)], again)
         return
     batch: list[tuple[Window, np.ndarray]] = []
-    for item in cut_windows(path, windows):
+    for item in cut_windows(source, windows):
         batch.append(item)
         if len(batch) == batch_size:
             ctx.check_cancelled()

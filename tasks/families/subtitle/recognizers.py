@@ -14,10 +14,11 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -97,7 +98,6 @@ def load_whisper(
 @functools.lru_cache(maxsize=1)
 def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: int) -> WhisperModel:
     import ctranslate2
-    from faster_whisper import WhisperModel
 
     if not model_dir.is_dir():
         raise RungUnavailable(f"no Whisper model folder at {model_dir}")
@@ -108,7 +108,7 @@ def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: 
     if device == "cuda" and _cuda_device_count(ctranslate2) == 0:
         raise RungUnavailable("device 'cuda' asked for, but CTranslate2 sees no CUDA device on this pool")
     try:
-        model = WhisperModel(
+        model = _fitting_model_class()(
             str(model_dir),
             device=device,
             compute_type=compute_type,
@@ -125,6 +125,56 @@ def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: 
     return model
 
 
+# The encoder sees a call's audio and this much silence after it (rounded up to whole seconds),
+# not the 30 s faster-whisper pads every call to. The encoder's cost grows faster than its input
+# (attention is quadratic): on one CPU thread tiny.en encodes 15 s in a quarter of the time of
+# 30 s. The silence is there because Whisper learnt to find the end of speech in padding; with
+# under a second of it, tiny.en ran on in loops now and then (bench/peers_subtitle.py,
+# docs/BENCHMARKS.md "Fitted encoder").
+ENCODER_TAIL_SECONDS = 4.0
+FULL_CONTEXT_FRAMES = 3000  # 30 s of 10 ms mel frames: Whisper's whole context
+# faster-whisper's own compression_ratio_threshold: text that gzip compresses better than this is
+# repeating itself. A fitted decode that does is done again with the whole context.
+REPEATS_ABOVE = 2.4
+
+
+def encoder_frames(samples: int, *, fit: bool = True) -> int:
+    """The mel frames the encoder is given for a call of ``samples`` (16 kHz): the audio and
+    ``ENCODER_TAIL_SECONDS`` rounded up to whole seconds, at most the whole 30 s context."""
+    if not fit:
+        return FULL_CONTEXT_FRAMES
+    seconds = -(-(samples + round(ENCODER_TAIL_SECONDS * SAMPLE_RATE)) // SAMPLE_RATE)
+    return min(FULL_CONTEXT_FRAMES, 100 * seconds)
+
+
+@functools.cache
+def _fitting_model_class() -> type[WhisperModel]:
+    """faster-whisper's ``WhisperModel`` whose encoder can be given less than 30 s (faster-whisper
+    pads every window's features to 30 s; CTranslate2's encoder takes any length)."""
+    from faster_whisper import WhisperModel
+
+    class FittingWhisperModel(WhisperModel):
+        # Set by _fitted for the length of one call; None is faster-whisper's own 30 s.
+        frames: int | None = None
+
+        def encode(self, features: np.ndarray) -> Any:
+            if self.frames is not None and features.shape[-1] > self.frames:
+                features = features[..., : self.frames]  # only padding is cut: frames >= the call's audio
+            return super().encode(features)
+
+    return FittingWhisperModel
+
+
+@contextlib.contextmanager
+def _fitted(model: WhisperModel, frames: int) -> Iterator[None]:
+    """Within: ``model`` (from :func:`load_whisper`) encodes ``frames`` mel frames, not 30 s."""
+    model.frames = frames if frames < FULL_CONTEXT_FRAMES else None  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        model.frames = None  # type: ignore[attr-defined]
+
+
 def _cuda_device_count(ctranslate2: Any) -> int:
     # Raises on a machine whose driver is older than CTranslate2's CUDA runtime: no usable device.
     try:
@@ -134,7 +184,13 @@ def _cuda_device_count(ctranslate2: Any) -> int:
 
 
 def transcribe_whisper(
-    model: WhisperModel, audio: np.ndarray, *, offset: float, language: str | None = None, beam_size: int = 1
+    model: WhisperModel,
+    audio: np.ndarray,
+    *,
+    offset: float,
+    language: str | None = None,
+    beam_size: int = 1,
+    fit_context: bool = True,
 ) -> Recognition:
     """Recognise one speech span with Whisper.
 
@@ -144,29 +200,18 @@ def transcribe_whisper(
         offset: The span's start, seconds on the media clock; added to every time.
         language: An ISO 639-1 code, or None to let a multilingual model detect it.
         beam_size: 1 is greedy decoding, the fastest.
+        fit_context: The encoder sees the span and a few seconds of silence
+            (:func:`encoder_frames`), not 30 s; a decode that then repeats itself is done again
+            with the whole 30 s. False: always the whole 30 s, as faster-whisper does.
     """
     samples = _mono_float32(audio)
     duration = samples.size / SAMPLE_RATE
     label = _WHISPER_LABELS.get(model, f"faster-whisper {version('faster-whisper')}")
-    try:
-        raw_segments, info = model.transcribe(
-            samples,
-            language=language,
-            beam_size=beam_size,
-            word_timestamps=True,
-            vad_filter=False,  # the caller already cut the media at VAD's speech spans
-            # Each window decoded on its own: a wrong window cannot seed a hallucination loop.
-            condition_on_previous_text=False,
-            # Greedy/beam at temperature 0 only. The default fallback re-decodes a window at five
-            # higher temperatures when its text compresses well (repetitive speech): 7x slower,
-            # random, and measured to drop whole windows (bench/subtitle.py, docs/BENCHMARKS.md).
-            temperature=0.0,
-        )
-        raw_segments = list(raw_segments)
-        segments = [segment for raw in raw_segments if (segment := _whisper_segment(raw, offset, duration))]
-    except RuntimeError as exc:  # decoding is lazy: CUDA OOM surfaces while iterating
-        raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")), "CTranslate2")
-        raise
+    frames = encoder_frames(samples.size, fit=fit_context)
+    raw_segments, info = _decode_whisper(model, samples, frames, language, beam_size)
+    if frames < FULL_CONTEXT_FRAMES and _repeats(raw_segments):
+        raw_segments, info = _decode_whisper(model, samples, FULL_CONTEXT_FRAMES, language, beam_size)
+    segments = [segment for raw in raw_segments if (segment := _whisper_segment(raw, offset, duration))]
     return Recognition(
         segments=segments,
         language=info.language,
@@ -176,6 +221,35 @@ def transcribe_whisper(
     )
 
 
+def _repeats(raw_segments: Sequence[Any]) -> bool:
+    return any(raw.compression_ratio > REPEATS_ABOVE for raw in raw_segments)
+
+
+def _decode_whisper(
+    model: WhisperModel, samples: np.ndarray, frames: int, language: str | None, beam_size: int
+) -> tuple[list[Any], Any]:
+    """faster-whisper's own segments and info for one window, its encoder given ``frames``."""
+    try:
+        with _fitted(model, frames):
+            raw_segments, info = model.transcribe(
+                samples,
+                language=language,
+                beam_size=beam_size,
+                word_timestamps=True,
+                vad_filter=False,  # the caller already cut the media at VAD's speech spans
+                # Each window decoded on its own: a wrong window cannot seed a hallucination loop.
+                condition_on_previous_text=False,
+                # Greedy/beam at temperature 0 only. The default fallback re-decodes a window at five
+                # higher temperatures when its text compresses well (repetitive speech): 7x slower,
+                # random, and measured to drop whole windows (bench/subtitle.py, docs/BENCHMARKS.md).
+                temperature=0.0,
+            )
+            return list(raw_segments), info  # decoding is lazy: it runs here, inside the fitted context
+    except RuntimeError as exc:  # decoding is lazy: CUDA OOM surfaces while iterating
+        raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")), "CTranslate2")
+        raise
+
+
 def transcribe_whisper_batch(
     model: WhisperModel,
     audios: Sequence[np.ndarray],
@@ -183,6 +257,7 @@ def transcribe_whisper_batch(
     language: str | None = None,
     beam_size: int = 1,
     batch_size: int = 8,
+    fit_context: bool = True,
 ) -> list[Recognition]:
     """Recognise several windows (each at most 30 s) in batches of ``batch_size``: one encoder
     call and one batched decode per batch (faster-whisper's ``BatchedInferencePipeline`` with
@@ -192,6 +267,10 @@ def transcribe_whisper_batch(
     without the previous window's text, like :func:`transcribe_whisper`; unlike it, a window is
     not decoded again from its last timestamp when the decode stops early. Times are seconds from
     each window's own start. Returns one :class:`Recognition` per window, in order.
+
+    ``fit_context``: the encoder sees the longest window of the call and a few seconds of silence,
+    not 30 s (as :func:`transcribe_whisper`); a window whose text then repeats itself is recognised
+    again alone, with the whole 30 s.
     """
     samples = [_mono_float32(a) for a in audios]
     label = _WHISPER_LABELS.get(model, f"faster-whisper {version('faster-whisper')}")
@@ -203,37 +282,46 @@ def transcribe_whisper_batch(
     sizes = np.array([s.size for s in samples])
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) / SAMPLE_RATE
     clips = [{"start": float(a), "end": float(a + n / SAMPLE_RATE)} for a, n in zip(starts, sizes, strict=True)]
+    frames = encoder_frames(int(sizes.max()), fit=fit_context)
+    per_window: list[list[Segment]] = [[] for _ in samples]
+    unsure = [False for _ in samples]
+    repeats = [False for _ in samples]
     try:
-        raw_segments, info = _pipeline(model).transcribe(
-            np.concatenate(samples),
-            language=language,
-            beam_size=beam_size,
-            word_timestamps=True,
-            vad_filter=False,  # the clips are the windows the caller cut at VAD's speech spans
-            clip_timestamps=clips,
-            # With timestamps: decoded without them Whisper drops whole stretches of a long window.
-            without_timestamps=False,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            batch_size=batch_size,
-        )
-        per_window: list[list[Segment]] = [[] for _ in samples]
-        unsure = [False for _ in samples]
-        for raw in raw_segments:
-            # A segment's seek is its clip's start in frames (its times are on the joined clock).
-            i = int(np.argmin(np.abs(starts * model.frames_per_second - raw.seek)))
-            unsure[i] = unsure[i] or raw.avg_logprob < UNSURE_LOG_PROB
-            shifted = _whisper_segment(raw, -starts[i], sizes[i] / SAMPLE_RATE, shift_first=True)
-            if shifted:
-                per_window[i].append(shifted)
+        with _fitted(model, frames):  # the pipeline decodes lazily: every batch runs inside
+            raw_segments, info = _pipeline(model).transcribe(
+                np.concatenate(samples),
+                language=language,
+                beam_size=beam_size,
+                word_timestamps=True,
+                vad_filter=False,  # the clips are the windows the caller cut at VAD's speech spans
+                clip_timestamps=clips,
+                # With timestamps: decoded without them Whisper drops whole stretches of a long window.
+                without_timestamps=False,
+                temperature=0.0,
+                condition_on_previous_text=False,
+                batch_size=batch_size,
+            )
+            for raw in raw_segments:
+                # A segment's seek is its clip's start in frames (its times are on the joined clock).
+                i = int(np.argmin(np.abs(starts * model.frames_per_second - raw.seek)))
+                unsure[i] = unsure[i] or raw.avg_logprob < UNSURE_LOG_PROB
+                repeats[i] = repeats[i] or _repeats([raw])
+                shifted = _whisper_segment(raw, -starts[i], sizes[i] / SAMPLE_RATE, shift_first=True)
+                if shifted:
+                    per_window[i].append(shifted)
     except RuntimeError as exc:
         raise_if_out_of_memory(exc, str(getattr(model.model, "device", "cpu")), "CTranslate2")
         raise
-    return [
+    heard = [
         Recognition(segments=segments, language=info.language,
                     language_probability=float(info.language_probability), model=label, unsure=doubt)
         for segments, doubt in zip(per_window, unsure, strict=True)
     ]  # fmt: skip
+    if frames < FULL_CONTEXT_FRAMES:
+        for i in (i for i, r in enumerate(repeats) if r):
+            heard[i] = transcribe_whisper(model, samples[i], offset=0.0, language=language, beam_size=beam_size,
+                                          fit_context=False)  # fmt: skip
+    return heard
 
 
 # One pipeline per loaded model (it only holds the model and a timestamp).

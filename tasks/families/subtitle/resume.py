@@ -33,7 +33,8 @@ from mediafarm.tasks.families.vad.spec import VadResult
 from mediafarm.tasks.kit import Checkpoint, EngineContext, Span
 
 # The state's own format ("subtitle" key): an attempt that finds another starts over.
-STATE_VERSION = 1
+# 2: the window length is kept ("window_seconds"); windows are no longer 28 s for every rung.
+STATE_VERSION = 2
 JOURNAL = "resume"
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,11 @@ class Resumed:
     @property
     def windows(self) -> int:
         return int(self.state["windows"])
+
+    @property
+    def window_seconds(self) -> float:
+        """The longest window the checkpoint's attempt planned: the next one plans the same."""
+        return float(self.state["window_seconds"])
 
     def vad(self) -> VadResult:
         kept = self.state["vad"]

@@ -168,14 +168,18 @@ class WhisperParams(Params):
     compute_type (CTranslate2's: float16, int8_float16, int8 ...), beam_size, cpu_threads,
     batch_size (recognition windows encoded and decoded together; 1, the default, decodes one
     window at a time, which on one CPU thread is as fast as batching (bench/peers_subtitle.py) and
-    re-decodes a window that stopped early; GPU rungs batch). The device is the rung's own
-    (``device = "cuda"`` in the ladder)."""
+    re-decodes a window that stopped early; GPU rungs batch), fit_context (the encoder sees a
+    window's audio and a few seconds of silence instead of Whisper's whole 30 s, several times
+    cheaper for a short window; a decode that then repeats itself is done again with the whole
+    30 s: recognizers.encoder_frames). The device is the rung's own (``device = "cuda"`` in the
+    ladder)."""
 
     model: str = Field(min_length=1)
     compute_type: str = "int8"
     beam_size: int = Field(1, ge=1, le=10)
     cpu_threads: int = Field(1, ge=1, le=64)
     batch_size: int = Field(1, ge=1, le=64)
+    fit_context: bool = True
 
 
 def summary(result: SubtitleResult) -> str:

@@ -96,7 +96,9 @@ def whisper(
 
     def recognise(audio: np.ndarray) -> Recognition:
         nonlocal language
-        heard = transcribe_whisper(model, audio, offset=0.0, language=language, beam_size=params.beam_size)
+        heard = transcribe_whisper(
+            model, audio, offset=0.0, language=language, beam_size=params.beam_size, fit_context=params.fit_context
+        )
         language = language or (heard.language if heard.segments else None)
         return heard
 

@@ -44,6 +44,9 @@ STATE_VERSION = 1
 
 log = logging.getLogger(__name__)
 
+# What decodes a file's audio into blocks: audio_blocks, or a KeptAudio's first pass (subtitles).
+Decode = Callable[[Path], Iterable[np.ndarray]]
+
 
 class _Windows:
     """Fixed-size windows across block boundaries, the last one zero-padded.
@@ -52,8 +55,10 @@ class _Windows:
     After each decoded block it reports the decode position and checks for cancellation.
     """
 
-    def __init__(self, path: Path, size: int, ctx: EngineContext, stage: str) -> None:
-        self.path, self.size, self.samples = path, size, 0
+    def __init__(
+        self, path: Path, size: int, ctx: EngineContext, stage: str, decode: Decode = audio_blocks
+    ) -> None:
+        self.path, self.size, self.samples, self.decode = path, size, 0, decode
         self.ctx, self.stage = ctx, stage
         self.expected = probe_duration(path)  # from the header; None when the container does not say
 
@@ -61,7 +66,7 @@ class _Windows:
         """The windows a decoded block completes, as one ``(n, size)`` array (n >= 1)."""
         size = self.size
         carry = np.zeros(0, dtype=np.float32)
-        for block in audio_blocks(self.path):
+        for block in self.decode(self.path):
             self.samples += block.size
             done = self.samples / SAMPLE_RATE
             self.ctx.progress(done / self.expected if self.expected else None, stage=self.stage, media_seconds=done)
@@ -202,27 +207,32 @@ def silero_rows(windows: _Windows, skip: int = 0) -> Iterator[np.ndarray]:
 
 
 @answers_no_audio
-def silero(ctx: EngineContext, request: VadRequest, params: SileroParams, *, resumable: bool = True) -> VadResult:
+def silero(
+    ctx: EngineContext, request: VadRequest, params: SileroParams, *, resumable: bool = True,
+    decode: Decode = audio_blocks,
+) -> VadResult:  # fmt: skip
     """Speech spans by silero-vad, one ONNX call per decoded block (10 s, ~312 windows).
 
     ``resumable=False``: no checkpoint is read or written, for another family's engine that runs
-    the VAD inside its own job (subtitle): that job's checkpoints are its engine's.
+    the VAD inside its own job (subtitle): that job's checkpoints are its engine's. ``decode``: what
+    reads the media's audio (a subtitle job keeps what it decodes here for its second pass).
     """
     resume = _Resumed.of(ctx.resume) if resumable else None
     try:
-        return _silero(ctx, request, params, resume, resumable)
+        return _silero(ctx, request, params, resume, resumable, decode)
     except _Misaligned as exc:
         log.warning("job %s: %s; the VAD starts over", ctx.job_id, exc)
-        return _silero(ctx, request, params, None, resumable)
+        return _silero(ctx, request, params, None, resumable, decode)
 
 
 def _silero(
-    ctx: EngineContext, request: VadRequest, params: SileroParams, resume: _Resumed | None, resumable: bool
-) -> VadResult:
+    ctx: EngineContext, request: VadRequest, params: SileroParams, resume: _Resumed | None, resumable: bool,
+    decode: Decode,
+) -> VadResult:  # fmt: skip
     session = silero_model()
     identity = {"engine": "silero", "params": params.model_dump(mode="json")}
     tracker = SpanTracker(params)
-    windows = _Windows(Path(request.media), SILERO_WINDOW, ctx, "silero-vad")
+    windows = _Windows(Path(request.media), SILERO_WINDOW, ctx, "silero-vad", decode)
     h = np.zeros((1, 1, 128), dtype=np.float32)  # the LSTM's state, carried from block to block
     c = np.zeros((1, 1, 128), dtype=np.float32)
     own = _Own.fresh()
@@ -334,11 +344,14 @@ def made_by(checkpoint: Checkpoint, rung: str, end: float) -> list[MadeBy]:
 
 
 @answers_no_audio
-def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams, *, resumable: bool = True) -> VadResult:
+def webrtc(
+    ctx: EngineContext, request: VadRequest, params: WebrtcParams, *, resumable: bool = True,
+    decode: Decode = audio_blocks,
+) -> VadResult:  # fmt: skip
     """Speech spans by webrtcvad on 30 ms frames, with a silence hangover and a minimum length.
 
     Writes no checkpoint (module docstring); resumed from another rung's, it detects from the
-    first whole frame after it, the frames before decoded only. ``resumable``: as silero's."""
+    first whole frame after it, the frames before decoded only. ``resumable``, ``decode``: as silero's."""
     import webrtcvad
 
     resume = _Resumed.of(ctx.resume) if resumable else None
@@ -351,7 +364,7 @@ def webrtc(ctx: EngineContext, request: VadRequest, params: WebrtcParams, *, res
     start: int | None = None
     silent_run = 0
     frames = 0
-    windows = _Windows(Path(request.media), WEBRTC_FRAME, ctx, "webrtcvad")
+    windows = _Windows(Path(request.media), WEBRTC_FRAME, ctx, "webrtcvad", decode)
     for window in windows:
         if frames < first:
             frames += 1

@@ -22,9 +22,12 @@ import soundfile as sf
 
 from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.errors import ResourceFailure, RungUnavailable
+from mediafarm.tasks.families.subtitle import recognizers
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, pocketsphinx
 from mediafarm.tasks.families.subtitle.recognizers import (
+    FULL_CONTEXT_FRAMES,
     Recognition,
+    encoder_frames,
     load_pocketsphinx,
     load_whisper,
     transcribe_pocketsphinx,
@@ -189,13 +192,92 @@ def test_offset_moves_every_time_onto_the_media_clock(tiny_en: Path, spans: list
         assert b.start == pytest.approx(a.start + 100.0) and b.end == pytest.approx(a.end + 100.0)
 
 
+class RecordingEncoder:
+    """CTranslate2's Whisper model, each encoder call's mel frame count appended to ``frames``."""
+
+    def __init__(self, model: Any) -> None:
+        self._model, self.frames = model, []
+
+    def encode(self, features: Any, **kwargs: Any) -> Any:
+        self.frames.append(features.shape[-1])
+        return self._model.encode(features, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+@pytest.fixture
+def recorded(tiny_en: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, RecordingEncoder]:
+    """tiny.en (the child's cached model), its encoder calls recorded for this test only."""
+    model = load_whisper(tiny_en)
+    recorder = RecordingEncoder(model.model)
+    monkeypatch.setattr(model, "model", recorder)
+    return model, recorder
+
+
+def test_encoder_frames_are_the_audio_and_its_tail_in_whole_seconds_at_most_30_s() -> None:
+    tail = recognizers.ENCODER_TAIL_SECONDS
+    assert encoder_frames(16000) == 100 * int(np.ceil(1 + tail))
+    assert encoder_frames(16001) == 100 * int(np.ceil(1 + tail)) + 100  # a sample over: the next second
+    assert encoder_frames(0) == 100 * int(np.ceil(tail))
+    assert encoder_frames(16000 * 29) == encoder_frames(16000 * 30) == FULL_CONTEXT_FRAMES
+    assert encoder_frames(16000, fit=False) == FULL_CONTEXT_FRAMES
+
+
+def test_the_encoder_sees_the_span_and_its_tail_and_hears_what_the_whole_30_s_hear(
+    recorded: tuple[Any, RecordingEncoder], spans: list[Span]
+) -> None:
+    model, encoder = recorded
+    fitted = [transcribe_whisper(model, span.samples, offset=span.start) for span in spans]
+    assert encoder.frames == [encoder_frames(span.samples.size) for span in spans]
+    assert all(f < FULL_CONTEXT_FRAMES / 3 for f in encoder.frames), encoder.frames  # spans of 2-4 s
+    encoder.frames.clear()
+    whole = [transcribe_whisper(model, span.samples, offset=span.start, fit_context=False) for span in spans]
+    assert encoder.frames == [FULL_CONTEXT_FRAMES] * len(spans)
+    # As many words right (tiny.en on espeak-ng mishears the same few either way).
+    fitted_wer, seen = word_error_rate((span.phrase, r) for span, r in zip(spans, fitted, strict=True))
+    whole_wer, _ = word_error_rate((span.phrase, r) for span, r in zip(spans, whole, strict=True))
+    assert fitted_wer <= max(whole_wer, WHISPER_MAX_WER), (fitted_wer, whole_wer, seen)
+
+
+def test_a_fitted_decode_that_repeats_itself_is_decoded_again_with_the_whole_30_s(
+    recorded: tuple[Any, RecordingEncoder], spans: list[Span], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, encoder = recorded
+    span = spans[1]
+    whole = transcribe_whisper(model, span.samples, offset=0.0, fit_context=False)
+    encoder.frames.clear()
+    # Every text "repeats itself" past a ratio of 0: each fitted decode is followed by a whole one.
+    monkeypatch.setattr(recognizers, "REPEATS_ABOVE", 0.0)
+    again = transcribe_whisper(model, span.samples, offset=0.0)
+    assert encoder.frames == [encoder_frames(span.samples.size), FULL_CONTEXT_FRAMES]
+    assert again == whole
+    encoder.frames.clear()
+    batched = transcribe_whisper_batch(model, [spans[0].samples, span.samples], batch_size=2)
+    longest = max(spans[0].samples.size, span.samples.size)
+    assert encoder.frames == [encoder_frames(longest), FULL_CONTEXT_FRAMES, FULL_CONTEXT_FRAMES]
+    assert batched[1] == whole
+
+
+def test_a_fitted_batch_gives_its_encoder_the_longest_window_and_hears_each(
+    recorded: tuple[Any, RecordingEncoder], spans: list[Span]
+) -> None:
+    model, encoder = recorded
+    heard = transcribe_whisper_batch(model, [span.samples for span in spans], batch_size=len(spans))
+    assert encoder.frames == [encoder_frames(max(span.samples.size for span in spans))]
+    wer_, seen = word_error_rate((span.phrase, r) for span, r in zip(spans, heard, strict=True))
+    assert wer_ <= WHISPER_MAX_WER, (wer_, seen)
+
+
 def test_a_batch_of_windows_hears_what_each_window_hears_alone(tiny_en: Path, spans: list[Span]) -> None:
     # Windows of unequal length in batches of 3 (so the last batch is short): the same words at
-    # about the same times as one window a call, each on its own window's clock.
+    # about the same times as one window a call, each on its own window's clock. With the whole
+    # 30 s on both sides: a fitted batch gives every window the longest one's context, which
+    # alone each window would not have (the test above).
     model = load_whisper(tiny_en)
     windows = [span.samples for span in spans] + [np.concatenate([spans[0].samples, spans[2].samples])]
-    alone = [transcribe_whisper(model, audio, offset=0.0) for audio in windows]
-    together = transcribe_whisper_batch(model, windows, batch_size=3)
+    alone = [transcribe_whisper(model, audio, offset=0.0, fit_context=False) for audio in windows]
+    together = transcribe_whisper_batch(model, windows, batch_size=3, fit_context=False)
     assert len(together) == len(windows)
     for audio, one, batched in zip(windows, alone, together, strict=True):
         assert_well_formed(batched, 0.0, audio.size / 16000)
@@ -371,12 +453,13 @@ def test_compute_type_the_cpu_cannot_do_is_unavailable(random_whisper: Path) -> 
 def test_out_of_memory_while_loading_moves_down_not_unavailable(
     random_whisper: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, message: str, outcome: Outcome
 ) -> None:
-    import faster_whisper
+    import ctranslate2
 
     def out_of_memory(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError(message)  # as CTranslate2 words it
 
-    monkeypatch.setattr(faster_whisper, "WhisperModel", out_of_memory)
+    # CTranslate2's own model class, which faster-whisper's WhisperModel loads the weights with.
+    monkeypatch.setattr(ctranslate2.models, "Whisper", out_of_memory)
     with pytest.raises(ResourceFailure, match="CTranslate2") as info:
         load_whisper(_copy_model(random_whisper, tmp_path / "whisper"))  # a folder no earlier test cached
     assert info.value.outcome is outcome

@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 
 from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.media.decode import audio_blocks, probe_duration
+from mediafarm.tasks.media.decode import KeptAudio, audio_blocks, probe_duration
 
 
 def tone(path: Path, seconds: float, rate: int, channels: int = 1) -> None:
@@ -46,6 +46,30 @@ def test_audio_already_16k_mono_16bit_skips_the_resampler_and_decodes_the_same(t
 
 
 @pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI makes the test video")
+def test_kept_audio_decodes_a_short_file_once_and_a_long_one_twice(tmp_path: Path) -> None:
+    path = tmp_path / "t.wav"
+    tone(path, 25.0, 16000)  # 3 blocks of 10 s
+    whole = list(audio_blocks(path))
+    short = KeptAudio(path, keep_seconds=30.0)
+    assert [b.tolist() for b in short.blocks(path)] == [b.tolist() for b in whole]
+    path.rename(tmp_path / "gone.wav")  # so a second decode could only fail
+    assert [b.tolist() for b in short.again()] == [b.tolist() for b in whole]
+    (tmp_path / "gone.wav").rename(path)
+
+    long = KeptAudio(path, keep_seconds=20.0)  # over the limit: nothing kept, decoded again
+    assert sum(b.size for b in long.blocks()) == sum(b.size for b in whole)
+    assert long._kept is None
+    assert [b.tolist() for b in long.again()] == [b.tolist() for b in whole]
+
+    unread = KeptAudio(path, keep_seconds=30.0)  # no first pass (a resumed job skips the VAD)
+    assert [b.tolist() for b in unread.again()] == [b.tolist() for b in whole]
+    partly = KeptAudio(path, keep_seconds=30.0)
+    next(iter(partly.blocks()))  # a first pass that stopped early keeps nothing
+    assert sum(b.size for b in partly.again()) == sum(b.size for b in whole)
+    with pytest.raises(ValueError, match="asked for"):
+        next(iter(KeptAudio(path, 30.0).blocks(tmp_path / "other.wav")))
+
+
 def test_video_file_audio_track_is_decoded(tmp_path: Path) -> None:
     video = tmp_path / "clip.mp4"
     subprocess.run(
