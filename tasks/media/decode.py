@@ -317,7 +317,14 @@ class KeptAudio:
     def again(self) -> Iterator[np.ndarray]:
         """The second pass: what the first kept, or the file decoded anew."""
         kept, self._kept = self._kept, None
-        return iter(kept) if kept is not None else audio_blocks(self.path)
+        return _handed_over(kept) if kept is not None else audio_blocks(self.path)
+
+
+def _handed_over(blocks: list[np.ndarray]) -> Iterator[np.ndarray]:
+    """``blocks`` in order, each let go of as it is handed out (memory falls as the pass goes on)."""
+    blocks.reverse()
+    while blocks:
+        yield blocks.pop()
 
 
 def _in_output_form(frame: av.AudioFrame, rate: int) -> bool:

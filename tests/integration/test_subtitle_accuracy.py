@@ -107,15 +107,16 @@ def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, reques
 
 
 def test_windows_in_batches_hear_what_one_window_a_call_hears(tiny_en, voices_track, tmp_path: Path) -> None:
-    # The batch_size rung parameter (GPU rungs batch): the 45 s track is two windows, recognised in one
-    # batch; the same words as one window a call.
+    # The batch_size rung parameter (GPU rungs batch): the 45 s track is three 20 s windows, recognised
+    # in one batch; the same words as one window a call (fitted, a batch's windows are given the
+    # longest one's length, each alone its own).
     from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
 
     def run(batch_size: int) -> list[tuple[str, float, float]]:
         ctx = EngineContext.local(storage_dir=tmp_path / str(batch_size), models_dir=tiny_en.parent)
-        params = WhisperParams(model=tiny_en.name, batch_size=batch_size)
+        params = WhisperParams(model=tiny_en.name, batch_size=batch_size, fit_context=True)  # as the tiny rung
         steps = engines.whisper(ctx, SubtitleRequest(media=str(voices_track.path), formats=["json"]), params)
         with contextlib.suppress(StopIteration):
             while True:

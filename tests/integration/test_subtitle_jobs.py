@@ -202,7 +202,7 @@ def test_a_long_job_reports_progress_and_grows_its_playlist(
     from tests.support.speech import write_long_track
 
     path = media_root / "two-and-a-half-minutes.wav"
-    write_long_track(path, 150, pattern=speech_track)  # 4 windows of speech (28 s each at most)
+    write_long_track(path, 150, pattern=speech_track)  # several windows of speech (20 s each at most)
     job = submit("subtitle", media=str(path))
     chunks = get_settings().storage_dir / job.id / "chunks"
     seen = []

@@ -168,8 +168,8 @@ def _fitting_model_class() -> type[WhisperModel]:
 @contextlib.contextmanager
 def _fitted(model: WhisperModel, frames: int) -> Iterator[None]:
     """Within: ``model`` (from :func:`load_whisper`) encodes ``frames`` mel frames, not 30 s."""
-    model.frames = frames if frames < FULL_CONTEXT_FRAMES else None  # type: ignore[attr-defined]
     try:
+        model.frames = frames if frames < FULL_CONTEXT_FRAMES else None  # type: ignore[attr-defined]
         yield
     finally:
         model.frames = None  # type: ignore[attr-defined]
@@ -190,7 +190,7 @@ def transcribe_whisper(
     offset: float,
     language: str | None = None,
     beam_size: int = 1,
-    fit_context: bool = True,
+    fit_context: bool = False,
 ) -> Recognition:
     """Recognise one speech span with Whisper.
 
@@ -202,7 +202,7 @@ def transcribe_whisper(
         beam_size: 1 is greedy decoding, the fastest.
         fit_context: The encoder sees the span and a few seconds of silence
             (:func:`encoder_frames`), not 30 s; a decode that then repeats itself is done again
-            with the whole 30 s. False: always the whole 30 s, as faster-whisper does.
+            with the whole 30 s. False (the default): always the whole 30 s, as faster-whisper does.
     """
     samples = _mono_float32(audio)
     duration = samples.size / SAMPLE_RATE
@@ -223,6 +223,12 @@ def transcribe_whisper(
 
 def _repeats(raw_segments: Sequence[Any]) -> bool:
     return any(raw.compression_ratio > REPEATS_ABOVE for raw in raw_segments)
+
+
+def _repeats_text(text: str) -> bool:
+    from faster_whisper.transcribe import get_compression_ratio
+
+    return bool(text) and get_compression_ratio(text) > REPEATS_ABOVE
 
 
 def _decode_whisper(
@@ -257,7 +263,7 @@ def transcribe_whisper_batch(
     language: str | None = None,
     beam_size: int = 1,
     batch_size: int = 8,
-    fit_context: bool = True,
+    fit_context: bool = False,
 ) -> list[Recognition]:
     """Recognise several windows (each at most 30 s) in batches of ``batch_size``: one encoder
     call and one batched decode per batch (faster-whisper's ``BatchedInferencePipeline`` with
@@ -285,7 +291,7 @@ def transcribe_whisper_batch(
     frames = encoder_frames(int(sizes.max()), fit=fit_context)
     per_window: list[list[Segment]] = [[] for _ in samples]
     unsure = [False for _ in samples]
-    repeats = [False for _ in samples]
+    texts: list[list[str]] = [[] for _ in samples]
     try:
         with _fitted(model, frames):  # the pipeline decodes lazily: every batch runs inside
             raw_segments, info = _pipeline(model).transcribe(
@@ -305,7 +311,7 @@ def transcribe_whisper_batch(
                 # A segment's seek is its clip's start in frames (its times are on the joined clock).
                 i = int(np.argmin(np.abs(starts * model.frames_per_second - raw.seek)))
                 unsure[i] = unsure[i] or raw.avg_logprob < UNSURE_LOG_PROB
-                repeats[i] = repeats[i] or _repeats([raw])
+                texts[i].append(raw.text)
                 shifted = _whisper_segment(raw, -starts[i], sizes[i] / SAMPLE_RATE, shift_first=True)
                 if shifted:
                     per_window[i].append(shifted)
@@ -318,7 +324,8 @@ def transcribe_whisper_batch(
         for segments, doubt in zip(per_window, unsure, strict=True)
     ]  # fmt: skip
     if frames < FULL_CONTEXT_FRAMES:
-        for i in (i for i, r in enumerate(repeats) if r):
+        # The pipeline scores each timestamped piece alone; a loop of short pieces only shows whole.
+        for i in (i for i, t in enumerate(texts) if _repeats_text("".join(t))):
             heard[i] = transcribe_whisper(model, samples[i], offset=0.0, language=language, beam_size=beam_size,
                                           fit_context=False)  # fmt: skip
     return heard

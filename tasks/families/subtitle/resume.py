@@ -33,8 +33,7 @@ from mediafarm.tasks.families.vad.spec import VadResult
 from mediafarm.tasks.kit import Checkpoint, EngineContext, Span
 
 # The state's own format ("subtitle" key): an attempt that finds another starts over.
-# 2: the window length is kept ("window_seconds"); windows are no longer 28 s for every rung.
-STATE_VERSION = 2
+STATE_VERSION = 1
 JOURNAL = "resume"
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,9 @@ class Resumed:
 
     @property
     def window_seconds(self) -> float:
-        """The longest window the checkpoint's attempt planned: the next one plans the same."""
-        return float(self.state["window_seconds"])
+        """The longest window the checkpoint's attempt planned: the next one plans the same (a
+        checkpoint from before windows had several lengths planned them of 28 s)."""
+        return float(self.state.get("window_seconds", 28.0))
 
     def vad(self) -> VadResult:
         kept = self.state["vad"]

@@ -1,6 +1,6 @@
 """A second look at a window's speech where Whisper's greedy decode went wrong.
 
-The farm decodes each window of up to ``WINDOW_SECONDS`` greedily at temperature 0
+The farm decodes each window (``engines.plan_windows``) greedily at temperature 0
 (``recognizers.transcribe_whisper``): faster-whisper's temperature fallback re-decodes a doubtful
 window at random temperatures, which is slower and gives a different result each run. Greedy
 decoding of a long window has two known ways to go wrong, and where they strike depends even on the
@@ -17,8 +17,9 @@ deterministically:
    the window, and everything before it is lost. The VAD knows where the speech is, so each piece
    of the window that no word lies in or near is recognised again on its own.
 
-Each look is one more recogniser call, and faster-whisper pads every call to 30 s, so each costs
-about as much to encode as a whole window. To keep that rare:
+Each look is one more recogniser call, and each call costs a fixed part besides its audio (the
+encoder's padding after it: 30 s in all as faster-whisper pads it, 4-5 s on a rung with
+``fit_context``; the decoder's prompt). To keep that rare:
 
 - only pieces of at least ``MIN_PIECE_SECONDS`` are looked at again: a cough or a click the VAD took
   for speech is shorter than a sentence;

@@ -209,7 +209,8 @@ FAMILY = FamilySpec(
     ladder=(
         rung("whisper-large", "whisper", device="cuda", model="faster-whisper-large-v3", compute_type="float16"),
         # Live wants a cue within seconds on a CPU: tiny.en, one thread, greedy.
-        rung("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8"),
+        # Fitted encoder as the subtitle family's tiny.en rung (a live utterance is a few seconds).
+        rung("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8", fit_context=True),
         rung("pocketsphinx", "pocketsphinx"),
     ),
     limits=_limits(),

@@ -228,7 +228,7 @@ def test_the_encoder_sees_the_span_and_its_tail_and_hears_what_the_whole_30_s_he
     recorded: tuple[Any, RecordingEncoder], spans: list[Span]
 ) -> None:
     model, encoder = recorded
-    fitted = [transcribe_whisper(model, span.samples, offset=span.start) for span in spans]
+    fitted = [transcribe_whisper(model, span.samples, offset=span.start, fit_context=True) for span in spans]
     assert encoder.frames == [encoder_frames(span.samples.size) for span in spans]
     assert all(f < FULL_CONTEXT_FRAMES / 3 for f in encoder.frames), encoder.frames  # spans of 2-4 s
     encoder.frames.clear()
@@ -249,11 +249,11 @@ def test_a_fitted_decode_that_repeats_itself_is_decoded_again_with_the_whole_30_
     encoder.frames.clear()
     # Every text "repeats itself" past a ratio of 0: each fitted decode is followed by a whole one.
     monkeypatch.setattr(recognizers, "REPEATS_ABOVE", 0.0)
-    again = transcribe_whisper(model, span.samples, offset=0.0)
+    again = transcribe_whisper(model, span.samples, offset=0.0, fit_context=True)
     assert encoder.frames == [encoder_frames(span.samples.size), FULL_CONTEXT_FRAMES]
     assert again == whole
     encoder.frames.clear()
-    batched = transcribe_whisper_batch(model, [spans[0].samples, span.samples], batch_size=2)
+    batched = transcribe_whisper_batch(model, [spans[0].samples, span.samples], batch_size=2, fit_context=True)
     longest = max(spans[0].samples.size, span.samples.size)
     assert encoder.frames == [encoder_frames(longest), FULL_CONTEXT_FRAMES, FULL_CONTEXT_FRAMES]
     assert batched[1] == whole
@@ -263,7 +263,7 @@ def test_a_fitted_batch_gives_its_encoder_the_longest_window_and_hears_each(
     recorded: tuple[Any, RecordingEncoder], spans: list[Span]
 ) -> None:
     model, encoder = recorded
-    heard = transcribe_whisper_batch(model, [span.samples for span in spans], batch_size=len(spans))
+    heard = transcribe_whisper_batch(model, [span.samples for span in spans], batch_size=len(spans), fit_context=True)
     assert encoder.frames == [encoder_frames(max(span.samples.size for span in spans))]
     wer_, seen = word_error_rate((span.phrase, r) for span, r in zip(spans, heard, strict=True))
     assert wer_ <= WHISPER_MAX_WER, (wer_, seen)

@@ -30,7 +30,7 @@ FIELDS = {"media": "long.wav"}
 @pytest.fixture(scope="module")
 def long_track(speech_track, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("subtitle-resume") / "long.wav"
-    write_long_track(path, 100.0, speech_track)  # several 28 s recognition windows
+    write_long_track(path, 100.0, speech_track)  # several recognition windows (20 s on the tiny rung)
     return path
 
 
@@ -138,3 +138,19 @@ def test_a_lower_rung_recognises_the_rest_and_each_cue_names_its_rung(tiny_en, l
     files = second.files()
     chunked = concat_segment_cues([files[n] for n in sorted(files) if n.startswith("chunks/segment_")])
     assert [(round(s, 3), round(e, 3)) for s, e, _ in chunked] == [(c["start"], c["end"]) for c in cues]
+
+
+def test_a_checkpoint_says_how_long_its_windows_were_and_one_from_before_means_28_s() -> None:
+    # The next attempt plans the windows its checkpoint's attempt planned, so that "windows done"
+    # counts the same windows: the tiny rung's 20 s, or 28 s for a checkpoint written before
+    # windows had several lengths (it has no "window_seconds").
+    from mediafarm.tasks.families.subtitle.resume import STATE_VERSION, Resumed
+
+    def resumed(state: dict[str, Any]) -> Resumed | None:
+        checkpoint = Checkpoint(position=40.0, unit="seconds", rung="whisper-tiny", state=state)
+        return Resumed.of(checkpoint, {"engine": "whisper"})
+
+    now = resumed({"subtitle": STATE_VERSION, "identity": {"engine": "whisper"}, "windows": 2, "window_seconds": 20.0})
+    before = resumed({"subtitle": STATE_VERSION, "identity": {"engine": "whisper"}, "windows": 2})
+    assert now is not None and now.exact and now.window_seconds == 20.0
+    assert before is not None and before.window_seconds == 28.0
