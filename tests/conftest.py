@@ -6,9 +6,11 @@ The environment is set in ``pytest_configure``, before any test module imports `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,6 +89,25 @@ class WorkerHandle:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
+    def dump_child_stacks(self, wait: float = 0.3) -> list[int]:
+        """Ask each pool child in turn (so their lines do not interleave) to write its threads'
+        stacks into the log; the pids asked."""
+        import psutil
+
+        from mediafarm.workers.guards import STACKS_SIGNAL
+
+        try:
+            children = psutil.Process(self.main_pid()).children()
+        except psutil.Error:
+            return []
+        asked = []
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, STACKS_SIGNAL)
+                asked.append(child.pid)
+                time.sleep(wait)
+        return asked
+
     def main_pid(self) -> int:
         return self.process.pid
 
@@ -100,8 +121,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and call.when == "call":
         for name, value in getattr(item, "funcargs", {}).items():
             if isinstance(value, WorkerHandle) and value.log.exists():
-                title = f"worker log ({name}: {value.node}), last 6000 characters"
-                report.sections.append((title, value.log_tail(6000)))
+                # Each child's stacks first (workers/guards.py): a job that hangs says where.
+                dumped = value.dump_child_stacks()
+                title = f"worker log ({name}: {value.node}; stacks of children {dumped}), last 12000 characters"
+                report.sections.append((title, value.log_tail(12000)))
 
 
 @pytest.fixture(scope="session")

@@ -7,14 +7,18 @@
   (``task_retry_on_worker_lost``) and the ladder moves it one rung down.
   ``worker_max_memory_per_child`` cannot do this: it recycles a child only after its job ends.
 - Child set-up (``worker_process_init``): ``oom_score_adj`` 1000 so the kernel's OOM killer takes
-  a child, never the main process; per-child GPU pinning for a pool that spans GPUs.
+  a child, never the main process; per-child GPU pinning for a pool that spans GPUs; ``SIGUSR2``
+  writes every thread's stack to the worker's stderr (``kill -USR2 <child pid>``: where a stuck job
+  is, even inside a C call that holds the GIL).
 - ``farm_main_process`` inspect command: proves the main process never imported torch.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -262,6 +266,11 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 log.exception("could not count the kill of job %s against its rung's breaker", request.id)
 
 
+# Sent to a pool child, this signal makes it write every thread's stack (faulthandler); the child
+# goes on. Celery's main process answers SIGUSR1 with its own threads' stacks.
+STACKS_SIGNAL = signal.SIGUSR2
+
+
 def _on_child_start(**_: Any) -> None:
     """In each new pool child, before it runs any job."""
     try:
@@ -269,6 +278,8 @@ def _on_child_start(**_: Any) -> None:
             fh.write("1000")
     except OSError:  # not Linux, or a sandbox that forbids it: the cap still protects us
         pass
+    # The worker's own stderr (its log), not Celery's logging proxy, which has no file descriptor.
+    faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
     pool = get_pool(get_settings().pool)
     if len(pool.gpus) > 1:
         # A replacement child gets the index of the one it replaces, so it keeps the same GPU.

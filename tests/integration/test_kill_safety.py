@@ -162,6 +162,20 @@ def test_children_are_marked_the_oom_killers_first_choice(chaos_worker) -> None:
     assert int(open(f"/proc/{main.pid}/oom_score_adj").read()) < 1000
 
 
+def test_a_child_asked_for_its_stacks_writes_them_to_the_log_and_goes_on(chaos_worker) -> None:
+    # What a failed test's report adds (tests/conftest.py), and what an operator does to a stuck job:
+    # kill -USR2 <child pid>.
+    before = chaos_worker.log.stat().st_size
+    asked = chaos_worker.dump_child_stacks()
+    assert asked and all(psutil.Process(pid).is_running() for pid in asked)
+    with chaos_worker.log.open("rb") as fh:
+        fh.seek(before)
+        written = fh.read().decode(errors="replace")
+    assert written.count("Current thread") >= len(asked), written[-2000:]
+    assert "billiard" in written  # the child's own frames: its pool loop, waiting for a job
+    assert send("steady").wait(timeout=30)["output"] is not None  # and the children still take jobs
+
+
 def test_200_jobs_with_random_child_kills_all_end_and_none_is_lost(chaos_worker) -> None:
     jobs = [send("steady") for _ in range(200)]
     main = psutil.Process(chaos_worker.main_pid())
