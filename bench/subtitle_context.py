@@ -13,7 +13,8 @@ sentences in espeak-ng's default voice) and the four kinds of ``tests.support.su
 A setting is ``fit:W:T`` (the encoder fitted to each window plus ``T`` seconds of silence, windows of
 up to ``W`` s: ``fit_context`` on, ``engines.FITTED_WINDOW_SECONDS`` and
 ``recognizers.ENCODER_TAIL_SECONDS`` set to them for the run) or ``full:W`` (the encoder given
-Whisper's whole 30 s, as faster-whisper does, windows of up to ``W`` s). Beside them the bare
+Whisper's whole 30 s, as faster-whisper does, windows of up to ``W`` s), each at every beam size of
+``--beams`` (default: the rung's own; a contender is then named ``fit:20:4 beam 3``). Beside them the bare
 library on the same tracks and model: ``pipeline`` (``BatchedInferencePipeline.transcribe``, batch
 8), ``transcribe`` (``WhisperModel.transcribe(vad_filter=True)``) and ``transcribe-words`` (the same
 with ``word_timestamps=True``), each decoding the file inside its timed part.
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="16,17,18", help="seeds of the track sets, comma-separated")
     ap.add_argument("--settings", default="full:28,fit:28:4,fit:24:4,fit:20:4,fit:20:2,fit:16:4")
     ap.add_argument("--peers", default="pipeline,transcribe,transcribe-words")
+    ap.add_argument("--beams", default="", help="beam sizes for every setting, comma-separated (default: the rung's)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mediafarm-bench-context")
     args = ap.parse_args()
@@ -112,7 +114,7 @@ def main() -> None:
     model.model = counted  # the engine's cached model is this one: its calls are counted too
     pipeline = BatchedInferencePipeline(model)
 
-    def engine(setting: str) -> Run:
+    def engine(setting: str, beam: int | None) -> Run:
         kind, window, *tail = setting.split(":")
         fit = kind == "fit"
 
@@ -120,7 +122,7 @@ def main() -> None:
             engines.FITTED_WINDOW_SECONDS = engines.WINDOW_SECONDS = float(window)
             recognizers.ENCODER_TAIL_SECONDS = float(tail[0]) if tail else 4.0
             ctx = EngineContext.local(models_dir=models)
-            params = WhisperParams(**{**rung.params, "fit_context": fit})
+            params = WhisperParams(**{**rung.params, "fit_context": fit, **({"beam_size": beam} if beam else {})})
             steps = engines.whisper(ctx, SubtitleRequest(media=str(path), formats=["json"]), params)
             with contextlib.suppress(StopIteration):
                 while True:
@@ -144,7 +146,10 @@ def main() -> None:
         return [n for s in segments for n in normalise(s.text)]
 
     peers: dict[str, Run] = {"pipeline": batched, "transcribe": bare(False), "transcribe-words": bare(True)}
-    contenders: dict[str, Run] = {s: engine(s) for s in args.settings.split(",") if s}
+    beams = [int(b) for b in args.beams.split(",") if b]
+    contenders: dict[str, Run] = {
+        f"{s} beam {b}" if b else s: engine(s, b) for s in args.settings.split(",") if s for b in beams or [None]
+    }
     contenders.update({p: peers[p] for p in args.peers.split(",") if p})
     for run in contenders.values():  # warm: every code path once, not timed
         run(tracks[0][1])
@@ -162,15 +167,15 @@ def main() -> None:
             calls = {k: {"count": v[0], "cpu": round(v[1], 3), "tokens": v[2]} for k, v in counted.calls.items()}
             rows[name].append({"cpu": round(cpu, 3), "errors": sum(errors.values()), "per_track": errors,
                                "calls": calls})  # fmt: skip
-            print(f"round {round_ + 1} {name:<18} cpu {cpu:7.2f} s  errors {sum(errors.values()):5d}  "
+            print(f"round {round_ + 1} {name:<22} cpu {cpu:7.2f} s  errors {sum(errors.values()):5d}  "
                   + "  ".join(f"{k} {v['count']}x {v['cpu']:.2f}s" for k, v in calls.items()), flush=True)  # fmt: skip
 
     words = sum(len(r) for _, _, r in tracks)
     print(f"\n{len(tracks)} tracks, {words} reference words; medians over {args.rounds} round(s)")
-    print(f"{'contender':<18} {'CPU s':>7} {'errors':>7} {'WER':>6}")
+    print(f"{'contender':<22} {'CPU s':>7} {'errors':>7} {'WER':>6}")
     for name, runs in rows.items():
         cpu, errors = statistics.median(r["cpu"] for r in runs), statistics.median(r["errors"] for r in runs)
-        print(f"{name:<18} {cpu:7.2f} {errors:7.0f} {errors / words:6.3f}")
+        print(f"{name:<22} {cpu:7.2f} {errors:7.0f} {errors / words:6.3f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "reference_words": words,
                                    "tracks": [t[0] for t in tracks], "rows": rows}, indent=1))  # fmt: skip

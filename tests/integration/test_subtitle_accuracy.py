@@ -1,10 +1,10 @@
 """Regression guard on what a subtitle job hears: WER and words in silence on fixed tracks.
 
 Real parts: a worker with the default cpu pool, faster-whisper tiny.en on the ``whisper-tiny`` rung
-(int8, one thread, beam 1). The tracks are generated with a fixed seed (tests/support/subtitle_tracks.py
-and tests/support/speech.py), their words and speech spans known. Bounds are the figures measured
-when they were set plus a margin (stated beside each); a change to windowing, joins or decoding
-that loses or invents words crosses them. Not a timing test: speed is bench/peers_subtitle.py's.
+(int8, one thread, beam 3, its encoder fitted to each window). The tracks are generated with a fixed
+seed (tests/support/subtitle_tracks.py and tests/support/speech.py), their words and speech spans
+known. Bounds are the figures measured when they were set plus a margin (stated beside each); a
+change to windowing, joins or decoding that loses or invents words crosses them. Not a timing test: speed is bench/peers_subtitle.py's.
 """
 
 from __future__ import annotations
