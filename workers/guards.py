@@ -15,6 +15,13 @@
 
 from __future__ import annotations
 
+# Imported here, in the worker's main process before any of its threads starts. A thread's first
+# getaddrinfo() (the pressure reporter's or the watchdog's Redis connection) imports the IDNA codec
+# lazily, and a pool child forked while that import holds its module lock inherits the lock held
+# by a thread it does not have: the child deadlocks in its own first connection, and its job hangs
+# until the hard time limit (seen: py-spy showed a demo's VAD child stuck in
+# _ModuleLock.acquire under socket.getaddrinfo, its job never started).
+import encodings.idna  # noqa: F401
 import faulthandler
 import logging
 import os
