@@ -129,7 +129,7 @@ def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: 
 # not the 30 s faster-whisper pads every call to. The encoder's cost grows faster than its input
 # (attention is quadratic): on one CPU thread tiny.en encodes 15 s in a quarter of the time of
 # 30 s. The silence is there because Whisper learnt to find the end of speech in padding; with
-# under a second of it, tiny.en ran on in loops now and then (bench/peers_subtitle.py,
+# under a second and a half of it, tiny.en ran on in loops now and then (bench/subtitle_context.py,
 # docs/BENCHMARKS.md "Fitted encoder").
 ENCODER_TAIL_SECONDS = 4.0
 FULL_CONTEXT_FRAMES = 3000  # 30 s of 10 ms mel frames: Whisper's whole context

@@ -254,7 +254,7 @@ FAMILY = FamilySpec(
         ),  # fmt: skip
         rung("whisper-small", "whisper", model="faster-whisper-small", compute_type="int8", cpu_threads=2),
         # The encoder fitted to each window: measured on tiny.en, no fewer words right for less CPU;
-        # beam 3 got 11 % fewer words wrong than greedy for 8 % more CPU, beam 5 fewer than greedy
+        # beam 3 got 11 % fewer words wrong than greedy for 9.5 % more CPU, beam 5 fewer than greedy
         # only (docs/BENCHMARKS.md, "Fitted encoder").
         rung("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8", fit_context=True,
              beam_size=3),  # fmt: skip
