@@ -466,8 +466,10 @@ def cancel(job_id: str) -> None:
 @cli.command(name="families")
 def list_families() -> None:
     """The job families this farm knows: task name, queue, ladder (with the languages each rung
-    speaks or recognises), time limits, rung breakers, and whether a job resumes from its
-    checkpoint after a lost attempt."""
+    speaks or recognises, and its fallbacks), time limits, rung breakers (the open ones, and the
+    failures of each rung by cause: counted against its breaker or not), and whether a job
+    resumes from its checkpoint after a lost attempt."""
+    from mediafarm.tasks.ladder_choice import is_fallback
     from mediafarm.tasks.languages import rung_languages_note
     from mediafarm.workers.breaker_view import policy_cell, print_open_breakers
 
@@ -478,7 +480,8 @@ def list_families() -> None:
         ladder = families.ladder_for(spec)
         limits = families.limits_for(spec)
         rungs = " → ".join(
-            f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}{rung_languages_note(spec, v, models_dir)}"
+            f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}{' (fallback)' if is_fallback(v, spec.engines) else ''}"
+            f"{rung_languages_note(spec, v, models_dir)}"
             for v in ladder.rungs
         )
         resume = spec.resume.rule if spec.resume is not None else "starts over"

@@ -73,7 +73,8 @@ def test_records_say_whether_they_counted_and_old_ones_still_read() -> None:
     data = judged.to_json()
     assert (data["counted"], data["cause"]) == (False, "outside_kill")
     assert Attempt.from_json(data) == judged
-    assert attribution.words(judged) == "not counted against the rung: SIGKILLed from outside the farm: not the rung's doing"
+    words = "not counted against the rung: SIGKILLed from outside the farm: not the rung's doing"
+    assert attribution.words(judged) == words
     assert "counted" not in Attempt(0, "big", Outcome.OK).to_json()  # nothing to judge: the record as before
     # Written before the table: judged from outcome and reason.
     old = {"rung": 0, "variant": "big", "outcome": "killed", "reason": "watchdog: child RSS 900 MiB passed the cap"}

@@ -43,7 +43,7 @@ def test_the_families_declare_the_stand_ins_and_only_them() -> None:
     assert all(not names for name, names in found.items() if name not in ("vad", "yolo")), found
 
 
-def test_an_operators_ladder_can_declare_a_fallback(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_operators_ladder_can_declare_a_fallback() -> None:
     from mediafarm.config.file import ConfigFileError
     from mediafarm.config.ladders import _rung_from_table
 
@@ -96,7 +96,9 @@ def seen(attempts: Any) -> list[tuple[str, str]]:
     return [(a.variant, str(a.outcome)) for a in attempts]
 
 
-def test_an_open_breaker_skips_to_the_next_answer_never_to_the_fallback(redis_url: str, pool: str, log: AttemptLog) -> None:
+def test_an_open_breaker_skips_to_the_next_answer_never_to_the_fallback(
+    redis_url: str, pool: str, log: AttemptLog
+) -> None:
     clock = Clock()
     b = worker(redis_url, pool, clock)
     for job in ("j1", "j2", "j3"):
@@ -125,7 +127,9 @@ def test_pressure_never_steps_a_new_job_down_onto_a_fallback(redis_url: str, poo
     log.client.delete(keys.history(other.job_id))
 
 
-def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(redis_url: str, pool: str, log: AttemptLog) -> None:
+def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(
+    redis_url: str, pool: str, log: AttemptLog
+) -> None:
     clock = Clock()
     b = worker(redis_url, pool, clock)
     for job in ("j1", "j2", "j3"):
@@ -139,7 +143,9 @@ def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(redis_u
     assert [a.rung for a in log.read()[0]] == [0, 1, 0]
 
 
-def test_the_fallback_comes_only_after_every_answer_failed_for_the_job(redis_url: str, pool: str, log: AttemptLog) -> None:
+def test_the_fallback_comes_only_after_every_answer_failed_for_the_job(
+    redis_url: str, pool: str, log: AttemptLog
+) -> None:
     clock = Clock()
     b = worker(redis_url, pool, clock)
     for job in ("j1", "j2", "j3"):
