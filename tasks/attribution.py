@@ -6,20 +6,22 @@ cause must not open it, or random kills from outside send every new job past the
 good jobs ended on ``skip``). Each failed attempt is judged where its outcome is decided, with the
 evidence at hand there, and its record says how (``Attempt.counted``, ``Attempt.cause``)::
 
-    cause            outcome      counts  the evidence
-    watchdog_cap     killed       yes     the farm's watchdog killed the child over the pool's RSS cap (its kill record)
-    hard_time_limit  timeout      yes     the farm's watchdog killed the child past the family's hard time limit
-    kernel_oom       oom          yes     SIGKILLed with no watchdog record while the child's memory cgroup (or the
-                                          kernel) counted an OOM kill (``tasks.oom_killer``)
-    out_of_memory    oom          yes     the engine raised MemoryError or an allocator's out-of-memory error
-    cuda_oom         cuda_oom     yes     the engine ran out of GPU memory
-    time_limit       timeout      yes     the soft time limit fired inside the engine
-    resource         any          yes     the engine raised ResourceFailure itself (its own judgement)
-    outside_kill     killed       no      SIGKILLed, no watchdog record, and no OOM kill counted while it ran
-    unknown_kill     killed       no      SIGKILLed, no watchdog record, no OOM-kill count to compare
-    worker_died      killed       no      its worker died under it more often than the same-rung budget allows
-    worker_lost      worker_lost  no      its worker died (or was paused past the visibility timeout, or lost
-                                          its broker) while it ran: the job runs again on the same rung
+    cause              outcome      counts  the evidence
+    watchdog_cap       killed       yes     the farm's watchdog killed the child over the pool's RSS cap (kill record)
+    hard_time_limit    timeout      yes     the farm's watchdog killed the child past the family's hard time limit
+    kernel_oom         oom          yes     SIGKILLed with no watchdog record while the child's memory cgroup (or
+                                            the kernel) counted an OOM kill (``tasks.oom_killer``)
+    out_of_memory      oom          yes     the engine raised MemoryError or an allocator's out-of-memory error
+    cuda_oom           cuda_oom     yes     the engine ran out of GPU memory
+    time_limit         timeout      yes     the soft time limit fired inside the engine
+    resource           any          yes     the engine raised ResourceFailure itself (its own judgement)
+    outside_kill       killed       no      SIGKILLed, no watchdog record, and no OOM kill counted while it ran
+    unknown_kill       killed       no      SIGKILLed, no watchdog record, no OOM-kill count to compare
+    worker_died        killed       no      its worker died under it more often than the same-rung budget allows
+    worker_lost        worker_lost  no      its worker died (or was paused past the visibility timeout, or lost its
+                                            broker) while it ran: the job runs again on the same rung
+    settled_elsewhere  any          no      its process was paused or cut off while the job went on elsewhere: a limit
+                                            that fired as it woke measured the pause, not the rung
 
 A memory-pressure reading and an open breaker are no failures at all: the rung is skipped with no
 attempt spent (``skipped``) and nothing is judged. A record without ``counted`` (written before this
@@ -59,6 +61,7 @@ CAUSES = {
         Cause("unknown_kill", False, "SIGKILLed, cause unknown (no watchdog record, no OOM-kill count): not counted"),
         Cause("worker_died", False, "its worker died under it, repeatedly: not the rung's doing"),
         Cause("worker_lost", False, "its worker died, paused or lost its broker: not the rung's doing"),
+        Cause("settled_elsewhere", False, "its worker was paused or cut off while the job went on elsewhere"),
     )
 }
 

@@ -192,6 +192,10 @@ def _told(running: _Running, guard: RungGuard, note: str) -> Callable[..., None]
     def finish(outcome: Outcome, reason: str = "") -> None:
         try:
             running.finish(outcome, f"{reason}; {note}" if reason and note else reason or note)
+        except StaleAttempt:
+            if running.attempt.counted:  # its time or memory ran across a pause: not the rung's doing
+                attribution.judge(running.attempt, "settled_elsewhere")
+            raise
         finally:  # written or not (StaleAttempt, a Redis error), the rung ran: a probe must end
             guard.ended(running.attempt)
 
