@@ -102,3 +102,26 @@ def test_outside_kills_never_open_the_breaker_the_watchdogs_do_and_both_are_tall
     tallies = [(t.rung, t.cause, t.counted, t.count) for t in failure_tally.read(b.client, pool)]
     assert tallies == [("big", "watchdog_cap", True, 3), ("big", "outside_kill", False, 5)]
     b.client.delete(keys.rung_failures(pool))
+
+
+def test_a_failure_of_an_attempt_settled_elsewhere_never_counts(redis_url: str, pool: str, log: AttemptLog) -> None:
+    # A worker paused past the visibility timeout wakes, its soft time limit fires at once (it
+    # measured the pause), and the job already went on elsewhere: StaleAttempt, and no count.
+    import json
+
+    from mediafarm.tasks.errors import StaleAttempt
+
+    b = worker(redis_url, pool, Clock())
+    result_key = f"celery-task-meta-{log.job_id}"
+    log.client.set(result_key, json.dumps({"status": "SUCCESS"}), ex=60)
+
+    def engine(rung_: Any, index: int, attempt: int) -> Any:
+        raise MemoryError("woke after the pause")
+
+    job = LadderRun(log.job_id, LADDER, ENGINES, log, fresh=True, result_key=result_key, guard=guard(b, log.job_id))
+    with pytest.raises(StaleAttempt):
+        run_ladder(job, engine)
+    assert log.client.zcard(keys.breaker_failures(pool, "lad", "big")) == 0
+    tallies = [(t.rung, t.cause, t.counted) for t in failure_tally.read(b.client, pool)]
+    assert tallies == [("big", "settled_elsewhere", False)]
+    log.client.delete(result_key, keys.rung_failures(pool))
