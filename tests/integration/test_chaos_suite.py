@@ -83,17 +83,18 @@ DRILL_JOBS = int(os.environ.get("MEDIAFARM_DRILL_JOBS", "200"))
 
 
 def test_operators_drill_kills_from_outside_cost_one_attempt_not_the_answer(tmp_path: Path) -> None:
-    """Issue #29's drill: two workers, jobs on a VAD-shaped ladder with its breaker on (first, second,
-    then a stand-in that answers nothing), about 5 % of them with a pool child SIGKILLed from outside,
-    one worker killed whole, Redis restarted, a worker paused past the visibility timeout. Outside
-    kills are no rung's doing: no breaker opens, no good job fails, and the answers stay on the first
-    rung (before, the breaker opened on them and 40 % of the jobs ended on the stand-in)."""
+    """Issue #29's drill: two workers, jobs arriving 3 a second (about 4 is their capacity) on a
+    VAD-shaped ladder with its breaker on (first, second, then a stand-in that answers nothing),
+    about 5 % of them with a pool child SIGKILLed from outside, one worker killed whole, Redis
+    restarted, a worker paused past the visibility timeout. Outside kills are no rung's doing: no
+    breaker opens, no good job fails, and the answers stay on the first rung (before, the breaker
+    opened on them and 40 % of the jobs ended on the stand-in)."""
     server = EmbeddedRedis(data_dir=tmp_path / "redis").start()
     app = farm_app(server.url, server.url, name="chaos-drill")
     try:
         suite = ChaosSuite(producer=app, broker_url=server.url, redis_server=server, workdir=tmp_path,
                            env=suite_env(tmp_path, server.url, server.url), jobs=DRILL_JOBS,
-                           mix=(("drill", 0.95), ("bad", 0.05)), kill_share=0.05)  # fmt: skip
+                           mix=(("drill", 0.95), ("bad", 0.05)), kill_share=0.05, send_rate=3.0)  # fmt: skip
         report = suite.run()
     finally:
         app.close()
