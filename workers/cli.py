@@ -140,12 +140,15 @@ def _print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
 def _print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:
     if len(attempts) <= 1 and not always:
         return
-    table = Table("rung", "variant", "outcome", "reason", "peak RSS MiB", title="attempts")
+    table = Table("rung", "variant", "outcome", "reason", "against the rung", "peak RSS MiB", title="attempts")
     for a in attempts:
         # An open attempt is running (or its process died and the next run will settle it).
         outcome = "running" if a.get("outcome") is None else str(a["outcome"])
         peak = a.get("peak_rss_mb")
-        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", "" if peak is None else str(peak))
+        # Whether a failure counted against the rung's breaker, and why (tasks.attribution).
+        judged = "" if a.get("counted") is None else f"{'counted' if a['counted'] else 'not counted'}: {a.get('cause')}"
+        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", judged,
+                      "" if peak is None else str(peak))  # fmt: skip
     console.print(table)
 
 
