@@ -68,4 +68,4 @@ def next_rung(position: int, attempts: Sequence[Attempt], fallback: Sequence[boo
 def owed_note(attempts: Sequence[Attempt], index: int) -> str:
     """What an attempt on an owed rung says beside its outcome."""
     why = next((a.reason for a in reversed(attempts) if a.rung == index and a.outcome == Outcome.SKIPPED), "")
-    return f"tried once before the job ends: it was skipped ({why}) and no rung below it gave an answer"
+    return f"tried once before a fallback or the end: it was skipped ({why}), and no rung after it answered"

@@ -139,7 +139,7 @@ def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(
     envelope = until_done(log, b, failing_on("small"), VAD_LIKE)
     assert isinstance(envelope, Envelope) and envelope.variant == "big" and envelope.rung == 0
     assert seen(envelope.attempts) == [("big", "skipped"), ("small", "oom"), ("big", "ok")]
-    assert "tried once before the job ends: it was skipped (breaker open since" in envelope.attempts[2].reason
+    assert "tried once before a fallback or the end: it was skipped (breaker open since" in envelope.attempts[2].reason
     assert [a.rung for a in log.read()[0]] == [0, 1, 0]
 
 
