@@ -8,7 +8,7 @@ ladders a family can be asked to use, in ``FARM_CONFIG_FILE``::
     [ladders.vad]                       # replaces the vad family's default ladder
     rungs = [
       { name = "silero-onnx", engine = "silero", params = { threshold = 0.5 } },
-      { name = "skip", engine = "skip" },
+      { name = "skip", engine = "skip" },   # a fallback: its engine declares it (or say fallback = true)
     ]
 
     [ladders.vad-fast]                  # a named ladder of the vad family
@@ -45,6 +45,11 @@ class Rung:
         languages: The languages the rung speaks or recognises, as the operator states them
             (``languages = ["en", "fr"]`` in farm.toml: a fine-tuned model whose folder tells
             nothing); None: what its engine tells (``tasks.languages``).
+        fallback: True: the rung gives no real answer, only a stand-in (VAD ``skip``: no spans;
+            YOLO ``motion``: no detections), so a job takes it only after failing on the rungs
+            above, never because their breakers are open or the pool is under pressure
+            (``tasks.ladder_choice``). False: a cheaper answer. None: what its engine declares
+            (``EngineSpec.fallback``).
     """
 
     name: str
@@ -52,6 +57,7 @@ class Rung:
     params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     device: str = "cpu"
     languages: tuple[str, ...] | None = None
+    fallback: bool | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -59,12 +65,14 @@ class Rung:
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "engine": self.engine, "params": dict(self.params), "device": self.device}
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
         return out if self.languages is None else {**out, "languages": list(self.languages)}
 
 
-def rung(name: str, engine: str, device: str = "cpu", **params: Any) -> Rung:
+def rung(name: str, engine: str, device: str = "cpu", *, fallback: bool | None = None, **params: Any) -> Rung:
     """A rung, written the short way in a family's default ladder."""
-    return Rung(name=name, engine=engine, params=MappingProxyType(params), device=device)
+    return Rung(name=name, engine=engine, params=MappingProxyType(params), device=device, fallback=fallback)
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class Ladder:
 def _rung_from_table(ladder: str, row: Any) -> Rung:
     if not isinstance(row, dict) or "name" not in row or "engine" not in row:
         raise ConfigFileError(f"[ladders.{ladder}] each rung needs at least name and engine, got {row!r}")
-    unknown = set(row) - {"name", "engine", "params", "device", "languages"}
+    unknown = set(row) - {"name", "engine", "params", "device", "languages", "fallback"}
     if unknown:
         raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: unknown keys {sorted(unknown)}")
     params = row.get("params", {})
@@ -106,10 +114,13 @@ def _rung_from_table(ladder: str, row: Any) -> Rung:
         not isinstance(languages, list) or not languages or not all(isinstance(x, str) and x for x in languages)
     ):
         raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: languages must be a list of language codes")
+    fallback = row.get("fallback")
+    if fallback is not None and not isinstance(fallback, bool):
+        raise ConfigFileError(f"[ladders.{ladder}] rung {row['name']!r}: fallback must be true or false")
     try:
         device = str(row.get("device", "cpu"))
         return Rung(str(row["name"]), str(row["engine"]), MappingProxyType(dict(params)), device,
-                    tuple(languages) if languages is not None else None)  # fmt: skip
+                    tuple(languages) if languages is not None else None, fallback)  # fmt: skip
     except ConfigFileError as exc:
         raise ConfigFileError(f"[ladders.{ladder}] {exc}") from None
 

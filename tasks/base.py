@@ -184,6 +184,8 @@ class FarmTask(Task):
                     # A probe's claim outlives its longest attempt; a claim its lost worker left lapses then.
                     probe_s=float(self.farm_hard_limit or 3600) + 60,
                     pressure=partial(pool_under_pressure, settings.pool, self.backend.client),
+                    # Waiting for a breaker's cool-down must leave the attempt most of its soft limit.
+                    max_wait_s=float(self.soft_time_limit or 600) / 4,
                 ),
                 resume=resuming.offer if spec.resume is not None else None,
                 language=languages.why_not if languages is not None else None,

@@ -1,9 +1,11 @@
 """A circuit breaker per rung and pool, and the memory-pressure step-down: rungs a new job skips now.
 
 A rung that fails by resource (killed, oom, cuda_oom, timeout) on every job costs every job a
-failed attempt, often a kill, before it moves down. The breaker stops that:
+failed attempt, often a kill, before it moves down. The breaker stops that. It counts only the
+failures the rung caused (``tasks.attribution``: the watchdog's own kills, a kernel OOM kill the
+counters attribute, MemoryError, CUDA OOM, a time limit), never an outside kill or a lost worker:
 
-    closed     every job runs the rung; its resource failures on this pool are counted
+    closed     every job runs the rung; its failures on this pool that the rung caused are counted
       │ `failures` of them within `window_s`
       ▼
     open       new jobs skip the rung (history: ``skipped``, the reason, no attempt spent)
@@ -16,13 +18,16 @@ failed attempt, often a kill, before it moves down. The breaker stops that:
 
 The state lives in the result backend's Redis (``keys.breakers``, ``keys.breaker_failures``), so
 every worker of a pool agrees; each change is one Lua script, so two workers never both open it
-twice or both probe. A job never fails because a breaker is open: on the ladder's last rung it
-runs anyway, and its attempt says so. Jobs already past the rung are not affected; a job that
-the breaker moves down records why.
+twice or both probe. An open breaker never turns a good job into a non-answer
+(``tasks.ladder_choice``): a job skips the rung only when a rung below it gives a real answer;
+when only fallbacks are left below, it waits for the cool-down's end (at most ``max_wait_s``),
+then runs the rung, as the probe if it can claim it, else anyway; and a rung it skipped is
+tried once before the job takes a fallback or ends. Jobs already past the rung are not
+affected; a job that the breaker moves down records why.
 
 A ladder that declares ``step_down_under_pressure`` (``config.ladder_policy``) also starts its
 new jobs one rung lower while the admission control's reading says the pool's memory is under
-pressure; that skip is recorded the same way.
+pressure, but never onto a fallback; that skip is recorded the same way.
 
 Breaker bookkeeping never fails a job: a Redis error here is logged and the rung runs (or the
 failure goes uncounted).
@@ -39,7 +44,7 @@ from typing import Any
 
 from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy, ladder_policy
 from mediafarm.config.ladders import Ladder
-from mediafarm.tasks import keys
+from mediafarm.tasks import attribution, failure_tally, keys
 from mediafarm.tasks.records import RESOURCE_OUTCOMES, Attempt, Outcome
 
 log = logging.getLogger("mediafarm.breaker")
@@ -287,8 +292,8 @@ def count_kill(client: Any, pool: str, task_name: str, fields: Any, job_id: str,
     if raw is None:
         return ""
     attempt = Attempt.from_json(json.loads(raw))
-    if attempt.outcome is not None or attempt.pid != pid:
-        return ""
+    if attempt.outcome is not None or attempt.pid != pid or outcome not in RESOURCE_OUTCOMES:
+        return ""  # the watchdog's kills over the cap or the hard limit are the rung's doing (tasks.attribution)
     attempt.outcome = outcome
     return pool_breakers(client, pool).failed(ladder_identity(ladder), attempt.variant, policy.breaker, attempt, job_id)
 
@@ -331,28 +336,54 @@ class RungGuard:
         breakers: Breakers | None,
         probe_s: float,
         pressure: PressureReading | None = None,
+        max_wait_s: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.ladder, self.policy, self.job_id = ladder, policy, job_id
         self.name = ladder_identity(ladder)
         self.breakers = breakers if policy.breaker.enabled else None
         self.probe_s = probe_s
         self.pressure = pressure if policy.step_down_under_pressure else None
+        # The longest a job waits for an open breaker's cool-down when nothing below answers
+        # (also at most the cool-down itself); ``tasks.base`` bounds it by the soft time limit.
+        self.max_wait_s, self.sleep = max_wait_s, sleep
         self.probing: set[int] = set()
         self.notes: dict[int, str] = {}
 
-    def skip(self, index: int, attempts: Sequence[Attempt]) -> str | None:
+    def skip(self, index: int, attempts: Sequence[Attempt], answers_below: bool | None = None) -> str | None:
         """Why the job must not run rung ``index`` now (it moves on, no attempt spent), or None.
 
-        May leave a note for the attempt (:meth:`note`): it is the breaker's probe, or it runs
-        the last rung though its breaker is open."""
-        last = index == len(self.ladder) - 1
-        if not last and self.pressure is not None and all(a.outcome == Outcome.UNAVAILABLE for a in attempts):
+        ``answers_below``: a rung below gives a real answer (``tasks.ladder_choice``); None: any
+        rung below counts. Without one the rung is never skipped: an open breaker's cool-down is
+        waited for (bounded), then the rung runs. May leave a note for the attempt (:meth:`note`):
+        it is the breaker's probe, or it runs though its breaker is open."""
+        if answers_below is None:
+            answers_below = index < len(self.ladder) - 1
+        if answers_below and self.pressure is not None and all(a.outcome == Outcome.UNAVAILABLE for a in attempts):
             # A new job (nothing run or skipped by choice yet): one rung lower, once.
             reading = self._pressure()
             if reading:
                 return f"{reading}; the ladder steps down under pressure (a new job starts one rung lower)"
+        verdict, state = self._decide(index)
+        if verdict == SKIP and state is not None:
+            if answers_below:
+                return state.reason()
+            self._run_despite(index, state, "no rung below it gives an answer")
+        return None
+
+    def owed(self, index: int) -> None:
+        """Rung ``index``, skipped earlier by choice, runs now whatever its breaker says: the job has
+        no other rung left that answers (``tasks.ladder_choice``). Waits for the cool-down as
+        :meth:`skip` does; leaves a note if its breaker is still open."""
+        verdict, state = self._decide(index)
+        if verdict == SKIP and state is not None:
+            self._run_despite(index, state, "the job has no other rung left that answers")
+
+    def _decide(self, index: int) -> tuple[str, BreakerState | None]:
+        """The breaker's verdict on rung ``index`` (RUN when there is no breaker or it is unreadable);
+        notes a probe."""
         if self.breakers is None:
-            return None
+            return RUN, None
         rung = self.ladder.rungs[index].name
         try:
             verdict, state = self.breakers.decide(
@@ -360,15 +391,31 @@ class RungGuard:
             )
         except Exception as exc:  # noqa: BLE001 - a breaker must never fail or hold up a job
             log.warning("breaker of %s/%s unreadable (%s); the rung runs", self.name, rung, exc)
-            return None
+            return RUN, None
         if verdict == PROBE and state is not None:
             self.probing.add(index)
             self.notes[index] = f"the breaker's probe ({state.reason()})"
-        elif verdict == SKIP and state is not None:
-            if not last:
-                return state.reason()
-            self.notes[index] = f"{state.reason()}; run anyway: it is the ladder's last rung"
-        return None
+        return verdict, state
+
+    def _run_despite(self, index: int, state: BreakerState, why: str) -> None:
+        """The rung must run though its breaker is open: wait for the cool-down's end (bounded),
+        ask again (the job may claim the probe), and note what happened."""
+        assert self.breakers is not None
+        wait = max(0.0, min(state.until - self.breakers.clock(), self.policy.breaker.cooldown_s, self.max_wait_s))
+        if state.state == OPEN and wait > 0:
+            self.sleep(wait)
+            verdict, after = self._decide(index)
+            waited = f"waited {wait:.1f} s for its cool-down"
+            if verdict == PROBE:
+                self.notes[index] = f"{self.notes[index]}; {waited}: {why}"
+                return
+            if verdict == RUN:
+                self.notes[index] = f"{waited}, its breaker closed meanwhile: {why}"
+                return
+            state = after or state
+            self.notes[index] = f"{state.reason()}; run anyway, {waited}: {why}"
+            return
+        self.notes[index] = f"{state.reason()}; run anyway: {why}"
 
     def _pressure(self) -> str | None:
         try:
@@ -388,9 +435,15 @@ class RungGuard:
             return
         rung = attempt.variant
         try:
-            if attempt.outcome in RESOURCE_OUTCOMES:
+            if attempt.counted is not None:
+                failure_tally.add(self.breakers.client, self.breakers.pool, self.name, attempt)
+            if attribution.counts(attempt):
                 self.breakers.failed(self.name, rung, self.policy.breaker, attempt, self.job_id)
-            elif attempt.rung in self.probing and attempt.outcome != Outcome.TRANSIENT:
+            elif attempt.outcome in RESOURCE_OUTCOMES:
+                # Not the rung's doing (an outside kill): if it was this job's probe (claimed by
+                # this delivery or, for a killed child, by the one before), the next job probes.
+                self.breakers.probe_ended(self.name, rung, self.job_id, succeeded=False)
+            elif attempt.rung in self.probing and attempt.outcome not in (Outcome.TRANSIENT, Outcome.WORKER_LOST):
                 # A transient failure keeps the claim: the same job runs the rung again.
                 self.breakers.probe_ended(self.name, rung, self.job_id, attempt.outcome == Outcome.OK)
         except Exception as exc:  # noqa: BLE001 - the count is lost, the job is not

@@ -36,9 +36,11 @@ from mediafarm.tasks.errors import (
     TransientFailure,
     map_exceptions,
 )
+from mediafarm.tasks import attribution
 from mediafarm.tasks.breaker import RungGuard
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, owed_note
 from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
 
@@ -73,16 +75,21 @@ def settle_open_attempts(
             att.outcome, att.reason = kill.outcome, kill.reason
             att.peak_rss_mb = kill.rss_mb
             att.duration = round(kill.at - att.started, 3)
+            if (cause := attribution.killed_by_watchdog(kill)) is not None:
+                attribution.judge(att, cause)
         elif retries > att.retries:
             # The kernel's OOM killer or an outside kill: told apart by the OOM-kill counts.
             att.outcome, att.reason = lost_child_cause(att.oom_counts)
+            attribution.judge(att, attribution.lost_child(att.outcome, att.reason))
         else:
             lost_before = sum(1 for a in attempts[:i] if a.outcome == Outcome.WORKER_LOST)
             if lost_before >= transient_budget:
                 att.outcome = Outcome.KILLED
                 att.reason = f"its worker died {lost_before + 1} times while running this job"
+                attribution.judge(att, "worker_died")
             else:
                 att.outcome, att.reason = Outcome.WORKER_LOST, "the worker process died; job redelivered"
+                attribution.judge(att, "worker_lost")
         changed.append(i)
     return changed
 
@@ -106,8 +113,9 @@ def recorded_end(attempt: Attempt) -> FarmError:
 
 
 def current_rung(attempts: list[Attempt]) -> int:
-    """Rungs already lost to resource failures or skipped as unavailable."""
-    return sum(1 for a in attempts if a.outcome is not None and a.outcome.moves_down)
+    """Rungs already lost to resource failures or skipped as unavailable (each rung once: a rung
+    skipped by choice and tried again before the end, ``tasks.ladder_choice``, is still one)."""
+    return len({a.rung for a in attempts if a.outcome is not None and a.outcome.moves_down})
 
 
 def same_rung_retries(attempts: list[Attempt]) -> int:
@@ -171,12 +179,23 @@ class _Running:
             )
 
 
+def _noted(finish: Callable[..., None], note: str) -> Callable[..., None]:
+    """``finish`` that adds ``note`` to the reason."""
+    if not note:
+        return finish
+    return lambda outcome, reason="": finish(outcome, f"{reason}; {note}" if reason else note)
+
+
 def _told(running: _Running, guard: RungGuard, note: str) -> Callable[..., None]:
     """``running.finish`` that also adds the guard's note to the reason and tells the guard the outcome."""
 
     def finish(outcome: Outcome, reason: str = "") -> None:
         try:
             running.finish(outcome, f"{reason}; {note}" if reason and note else reason or note)
+        except StaleAttempt:
+            if running.attempt.counted:  # its time or memory ran across a pause: not the rung's doing
+                attribution.judge(running.attempt, "settled_elsewhere")
+            raise
         finally:  # written or not (StaleAttempt, a Redis error), the rung ran: a probe must end
             guard.ended(running.attempt)
 
@@ -269,36 +288,49 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             # Running the same input on the same rung again would only repeat the outcome.
             raise recorded_end(attempts[-1])
     index = current_rung(attempts)
-    while index < len(ladder):
-        rung = ladder.rungs[index]
+    fallback = fallbacks(ladder, job.engines)
+    # index: rungs passed; at: the rung to run now, index itself or a rung skipped by choice
+    # earlier that is owed one try before a fallback or the end (tasks.ladder_choice).
+    while (at := next_rung(index, attempts, fallback)) is not None:
+        rung, owed = ladder.rungs[at], at < index
         why_not = job.engines[rung.engine].unavailable(rung, job.models_dir) or (
             job.language(rung) if job.language is not None else None
         )
-        skipped = guard.skip(index, attempts) if guard is not None and not why_not else None
+        skipped = None
+        if guard is not None and not why_not:
+            if owed:  # run, whatever its breaker says: nothing else left answers
+                guard.owed(at)
+            else:
+                skipped = guard.skip(at, attempts, answers_below(at, fallback))
         if why_not or skipped:
             outcome = Outcome.UNAVAILABLE if why_not else Outcome.SKIPPED
-            attempts.append(Attempt(index, rung.name, outcome, why_not or skipped or "", retries, worker=worker))
+            attempts.append(Attempt(at, rung.name, outcome, why_not or skipped or "", retries, worker=worker))
             if log.append(attempts[-1], result_key) < 0:
                 raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {rung.name}")
-            index += 1
+            index += 0 if owed else 1
             continue
-        attempt = Attempt(index, rung.name, retries=retries, worker=worker, oom_counts=snapshot())
+        note = owed_note(attempts, at) if owed else ""
+        attempt = Attempt(at, rung.name, retries=retries, worker=worker, oom_counts=snapshot())
         if job.resume is not None:
             attempt.resumed_from, attempt.checkpoint_ignored = job.resume(rung)
         running = _Running(log, attempt, result_key, job.stale_after)
         attempts.append(running.attempt)
-        finish = running.finish if guard is None else _told(running, guard, guard.note(index))
+        if guard is not None:
+            note = "; ".join(n for n in (note, guard.note(at)) if n)
+        finish = _noted(running.finish, note) if guard is None else _told(running, guard, note)
         try:
             with map_exceptions():
-                output, artifacts = run_rung(rung, index, len(attempts) - 1)
+                output, artifacts = run_rung(rung, at, len(attempts) - 1)
         except ResourceFailure as exc:
+            attribution.judge(running.attempt, attribution.raised(exc.outcome))
             finish(exc.outcome, str(exc))
-            if index + 1 >= len(ladder):
+            after = next_rung(index if owed else index + 1, attempts, fallback)
+            if after is None:
                 break
-            return RetryRequest(f"{rung.name}: {exc.outcome}; next rung {ladder.rungs[index + 1].name}", exc)
+            return RetryRequest(f"{rung.name}: {exc.outcome}; next rung {ladder.rungs[after].name}", exc)
         except RungUnavailable as exc:
             finish(Outcome.UNAVAILABLE, str(exc))
-            index += 1
+            index += 0 if owed else 1
             continue
         except PermanentFailure as exc:
             finish(Outcome.REJECTED, f"{type(exc).__name__}: {exc}")
@@ -326,6 +358,6 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             cancelled.rung = rung.name
             raise cancelled
         finish(Outcome.OK)
-        return Envelope(job.job_id, ladder.family, rung.name, index, output, tuple(attempts), artifacts)
+        return Envelope(job.job_id, ladder.family, rung.name, at, output, tuple(attempts), artifacts)
     tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)
     raise NoRungLeft(f"no rung of the {ladder.name} ladder is left to run ({tried})")

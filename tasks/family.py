@@ -120,6 +120,9 @@ class EngineSpec:
             models dir and the request are None where not known, as in ``farm families``). A rung
             that cannot handle a job's language is skipped for it. None: any language. Light, like
             the spec: it reads a file or asks a program, it imports no model.
+        fallback: True: a rung of this engine gives no real answer, only a stand-in (VAD's
+            ``skip``, YOLO's ``motion``), unless the rung says otherwise (``Rung.fallback``): a
+            job takes it only after failing on the rungs above (``tasks.ladder_choice``).
     """
 
     target: str
@@ -128,6 +131,7 @@ class EngineSpec:
     extra: str | None = None
     weights: str | None = None
     languages: Callable[[Any, Path | None, Any], Any] | None = None
+    fallback: bool = False
 
     def missing(self) -> str | None:
         """Which package of ``needs`` this pool lacks, and how to install it; None if it has them all."""

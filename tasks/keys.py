@@ -88,6 +88,13 @@ def breaker_failures(pool: str, ladder: str, rung: str) -> str:
     return f"{PREFIX}:breaker-failures:{pool}:{ladder}:{rung}"
 
 
+def rung_failures(pool: str) -> str:
+    """Failed attempts of one pool's rungs, judged by cause (``tasks.attribution``): a hash, field
+    ``<ladder>/<rung>/<cause>/<1 if it counted against the breaker, else 0>``, value a count.
+    Expires a day after the newest failure; shown by ``farm families``."""
+    return f"{PREFIX}:rung-failures:{pool}"
+
+
 def first_output(job_id: str) -> str:
     """Unix time of the running attempt's first partial output (set once per attempt, cleared with
     its partials): the workers' ``mediafarm_first_output_seconds``."""

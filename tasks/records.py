@@ -91,6 +91,11 @@ class Attempt:
             None: it started from the beginning.
         checkpoint_ignored: Why a checkpoint the job had was not resumed from (another
             request's, corrupt, refused by the family for this rung); empty if none was.
+        counted: Whether this failure counted against the rung's breaker (``tasks.attribution``):
+            True only for what the rung itself caused. None: nothing to judge (it succeeded, was
+            skipped, rejected ...) or a record from before this was kept.
+        cause: Why it counted or not, as the attribution table names it (``watchdog_cap``,
+            ``kernel_oom``, ``outside_kill`` ...); empty where ``counted`` is None.
     """
 
     rung: int
@@ -107,6 +112,8 @@ class Attempt:
     oom_counts: dict[str, Any] | None = None
     resumed_from: dict[str, Any] | None = None
     checkpoint_ignored: str = ""
+    counted: bool | None = None
+    cause: str = ""
 
     def __post_init__(self) -> None:
         if self.outcome is not None:
@@ -122,6 +129,8 @@ class Attempt:
             del data["resumed_from"]
         if not self.checkpoint_ignored:
             del data["checkpoint_ignored"]
+        if self.counted is None:  # only failures the breaker judged say whether they counted
+            del data["counted"], data["cause"]
         return data
 
     @classmethod

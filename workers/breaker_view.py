@@ -1,4 +1,5 @@
-"""What ``farm families`` shows of the rung circuit breakers: each ladder's policy, and the breakers open now."""
+"""What ``farm families`` shows of the rung circuit breakers: each ladder's policy, the breakers open
+now, and each rung's recent failures by cause, counted against its breaker or not (``tasks.attribution``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from rich.table import Table
 from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Ladder
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks import failure_tally
+from mediafarm.tasks.attribution import CAUSES
 from mediafarm.tasks.breaker import BreakerState, ladder_identity, read_breakers
+from mediafarm.tasks.failure_tally import FailureTally
 
 
 def policy_cell(ladder: Ladder) -> str:
@@ -38,9 +42,19 @@ def breakers_table(states: list[BreakerState], now: float) -> Table:
     return table
 
 
+def tallies_table(tallies: list[FailureTally]) -> Table:
+    table = Table("pool", "ladder", "rung", "failures", "cause", "against its breaker",
+                  title="rung failures in the last day, by cause (only the rung's own open its breaker)")  # fmt: skip
+    for t in tallies:
+        words = CAUSES[t.cause].words if t.cause in CAUSES else t.cause
+        counted = "counted" if t.counted else "not counted"
+        table.add_row(t.pool, t.ladder, t.rung, str(t.count), f"{t.cause}: {words}", counted)
+    return table
+
+
 def print_open_breakers(console: Console, client: Any = None) -> None:
-    """The breakers not closed on every pool, read from the result backend; a line when none is, or
-    when there is no broker to read."""
+    """The breakers not closed on every pool, read from the result backend, and the rungs' recent
+    failures by cause; a line when none is, or when there is no broker to read."""
     if client is None:
         if not get_settings().broker_url:
             console.print("rung breakers: FARM_BROKER_URL is not set, so their state is not read")
@@ -49,11 +63,10 @@ def print_open_breakers(console: Console, client: Any = None) -> None:
 
         client = app.backend.client
     try:
-        states = read_breakers(client)
+        states, tallies = read_breakers(client), failure_tally.read(client)
     except Exception as exc:  # noqa: BLE001 - the families table above is still right
         console.print(f"rung breakers: unreadable ({type(exc).__name__}: {exc})")
         return
-    if not states:
-        console.print("rung breakers: all closed")
-        return
-    console.print(breakers_table(states, time.time()))
+    console.print(breakers_table(states, time.time()) if states else "rung breakers: all closed")
+    if tallies:
+        console.print(tallies_table(tallies))

@@ -140,12 +140,15 @@ def _print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
 def _print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:
     if len(attempts) <= 1 and not always:
         return
-    table = Table("rung", "variant", "outcome", "reason", "peak RSS MiB", title="attempts")
+    table = Table("rung", "variant", "outcome", "reason", "against the rung", "peak RSS MiB", title="attempts")
     for a in attempts:
         # An open attempt is running (or its process died and the next run will settle it).
         outcome = "running" if a.get("outcome") is None else str(a["outcome"])
         peak = a.get("peak_rss_mb")
-        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", "" if peak is None else str(peak))
+        # Whether a failure counted against the rung's breaker, and why (tasks.attribution).
+        judged = "" if a.get("counted") is None else f"{'counted' if a['counted'] else 'not counted'}: {a.get('cause')}"
+        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", judged,
+                      "" if peak is None else str(peak))  # fmt: skip
     console.print(table)
 
 
@@ -466,8 +469,10 @@ def cancel(job_id: str) -> None:
 @cli.command(name="families")
 def list_families() -> None:
     """The job families this farm knows: task name, queue, ladder (with the languages each rung
-    speaks or recognises), time limits, rung breakers, and whether a job resumes from its
-    checkpoint after a lost attempt."""
+    speaks or recognises, and its fallbacks), time limits, rung breakers (the open ones, and the
+    failures of each rung by cause: counted against its breaker or not), and whether a job
+    resumes from its checkpoint after a lost attempt."""
+    from mediafarm.tasks.ladder_choice import is_fallback
     from mediafarm.tasks.languages import rung_languages_note
     from mediafarm.workers.breaker_view import policy_cell, print_open_breakers
 
@@ -478,7 +483,8 @@ def list_families() -> None:
         ladder = families.ladder_for(spec)
         limits = families.limits_for(spec)
         rungs = " → ".join(
-            f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}{rung_languages_note(spec, v, models_dir)}"
+            f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}{' (fallback)' if is_fallback(v, spec.engines) else ''}"
+            f"{rung_languages_note(spec, v, models_dir)}"
             for v in ladder.rungs
         )
         resume = spec.resume.rule if spec.resume is not None else "starts over"

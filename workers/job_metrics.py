@@ -51,6 +51,12 @@ class JobMetrics:
             "mediafarm_downgrades_total", "Jobs moved from one rung to a lower one, by the reason the first one lost",
             ["family", "from_variant", "to_variant", "reason"], registry=registry,
         )  # fmt: skip
+        self.failures = Counter(
+            "mediafarm_rung_failures_total",
+            "Failed attempts of ended jobs by family, rung and cause (tasks.attribution), and whether each "
+            "counted against the rung's breaker",
+            ["family", "variant", "cause", "counted"], registry=registry,
+        )  # fmt: skip
         self.queue_wait = Histogram(
             "mediafarm_queue_wait_seconds",
             "Seconds from a job's message being sent (submit, or a retry) to a child starting it",
@@ -88,6 +94,9 @@ class JobMetrics:
         for attempt in attempts:
             variant, outcome = str(attempt.get("variant", "")), str(attempt.get("outcome") or "open")
             self.attempts.labels(family=family, variant=variant, outcome=outcome).inc()
+            if isinstance(attempt.get("counted"), bool):
+                self.failures.labels(family=family, variant=variant, cause=str(attempt.get("cause") or "-"),
+                                     counted=str(attempt["counted"]).lower()).inc()  # fmt: skip
             duration = _number(attempt.get("duration"))
             if duration is not None:
                 self.run_time.labels(family=family, variant=variant, outcome=outcome).observe(duration)

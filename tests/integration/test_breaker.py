@@ -38,7 +38,8 @@ def clean() -> Iterator[None]:
     client = app.backend.client
 
     def wipe() -> None:
-        client.delete(keys.breakers("chaos"), *client.keys(f"{keys.PREFIX}:breaker-failures:chaos:breaker_*"))
+        client.delete(keys.breakers("chaos"), keys.rung_failures("chaos"),
+                      *client.keys(f"{keys.PREFIX}:breaker-failures:chaos:breaker_*"))  # fmt: skip
 
     wipe()
     yield
@@ -102,13 +103,43 @@ def test_resource_failures_open_it_the_other_worker_obeys_a_probe_reopens_then_c
     assert seen(envelope) == [("heavy", "ok")] and envelope["attempts"][0]["reason"] == ""
 
 
+def families_output() -> str:
+    families = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "families"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})  # fmt: skip
+    assert families.returncode == 0, families.stderr
+    return families.stdout
+
+
 def test_watchdog_kills_open_it_too(two_workers: tuple[Any, Any], clean: None) -> None:
     # A killed child's attempt is settled by the job's next delivery, which counts it.
     for _ in range(2):
-        assert seen(run(0, "breaker_kill")) == [("hungry", "killed"), ("frugal", "ok")]
+        envelope = run(0, "breaker_kill")
+        assert seen(envelope) == [("hungry", "killed"), ("frugal", "ok")]
+        killed = envelope["attempts"][0]
+        assert (killed["counted"], killed["cause"]) == (True, "watchdog_cap")
     envelope = run(1, "breaker_kill")
     assert seen(envelope) == [("hungry", "skipped"), ("frugal", "ok")]
     assert "2 failures in 60 s" in envelope["attempts"][0]["reason"]
+    rows = families_output().splitlines()
+    row = next((line for line in rows if "breaker_kill" in line and "watchdog_cap" in line), "")
+    assert "hungry" in row and " 2 " in row and "counted" in row and "not counted" not in row, families_output()
+
+
+def test_outside_kills_never_open_it(two_workers: tuple[Any, Any], clean: None) -> None:
+    from tests.support.kills import kill_running
+
+    for _ in range(3):  # more than the two failures that open this ladder's breaker
+        job = submit("chaos", queue=QUEUES[0], ladder="breaker_outside")
+        kill_running(job, "patient", after=0.5)
+        envelope = job.wait(timeout=90)
+        assert seen(envelope) == [("patient", "killed"), ("frugal", "ok")]
+        killed = envelope["attempts"][0]
+        assert killed["counted"] is False and killed["cause"] in ("outside_kill", "unknown_kill"), killed
+    assert breaker("breaker_outside", "patient") is None
+    # The next job, on the other worker, still starts on the first rung.
+    assert seen(run(1, "breaker_outside")) == [("patient", "ok")]
+    row = next((line for line in families_output().splitlines() if "breaker_outside" in line and "_kill" in line), "")
+    assert "patient" in row and " 3 " in row and "not counted" in row, families_output()
 
 
 def test_under_memory_pressure_a_ladder_that_steps_down_starts_new_jobs_one_rung_lower(

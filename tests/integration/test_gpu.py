@@ -76,6 +76,7 @@ def test_cuda_oom_past_the_memory_fraction_moves_down_a_rung(gpu_worker) -> None
     envelope = send("cuda_oom").wait(timeout=120)
     first, second = envelope["attempts"]
     assert first["outcome"] == "cuda_oom" and "CUDA out of memory" in first["reason"], first
+    assert (first["counted"], first["cause"]) == (True, "cuda_oom"), first  # the rung's own doing (tasks.attribution)
     assert second["outcome"] == "ok" and envelope["variant"] == "cpu-small"
     assert gpu_worker.process.poll() is None
     print("CUDA OOM reason:", first["reason"][:200])

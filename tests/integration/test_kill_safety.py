@@ -56,6 +56,7 @@ def test_job_over_the_cap_is_killed_and_completes_on_the_next_rung(chaos_worker)
     killed, ok = envelope["attempts"]
     assert (killed["outcome"], ok["outcome"]) == ("killed", "ok")
     assert "watchdog" in killed["reason"] and "cap of 400 MiB" in killed["reason"]
+    assert (killed["counted"], killed["cause"]) == (True, "watchdog_cap")  # the rung's doing (tasks.attribution)
     assert killed["peak_rss_mb"] > 400 and killed["variant"] == "hungry"
     assert killed["pid"] != ok["pid"] or killed["retries"] < ok["retries"]
     assert chaos_worker.process.poll() is None
@@ -80,6 +81,7 @@ def test_memory_error_moves_down_and_leaves_the_worker_alive(chaos_worker) -> No
     envelope = job.wait(timeout=60)
     assert outcomes(envelope["attempts"]) == ["oom", "ok"] and envelope["variant"] == "frugal"
     assert "MemoryError" in envelope["attempts"][0]["reason"]
+    assert (envelope["attempts"][0]["counted"], envelope["attempts"][0]["cause"]) == (True, "out_of_memory")
     # Same main process, still answering, still serving.
     assert chaos_worker.process.poll() is None
     assert app.control.ping(destination=[chaos_worker.node], timeout=2)
@@ -218,6 +220,8 @@ def test_200_jobs_with_random_child_kills_all_end_and_none_is_lost(chaos_worker)
         for attempt in history[:-1]:
             # Every attempt that did not finish was killed, and by one of our kills.
             assert attempt["outcome"] == "killed" and attempt["pid"] in killed_pids, history
+            # An outside kill is no rung's doing: it never counts against the rung's breaker.
+            assert attempt["counted"] is False and attempt["cause"] in ("outside_kill", "unknown_kill"), history
         killed_jobs += any(a["outcome"] == "killed" for a in history)
     assert killed_jobs >= 5  # most kills land on a busy child; idle-child kills cost no job
     assert chaos_worker.process.poll() is None
@@ -268,9 +272,11 @@ def test_time_limits_move_the_job_down_soft_in_process_hard_by_the_watchdog(shor
     soft_env, hard_env = soft.wait(timeout=60), hard.wait(timeout=60)
     assert outcomes(soft_env["attempts"]) == ["timeout", "ok"]
     assert "soft time limit" in soft_env["attempts"][0]["reason"]
+    assert (soft_env["attempts"][0]["counted"], soft_env["attempts"][0]["cause"]) == (True, "time_limit")
     # The stubborn engine ignores the soft limit; the watchdog kills it at the hard one.
     assert outcomes(hard_env["attempts"]) == ["timeout", "ok"], hard_env["attempts"]
     assert "hard time limit of 7 s" in hard_env["attempts"][0]["reason"]
+    assert (hard_env["attempts"][0]["counted"], hard_env["attempts"][0]["cause"]) == (True, "hard_time_limit")
     assert hard_env["variant"] == "frugal" and worker.process.poll() is None
 
 
@@ -293,6 +299,7 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(short_worker) -
     assert time.monotonic() - killed_at < 40
     lost, ok = envelope["attempts"]
     assert (lost["outcome"], ok["outcome"]) == ("worker_lost", "ok")
+    assert (lost["counted"], lost["cause"]) == (False, "worker_lost")
     assert lost["rung"] == ok["rung"] == 0  # not the job's fault: same rung, no downgrade
     assert (lost["worker"], ok["worker"]) == (first.node, second.node)
 

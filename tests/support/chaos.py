@@ -146,6 +146,8 @@ FAMILY = FamilySpec(
     result=ChaosResult,
     engines={
         "ok": EngineSpec(f"{HERE}:ok", OkParams),
+        # A stand-in that answers nothing, as VAD's skip: a fallback (tasks.ladder_choice).
+        "stand_in": EngineSpec(f"{HERE}:ok", OkParams, fallback=True),
         "hog": EngineSpec(f"{HERE}:hog", HogParams),
         "memory_error": EngineSpec(f"{HERE}:memory_error"),
         "memory_error_while": EngineSpec(f"{HERE}:memory_error_while"),

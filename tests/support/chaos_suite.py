@@ -49,6 +49,7 @@ import redis
 
 from mediafarm.config.pools import get_pool
 from mediafarm.tasks import keys
+from mediafarm.tasks.breaker import read_breakers
 from mediafarm.tasks.downgrade import TERMINAL_OUTCOMES
 from mediafarm.tasks.oom_killer import OUTSIDE_KILL, UNDECIDED
 from mediafarm.workers.embedded import EmbeddedRedis
@@ -88,6 +89,12 @@ class Report:
     children_killed: int = 0
     # Attempts settled as killed from outside (tasks.oom_killer): the suite's child kills that hit a job.
     attempts_killed_from_outside: int = 0
+    # Terminal states by ladder (``ladder/STATUS``), and what the rung breakers did (tasks.attribution):
+    # failures counted against a rung, rungs skipped because a breaker was open, breakers open at the end.
+    ended_by_ladder: Counter[str] = field(default_factory=Counter)
+    counted_failures: int = 0
+    skipped_by_breaker: int = 0
+    breakers_open_at_end: list[str] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         return [
@@ -116,6 +123,9 @@ class Report:
             f"  attempts settled as worker_lost, by worker: {dict(self.lost_by_worker) or 'none'}",
             f"  children SIGKILLed mid-attempt: {self.children_killed} of {self.children_planned} planned; settled as "
             f"killed from outside: {self.attempts_killed_from_outside}",
+            f"  ended by ladder: {dict(sorted(self.ended_by_ladder.items()))}",
+            f"  rung breakers: {self.counted_failures} failures counted against a rung, {self.skipped_by_breaker} "
+            f"rungs skipped as open, open at the end: {self.breakers_open_at_end or 'none'}",
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
             f"history/envelope disagreements: {len(self.disagreements)}  "
@@ -177,12 +187,18 @@ class ChaosSuite:
     def __init__(
         self, *, producer: Any, broker_url: str, redis_server: EmbeddedRedis, workdir: Path, env: dict[str, str],
         jobs: int, link: Any = None, broker_name: str = "redis", inside_broker_url: str = "",
+        mix: tuple[tuple[str, float], ...] = MIX, kill_share: float = 0.1, send_rate: float | None = None,
     ) -> None:  # fmt: skip
         self.producer, self.broker_url, self.redis_server = producer, broker_url, redis_server
         # How the namespaced worker reaches the broker: the broker's URL on the link's host address
         # unless told (a RabbitMQ on loopback is reached through a forwarder, tests.support.netns).
         self.inside_broker_url = inside_broker_url
         self.workdir, self.env, self.jobs, self.link = workdir, env, jobs, link
+        # The ladders sent and their shares; the share of jobs whose child the suite SIGKILLs mid-attempt.
+        self.mix, self.kill_share = mix, kill_share
+        # Jobs sent a second, as traffic arrives (the child kills paced with them); None: all at once.
+        # Arriving jobs meet a breaker as it changes, and a killed job's retry is not behind the whole run.
+        self.send_rate = send_rate
         self.report = Report(broker_name)
         self.is_redis_broker = broker_name == "redis"
         self.visibility = float(env.get("FARM_VISIBILITY_TIMEOUT", "10"))
@@ -242,29 +258,31 @@ class ChaosSuite:
         if self.link is not None:
             self.start_worker(inside_namespace=True)
         ladders = self._ladders()
-        jobs = {
-            self.producer.send_task(TASK, kwargs={"ladder": ladder, "plan": {"sleep": JOB_SECONDS}}, queue=QUEUE).id:
-            ladder for ladder in ladders
-        }  # fmt: skip
-        self.report.submitted = len(jobs)
+        jobs: dict[str, str] = {}
+        total, started = len(ladders), time.monotonic()
+        self._send(jobs, ladders, total if self.send_rate is None else 1)
         events: list[tuple[float, Callable[[], None]]] = [
             (0.15, self.kill_a_worker), (0.3, self.restart_redis), (0.45, self.cut_a_link), (0.6, self.pause_a_worker),
         ]
-        kills_due, kills_done = max(1, len(jobs) // 10), 0
-        deadline = time.monotonic() + 120 + len(jobs) * JOB_SECONDS
+        kills_due, kills_done = max(1, round(total * self.kill_share)), 0
+        deadline = time.monotonic() + 120 + total * JOB_SECONDS
         states: dict[str, dict[str, Any]] = {}
         try:
             while time.monotonic() < deadline:
+                if self.send_rate is not None:
+                    self._send(jobs, ladders, int((time.monotonic() - started) * self.send_rate) + 1)
                 states = self._states(jobs) or states
                 done = sum(1 for s in states.values() if s.get("status") in TERMINAL)
-                if done == len(jobs):
+                if done == total:
                     break
                 self._run_due()
-                while events and done >= events[0][0] * len(jobs):
+                while events and done >= events[0][0] * total:
                     events.pop(0)[1]()
-                if kills_done < kills_due and self.random.random() < 0.3:
+                paced = kills_due if self.send_rate is None else kills_due * len(jobs) / total
+                if kills_done < min(kills_due, paced) and self.random.random() < 0.3:
                     kills_done += self.kill_a_child([j for j in jobs if states.get(j, {}).get("status") not in TERMINAL])
                 time.sleep(0.25)
+            self.report.submitted = len(jobs)
             for _, event in events:  # whatever the run finished too fast for
                 self.report.missed.append(event.__name__)
             self.report.children_planned, self.report.children_killed = kills_due, kills_done
@@ -278,11 +296,23 @@ class ChaosSuite:
             self.client.close()
         self.client = redis.Redis.from_url(self.redis_server.url)
         self._count(jobs, self._states(jobs), watch)
+        self.report.breakers_open_at_end = [f"{s.ladder}/{s.rung} {s.state}" for s in read_breakers(self.client)]
         self.client.close()
         return self.report
 
+    def _send(self, jobs: dict[str, str], ladders: list[str], upto: int) -> None:
+        """Send the jobs of ``ladders`` up to the ``upto``-th that are not sent yet."""
+        while len(jobs) < min(upto, len(ladders)):
+            ladder = ladders[len(jobs)]
+            try:
+                sent = self.producer.send_task(TASK, kwargs={"ladder": ladder, "plan": {"sleep": JOB_SECONDS}},
+                                               queue=QUEUE)  # fmt: skip
+            except Exception:  # noqa: BLE001 - the broker is restarting: the next round sends it
+                return
+            jobs[sent.id] = ladder
+
     def _ladders(self) -> list[str]:
-        ladders = [name for name, share in MIX for _ in range(max(1, round(share * self.jobs)))]
+        ladders = [name for name, share in self.mix for _ in range(max(1, round(share * self.jobs)))]
         self.random.shuffle(ladders)
         return ladders[: self.jobs]
 
@@ -379,7 +409,12 @@ class ChaosSuite:
                 report.lost.append(f"{job} ({ladder}, {status or 'no state'})")
                 continue
             report.terminal += 1
+            report.ended_by_ladder[f"{ladder}/{status}"] += 1
             attempts = meta["result"]["attempts"] if status == "SUCCESS" else history
+            report.counted_failures += sum(1 for a in attempts if a.get("counted") is True)
+            report.skipped_by_breaker += sum(
+                1 for a in attempts if a.get("outcome") == "skipped" and str(a.get("reason")).startswith("breaker")
+            )
             report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
             report.attempts_killed_from_outside += sum(1 for a in attempts if _killed_from_outside(a))
             ended = next((i for i, a in enumerate(history) if a.get("outcome") in TERMINAL_OUTCOMES), None)

@@ -123,8 +123,17 @@ def run(log: AttemptLog, guard: RungGuard, engine: Any, fresh: bool = True, retr
     return run_ladder(job, run_rung)
 
 
-def guard(b: Breakers, job_id: str, ladder: Ladder = LADDER, pressure: Any = None) -> RungGuard:
-    return RungGuard(ladder, LadderPolicy(POLICY, pressure is not None), job_id, b, 100, pressure)
+def guard(b: Breakers, job_id: str, ladder: Ladder = LADDER, pressure: Any = None, max_wait_s: float = 60) -> RungGuard:
+    """A guard whose waits pass on the breakers' fake clock (``waited`` lists them)."""
+
+    def sleep(seconds: float) -> None:
+        b.clock.now += seconds  # type: ignore[attr-defined]
+        waited.append(seconds)
+
+    made = RungGuard(ladder, LadderPolicy(POLICY, pressure is not None), job_id, b, 100, pressure, max_wait_s, sleep)
+    waited: list[float] = []
+    made.waited = waited  # type: ignore[attr-defined]
+    return made
 
 
 def oom_on_big(rung_: Any) -> dict[str, Any]:
@@ -161,14 +170,35 @@ def test_the_ladder_skips_an_open_rung_records_why_and_the_probe_closes_it(
     log.client.delete(*(keys.history(x.job_id) for x in (other, probe)))
 
 
-def test_an_open_last_rung_runs_anyway_and_says_so(redis_url: str, pool: str, log: AttemptLog) -> None:
+def test_an_open_last_rung_waits_for_its_cool_down_then_probes_and_says_so(
+    redis_url: str, pool: str, log: AttemptLog
+) -> None:
     clock = Clock()
     b = worker(redis_url, pool, clock)
     for job in ("j1", "j2", "j3"):
         fail(b, job, clock, "small")
-    envelope = run(log, guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),))), lambda r: {})
+    clock.now += 10
+    made = guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),)))
+    envelope = run(log, made, lambda r: {})
     assert [(a.variant, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
-    assert "run anyway: it is the ladder's last rung" in envelope.attempts[0].reason
+    assert made.waited == [20.0]  # what was left of the 30 s cool-down
+    reason = envelope.attempts[0].reason
+    assert reason.startswith("the breaker's probe (") and "waited 20.0 s for its cool-down" in reason
+    assert "no rung below it gives an answer" in reason
+    assert read_breakers(b.client, pool) == []  # the probe succeeded: closed
+
+
+def test_the_wait_is_bounded_and_the_rung_then_runs_anyway(redis_url: str, pool: str, log: AttemptLog) -> None:
+    clock = Clock()
+    b = worker(redis_url, pool, clock)
+    for job in ("j1", "j2", "j3"):
+        fail(b, job, clock, "small")
+    made = guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),)), max_wait_s=5)
+    envelope = run(log, made, lambda r: {})
+    assert [(a.variant, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
+    assert made.waited == [5.0]
+    assert "run anyway, waited 5.0 s for its cool-down: no rung below it gives an answer" in envelope.attempts[0].reason
+    assert [s.state for s in read_breakers(b.client, pool)] == ["open"]  # not its probe: still open
 
 
 def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: str, log: AttemptLog) -> None:

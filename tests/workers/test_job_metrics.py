@@ -47,3 +47,17 @@ def test_failed_jobs_end_rejected_exhausted_or_in_error() -> None:
             if s.name == "mediafarm_jobs_total"}  # fmt: skip
     expected = {("-", "rejected"): 1, ("webrtc", "exhausted"): 1, ("silero", "error"): 1, ("silero", "cancelled"): 1}
     assert ends == expected
+
+
+def test_failures_are_counted_by_cause_and_whether_they_counted_against_the_rung() -> None:
+    registry = CollectorRegistry()
+    metrics = JobMetrics(registry)
+    history = [
+        attempt(0, "silero-onnx", "killed", "SIGKILLed from outside: ...", counted=False, cause="outside_kill"),
+        attempt(1, "webrtc", "killed", "watchdog: over the cap", counted=True, cause="watchdog_cap"),
+        attempt(2, "skip", "ok"),
+    ]
+    metrics.observe_end("vad", "SUCCESS", history, None)
+    samples = {(s.labels["variant"], s.labels["cause"], s.labels["counted"]): s.value for m in registry.collect()
+               for s in m.samples if s.name == "mediafarm_rung_failures_total"}  # fmt: skip
+    assert samples == {("silero-onnx", "outside_kill", "false"): 1, ("webrtc", "watchdog_cap", "true"): 1}

@@ -134,7 +134,9 @@ FAMILY = FamilySpec(
             f"{ENGINES}:silero", SileroParams, needs=("silero_vad", "onnxruntime", "av", "numpy"), extra="vad"
         ),
         "webrtc": EngineSpec(f"{ENGINES}:webrtc", WebrtcParams, needs=("webrtcvad", "av", "numpy"), extra="vad"),
-        "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av", "numpy"), extra="vad"),
+        # No detection at all (no spans, the result flagged): a fallback, never a cheaper answer,
+        # so an open breaker above it never sends a job here (tasks.ladder_choice).
+        "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av", "numpy"), extra="vad", fallback=True),
     },
     ladder=(
         # silero over PyAV blocks, one ONNX call per 10 s block; one ONNX thread per child, so concurrency = cores.

@@ -251,7 +251,8 @@ FAMILY = FamilySpec(
             f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "torch", "av", "numpy"), extra="yolo",
             weights="weights",
         ),
-        "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy"), extra="yolo"),
+        # No model, no detections: motion spans only. A fallback, never a cheaper answer (tasks.ladder_choice).
+        "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy"), extra="yolo", fallback=True),
     },
     ladder=(
         # GPU rungs: torch weights, the pool's GPU memory fraction applied; a CUDA OOM moves down.
