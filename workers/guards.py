@@ -10,18 +10,12 @@
   a child, never the main process; per-child GPU pinning for a pool that spans GPUs; ``SIGUSR2``
   writes every thread's stack to the worker's stderr (``kill -USR2 <child pid>``: where a stuck job
   is, even inside a C call that holds the GIL).
-- ``farm_main_process`` inspect command: proves the main process never imported torch.
+- ``farm_main_process`` inspect command: proves the main process never imported torch, and that
+  every thread it runs was started through the fork gate (``workers.fork_gate``).
 """
 
 from __future__ import annotations
 
-# Imported here, in the worker's main process before any of its threads starts. A thread's first
-# getaddrinfo() (the pressure reporter's or the watchdog's Redis connection) imports the IDNA codec
-# lazily, and a pool child forked while that import holds its module lock inherits the lock held
-# by a thread it does not have: the child deadlocks in its own first connection, and its job hangs
-# until the hard time limit (seen: py-spy showed a demo's VAD child stuck in
-# _ModuleLock.acquire under socket.getaddrinfo, its job never started).
-import encodings.idna  # noqa: F401
 import faulthandler
 import logging
 import os
@@ -46,7 +40,7 @@ from mediafarm.tasks import families
 from mediafarm.tasks.breaker import count_kill
 from mediafarm.tasks.history import record_kill
 from mediafarm.tasks.records import KillRecord, Outcome
-from mediafarm.workers import gpu_hygiene
+from mediafarm.workers import fork_gate, gpu_hygiene
 from mediafarm.workers.logs import killed_by_watchdog
 from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
 
@@ -183,8 +177,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         serve(get_settings().metrics_port, worker, self.pool)
         if self.cap:
             CHILD_RSS_CAP.labels(pool=self.pool.name).set(self.cap)
-        self._thread = threading.Thread(target=self._run, args=(worker,), name="farm-watchdog", daemon=True)
-        self._thread.start()
+        self._thread = fork_gate.start_thread(self._run, "farm-watchdog", (worker,))
         cap = f"{self.pool.child_rss_cap_mb} MiB" if self.cap else "none"
         log.info("watchdog on: pool %s, child RSS cap %s, hard limits %s", self.pool.name, cap, self._limits)
 
@@ -195,35 +188,40 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         me = psutil.Process()
         known: dict[int, psutil.Process] = {}
         while not self._stop.wait(self.interval):
+            # One poll inside the fork gate: a kill records and logs (``workers.fork_gate``).
+            with fork_gate.held():
+                self._poll(worker, me, known)
+
+    def _poll(self, worker: Any, me: psutil.Process, known: dict[int, psutil.Process]) -> None:
+        try:
+            children = self._children(me, known)
+        except psutil.Error:
+            return
+        self._killed &= set(children)
+        jobs = _active_jobs()
+        now = time.time()
+        largest = 0
+        for child in children:
+            if child in self._killed:
+                continue
+            request = jobs.get(child.pid)
             try:
-                children = self._children(me, known)
+                rss = child.memory_info().rss
             except psutil.Error:
                 continue
-            self._killed &= set(children)
-            jobs = _active_jobs()
-            now = time.time()
-            largest = 0
-            for child in children:
-                if child in self._killed:
-                    continue
-                request = jobs.get(child.pid)
-                try:
-                    rss = child.memory_info().rss
-                except psutil.Error:
-                    continue
-                largest = max(largest, rss)
-                if self.cap is not None and rss > self.cap:
-                    reason = (
-                        f"watchdog: child RSS {rss / MB:.0f} MiB passed the pool {self.pool.name!r} cap of "
-                        f"{self.pool.child_rss_cap_mb} MiB"
-                    )
-                    self._kill(worker, child, request, rss, Outcome.KILLED, reason)
-                elif request is not None and request.time_start:
-                    limit = self._limits.get(request.name)
-                    if limit and now - request.time_start > limit:
-                        reason = f"watchdog: hard time limit of {limit:.0f} s passed ({now - request.time_start:.0f} s)"
-                        self._kill(worker, child, request, rss, Outcome.TIMEOUT, reason)
-            CHILD_RSS_MAX.labels(pool=self.pool.name).set(largest)
+            largest = max(largest, rss)
+            if self.cap is not None and rss > self.cap:
+                reason = (
+                    f"watchdog: child RSS {rss / MB:.0f} MiB passed the pool {self.pool.name!r} cap of "
+                    f"{self.pool.child_rss_cap_mb} MiB"
+                )
+                self._kill(worker, child, request, rss, Outcome.KILLED, reason)
+            elif request is not None and request.time_start:
+                limit = self._limits.get(request.name)
+                if limit and now - request.time_start > limit:
+                    reason = f"watchdog: hard time limit of {limit:.0f} s passed ({now - request.time_start:.0f} s)"
+                    self._kill(worker, child, request, rss, Outcome.TIMEOUT, reason)
+        CHILD_RSS_MAX.labels(pool=self.pool.name).set(largest)
 
     @staticmethod
     def _children(me: psutil.Process, known: dict[int, psutil.Process]) -> list[psutil.Process]:
@@ -326,6 +324,8 @@ def farm_main_process(state: Any) -> dict[str, Any]:
         "model_runtimes": sorted(m for m in MODEL_RUNTIMES if m in sys.modules),
         "pool": get_settings().pool,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Threads not started through the fork gate (``workers.fork_gate``): there must be none.
+        "ungated_threads": fork_gate.ungated_threads(),
     }
 
 

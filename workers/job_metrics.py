@@ -171,10 +171,11 @@ class EndReader:
         """Count job ``job_id`` if it has ended and no worker has counted it yet; True if counted."""
         return self.count_many(backend, [(job_id, family)], ttl) == 1
 
-    def count_many(self, backend: Any, jobs: Sequence[tuple[str, str]], ttl: int) -> int:
+    def count_many(self, backend: Any, jobs: Sequence[tuple[str, str]], ttl: int, client: Any = None) -> int:
         """Count every job of ``jobs`` (id, family) that has ended and that no worker counted yet,
-        in two pipelined round trips for them all; how many were counted."""
-        client = backend.client
+        in two pipelined round trips for them all; how many were counted. ``client``: the Redis to
+        read through (default: the backend's own)."""
+        client = client if client is not None else backend.client
         pipe = client.pipeline(transaction=False)
         for job_id, _ in jobs:
             pipe.get(backend.get_key_for_task(job_id))

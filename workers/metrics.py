@@ -18,14 +18,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from celery.exceptions import Retry
 from celery.worker.request import Request
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from mediafarm.config.pools import Pool
 from mediafarm.tasks import families
 from mediafarm.tasks.family import FamilySpec
+from mediafarm.workers import fork_gate
 from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
 from mediafarm.workers.job_metrics import EndReader, JobMetrics
 
@@ -126,13 +128,13 @@ class _EndReader:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._ends: EndReader | None = None
+        self._client: Any = None
 
     def submit(self, app: Any, job_id: str, family: str) -> None:
         with self._lock:
             if self._thread is None:
                 self._ends = EndReader(job_metrics(), on_success=observe_job)
-                self._thread = threading.Thread(target=self._run, name="farm-metrics", daemon=True)
-                self._thread.start()
+                self._thread = fork_gate.start_thread(self._run, "farm-metrics")
         try:
             self._jobs.put_nowait((app, job_id, family))
         except queue.Full:
@@ -149,14 +151,24 @@ class _EndReader:
                 except queue.Empty:
                     break
             app = batch[0][0]
-            try:
-                self._ends.count_many(app.backend, [(job_id, family) for _, job_id, family in batch],
-                                      int(app.conf.result_expires))  # fmt: skip
-            except Exception:  # noqa: BLE001 - metrics must never take the worker down
-                log.warning("could not read %d ended jobs back for metrics", len(batch), exc_info=True)
-            finally:
-                for _ in batch:
-                    self._jobs.task_done()
+            # One batch inside the fork gate (``workers.fork_gate``), through a client of its own
+            # whose timeouts bound the hold (the backend's own client waits as long as Redis does).
+            with fork_gate.held():
+                try:
+                    if self._client is None:
+                        import redis
+
+                        from mediafarm.config.settings import get_settings
+
+                        self._client = redis.Redis.from_url(get_settings().backend_url, socket_timeout=1,
+                                                            socket_connect_timeout=1)  # fmt: skip
+                    self._ends.count_many(app.backend, [(job_id, family) for _, job_id, family in batch],
+                                          int(app.conf.result_expires), client=self._client)  # fmt: skip
+                except Exception:  # noqa: BLE001 - metrics must never take the worker down
+                    log.warning("could not read %d ended jobs back for metrics", len(batch), exc_info=True)
+                finally:
+                    for _ in batch:
+                        self._jobs.task_done()
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until every job handed over so far is counted (tests; a scrape need not)."""
@@ -251,7 +263,38 @@ def serve(port: int, worker: Any = None, pool: Pool | None = None) -> None:
         install_collectors(worker, pool)
     if port:
         _COUNTING = True
-        start_http_server(port)
+        _start_server(port)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Logs no request (as prometheus_client's own handler). A client that sends nothing holds
+    the server's one thread this long at most."""
+
+    timeout = 10
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class _GatedServer(WSGIServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        with fork_gate.held():  # it prints a traceback
+            super().handle_error(request, client_address)
+
+
+def _start_server(port: int, registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+    """prometheus_client's WSGI server on all addresses, whose scrapes run inside the fork gate
+    (``workers.fork_gate``): a scrape's collectors call Redis and log. One thread, a scrape at a
+    time; reading the request and writing the answer stay outside the gate (plain socket I/O)."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        with fork_gate.held():
+            return list(metrics(environ, start_response))
+
+    httpd = make_server("0.0.0.0", port, app, _GatedServer, handler_class=_QuietHandler)
+    fork_gate.start_thread(httpd.serve_forever, "farm-metrics-http")
+    return httpd
 
 
 _COLLECTORS: list[Any] = []

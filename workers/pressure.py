@@ -30,6 +30,7 @@ from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.admission import Reading, publish_reading
 from mediafarm.tasks.oom_killer import locate_memory_cgroup, parse_count, parse_limit
+from mediafarm.workers import fork_gate
 
 log = logging.getLogger("mediafarm.pressure")
 MB = 1024 * 1024
@@ -117,35 +118,41 @@ class PressureReporter(bootsteps.StartStopStep):
         client = redis.Redis.from_url(get_settings().backend_url, socket_timeout=1, socket_connect_timeout=1)
         # What this worker takes (its pool's queues, or --queues): the jobs its memory speaks for.
         queues = tuple(sorted(worker.app.amqp.queues.consume_from or ()))
-        self._thread = threading.Thread(
-            target=self._run, args=(worker.hostname, client, cgroup, queues), name="farm-pressure", daemon=True
-        )
-        self._thread.start()
+        self._thread = fork_gate.start_thread(self._run, "farm-pressure", (worker.hostname, client, cgroup, queues))
 
     def stop(self, worker: Any) -> None:
         self._stop.set()
 
     def _run(self, node: str, client: Any, cgroup: tuple[int, str] | None, queues: tuple[str, ...]) -> None:
-        gpus = GpuMemory()
+        with fork_gate.held():  # NVML's module is imported here
+            gpus = GpuMemory()
         failing = False
         while True:
-            try:
-                available, total = read_memory(cgroup)
-                reading = Reading(node, time.time(), available, total, gpus.read(self.pool.gpus), queues)
-                publish_reading(client, self.pool.name, reading)
-                failing = False
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                # Redis away (a restart): admission then sees no reading, and takes work. One line
-                # per outage, as Celery's own consumer says it; no traceback for what is no bug.
-                if not failing:
-                    log.warning("could not publish the memory reading of pool %s: %s", self.pool.name, exc)
-                failing = True
-            except Exception:  # anything else is a bug: its traceback, once until a reading goes out
-                if not failing:
-                    log.warning("could not publish the memory reading of pool %s", self.pool.name, exc_info=True)
-                failing = True
+            # One reading inside the fork gate (``workers.fork_gate``): it calls Redis and may log.
+            with fork_gate.held():
+                failing = self._publish(node, client, cgroup, queues, gpus, failing)
             if self._stop.wait(INTERVAL_S):
                 return
+
+    def _publish(
+        self, node: str, client: Any, cgroup: tuple[int, str] | None, queues: tuple[str, ...], gpus: GpuMemory,
+        failing: bool,
+    ) -> bool:
+        """Publish one reading; whether it failed (a failure is logged once until one goes out)."""
+        try:
+            available, total = read_memory(cgroup)
+            reading = Reading(node, time.time(), available, total, gpus.read(self.pool.gpus), queues)
+            publish_reading(client, self.pool.name, reading)
+            return False
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            # Redis away (a restart): admission then sees no reading, and takes work. One line
+            # per outage, as Celery's own consumer says it; no traceback for what is no bug.
+            if not failing:
+                log.warning("could not publish the memory reading of pool %s: %s", self.pool.name, exc)
+        except Exception:  # anything else is a bug: its traceback, once until a reading goes out
+            if not failing:
+                log.warning("could not publish the memory reading of pool %s", self.pool.name, exc_info=True)
+        return True
 
 
 def install(app: Any) -> None:

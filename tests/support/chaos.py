@@ -89,6 +89,23 @@ def stubborn(ctx: EngineContext, request: ChaosRequest, params: StubbornParams) 
     return ChaosResult(pid=os.getpid())
 
 
+def import_probe(ctx: EngineContext, request: ChaosRequest, params: OkParams) -> ChaosResult:
+    """Import the fork-gate test's module afresh and log, as a child's first use of a lazily
+    imported library does (``tests.support.fork_hazard``): it hangs if this child was forked while
+    a thread of the worker's main process held that module's import lock or the log's lock."""
+    import importlib
+    import logging
+    import sys
+
+    from tests.support.fork_hazard import TARGET
+
+    sys.modules.pop(TARGET, None)
+    importlib.import_module(TARGET)
+    logging.getLogger("tests.fork_hazard").warning("child %d imported %s", os.getpid(), TARGET)
+    time.sleep(float(request.plan.get("sleep", params.sleep)))
+    return ChaosResult(pid=os.getpid())
+
+
 def memory_error(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> ChaosResult:
     raise MemoryError("simulated allocation failure of 64 GiB")
 
@@ -150,6 +167,7 @@ FAMILY = FamilySpec(
         "stand_in": EngineSpec(f"{HERE}:ok", OkParams, fallback=True),
         "hog": EngineSpec(f"{HERE}:hog", HogParams),
         "memory_error": EngineSpec(f"{HERE}:memory_error"),
+        "import_probe": EngineSpec(f"{HERE}:import_probe", OkParams),
         "memory_error_while": EngineSpec(f"{HERE}:memory_error_while"),
         "stubborn": EngineSpec(f"{HERE}:stubborn", StubbornParams),
         "bad_input": EngineSpec(f"{HERE}:bad_input"),

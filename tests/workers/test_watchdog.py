@@ -124,14 +124,3 @@ def test_child_pids_from_proc_are_the_children_psutil_finds() -> None:
         for p in sleepers:
             p.kill()
             p.wait()
-
-
-def test_the_worker_main_process_has_the_idna_codec_before_its_threads_start() -> None:
-    # A child forked while a parent thread imports it lazily inherits a held import lock and hangs
-    # in its first connection (workers/guards.py); importing the guards imports the codec.
-    import subprocess
-    import sys
-
-    probe = "import sys, mediafarm.workers.guards; print('encodings.idna' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True", out.stderr[-2000:]
