@@ -15,7 +15,7 @@ PREFIX = "mediafarm"
 # The first part after the prefix of every key named here: a family's space may not be one of them.
 FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
-     "first-output", "metered", "gpu-children",
+     "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "tenant", "room-lease"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")

@@ -228,10 +228,14 @@ def test_the_encoder_sees_the_span_and_its_tail_and_hears_what_the_whole_30_s_he
     recorded: tuple[Any, RecordingEncoder], spans: list[Span]
 ) -> None:
     model, encoder = recorded
-    fitted = [transcribe_whisper(model, span.samples, offset=span.start, fit_context=True) for span in spans]
-    assert encoder.frames == [encoder_frames(span.samples.size) for span in spans]
-    assert all(f < FULL_CONTEXT_FRAMES / 3 for f in encoder.frames), encoder.frames  # spans of 2-4 s
-    encoder.frames.clear()
+    fitted = []
+    for span in spans:
+        fitted.append(transcribe_whisper(model, span.samples, offset=span.start, fit_context=True))
+        # faster-whisper encodes again from where a decode stopped short of the window's end (its
+        # seek; how often depends on the CPU's int8 kernels): every call is fitted, never 30 s.
+        assert encoder.frames and set(encoder.frames) == {encoder_frames(span.samples.size)}, encoder.frames
+        assert encoder.frames[0] < FULL_CONTEXT_FRAMES / 3, encoder.frames  # spans of 2-4 s
+        encoder.frames.clear()
     whole = [transcribe_whisper(model, span.samples, offset=span.start, fit_context=False) for span in spans]
     assert encoder.frames == [FULL_CONTEXT_FRAMES] * len(spans)
     # As many words right (tiny.en on espeak-ng mishears the same few either way).
