@@ -381,17 +381,18 @@ class RungGuard:
         """What the attempt on rung ``index`` should say beside its outcome ('' for nothing)."""
         return self.notes.get(index, "")
 
-    def ended(self, attempt: Attempt) -> None:
+    def ended(self, attempt: Attempt, rung_fault: bool = False) -> None:
         """An attempt's outcome is written (by this delivery, or settled from an earlier one's
-        evidence): count a resource failure, end a probe."""
+        evidence): count a resource failure, end a probe. ``rung_fault``: count it as the rung's
+        failure whatever its outcome (a stall repeated on the rung, ``tasks.downgrade``)."""
         if self.breakers is None or attempt.outcome is None:
             return
         rung = attempt.variant
         try:
-            if attempt.outcome in RESOURCE_OUTCOMES:
+            if attempt.outcome in RESOURCE_OUTCOMES or rung_fault:
                 self.breakers.failed(self.name, rung, self.policy.breaker, attempt, self.job_id)
-            elif attempt.rung in self.probing and attempt.outcome != Outcome.TRANSIENT:
-                # A transient failure keeps the claim: the same job runs the rung again.
+            elif attempt.rung in self.probing and attempt.outcome not in (Outcome.TRANSIENT, Outcome.STALLED):
+                # A transient failure or a first stall keeps the claim: the same job runs the rung again.
                 self.breakers.probe_ended(self.name, rung, self.job_id, attempt.outcome == Outcome.OK)
         except Exception as exc:  # noqa: BLE001 - the count is lost, the job is not
             log.warning("breaker of %s/%s not updated (%s)", self.name, rung, exc)

@@ -1,6 +1,7 @@
 """The downgrade policy, in one place: which rung a job runs on, and what each failure does.
 
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
+    stalled (silent past the stall timeout)           → same rung once; a second stall there → next rung
     rung unavailable on this pool                     → next rung, no attempt spent
     rung's breaker open, or memory pressure (new job) → next rung, no attempt spent (``tasks.breaker``)
     permanent failure (bad input)                     → FAILURE now, no retry
@@ -106,8 +107,20 @@ def recorded_end(attempt: Attempt) -> FarmError:
 
 
 def current_rung(attempts: list[Attempt]) -> int:
-    """Rungs already lost to resource failures or skipped as unavailable."""
-    return sum(1 for a in attempts if a.outcome is not None and a.outcome.moves_down)
+    """Rungs already lost to resource failures, repeated stalls, or skipped as unavailable."""
+    return sum(1 for a in attempts if a.outcome is not None and a.outcome.moves_down) + sum(
+        1 for i, a in enumerate(attempts) if repeated_stall(attempts, i)
+    )
+
+
+def repeated_stall(attempts: list[Attempt], index: int) -> bool:
+    """Is attempt ``index`` a stall of a rung that already stalled once for this job? A first stall
+    may be the child's bad luck (a lock, a hung read): the rung runs again, nothing counted. A second
+    is the rung's: the job moves down and the rung's breaker counts it."""
+    attempt = attempts[index]
+    if attempt.outcome != Outcome.STALLED:
+        return False
+    return sum(1 for a in attempts[:index] if a.outcome == Outcome.STALLED and a.rung == attempt.rung) == 1
 
 
 def same_rung_retries(attempts: list[Attempt]) -> int:
@@ -258,7 +271,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         if guard is not None:  # a killed child's rung failed: its breaker counts it (once: the settler's)
             for i, written in zip(changed, settled, strict=True):
                 if written:
-                    guard.ended(attempts[i])
+                    guard.ended(attempts[i], rung_fault=repeated_stall(attempts, i))
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()
         if kill is not None:
