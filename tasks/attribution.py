@@ -15,6 +15,10 @@ evidence at hand there, and its record says how (``Attempt.counted``, ``Attempt.
     cuda_oom           cuda_oom     yes     the engine ran out of GPU memory
     time_limit         timeout      yes     the soft time limit fired inside the engine
     resource           any          yes     the engine raised ResourceFailure itself (its own judgement)
+    stalled_again      stalled      yes     the watchdog killed it silent past the stall timeout, the second time on this
+                                            rung for this job (``tasks.downgrade.repeated_stall``)
+    stalled            stalled      no      the same, the first time: a child's bad luck (a lock, a hung read); the rung
+                                            runs again
     outside_kill       killed       no      SIGKILLed, no watchdog record, and no OOM kill counted while it ran
     unknown_kill       killed       no      SIGKILLed, no watchdog record, no OOM-kill count to compare
     worker_died        killed       no      its worker died under it more often than the same-rung budget allows
@@ -57,6 +61,8 @@ CAUSES = {
         Cause("cuda_oom", True, "the engine ran out of GPU memory"),
         Cause("time_limit", True, "the soft time limit fired in the engine"),
         Cause("resource", True, "the engine reported a resource failure"),
+        Cause("stalled_again", True, "silent past the stall timeout a second time on this rung"),
+        Cause("stalled", False, "silent past the stall timeout once: the rung runs again, not counted"),
         Cause("outside_kill", False, "SIGKILLed from outside the farm: not the rung's doing"),
         Cause("unknown_kill", False, "SIGKILLed, cause unknown (no watchdog record, no OOM-kill count): not counted"),
         Cause("worker_died", False, "its worker died under it, repeatedly: not the rung's doing"),

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Rung
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families, soft_time_limit
+from mediafarm.tasks import families, liveness, soft_time_limit
 from mediafarm.tasks.admission import pool_under_pressure
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.breaker import RungGuard, ladder_identity, pool_breakers
@@ -71,6 +71,9 @@ class FarmTask(Task):
     # Enforced by the worker's watchdog with a SIGKILL, so an overrun moves the job down a rung
     # (``workers.guards``). Celery's own ``time_limit`` would fail the job instead.
     farm_hard_limit: float | None = None
+    # A child silent this long (no sign of life, ``tasks.liveness``) is killed by the watchdog:
+    # the attempt is ``stalled``. The family's ``TimeLimits.stall``.
+    farm_stall_timeout: float | None = None
     # Celery logs these as "raised expected" at INFO, without a traceback: a rejection is the
     # input's fault, a cancel the producer's will and an exhausted ladder the pool's lack of
     # resources (its history says which), each logged in one line of ours (run_job). ERROR with a
@@ -82,6 +85,7 @@ class FarmTask(Task):
     def run_job(self, fields: Mapping[str, Any], positional: tuple[Any, ...] = ()) -> dict[str, Any]:
         """Run this job on its rung and return the envelope (JSON). ``positional``: arguments
         the message had beside its fields, which refuse the job."""
+        liveness.beat()  # the child has started the job it received
         soft_time_limit.arm()
         try:
             if positional:
@@ -157,6 +161,7 @@ class FarmTask(Task):
                     # but for the checkpoint it resumes from.
                     store.clear()
                     channel.reset()
+                liveness.beat()
                 ctx = EngineContext(request.id, attempt, index, rung.name, rung.device, store,
                                     settings.models_dir, channel, redis=self.backend.client,
                                     backend=self.backend, settings=settings)  # fmt: skip
@@ -305,9 +310,12 @@ def run_engine(
     request = spec.parse_request(fields, media_roots)
     if spec.probe is not None:
         spec.probe(request)
+        liveness.beat()
     engine = spec.engines[rung.engine]
     params = engine.parse_params(rung)
-    result = engine.function()(ctx, request, params)
+    function = engine.function()  # imports the engine's module: a model runtime's import is long
+    liveness.beat()
+    result = function(ctx, request, params)
     if inspect.isgenerator(result):
         result = drain(result, ctx)
     if isinstance(result, spec.result):
@@ -353,7 +361,9 @@ def make_task(app: Celery, spec: FamilySpec) -> Task:
         spec=spec,
         soft_time_limit=limits.soft,
         farm_hard_limit=limits.hard,
-        # One attempt per rung plus the same-rung budget, plus one to report the exhausted ladder.
-        max_retries=longest + get_settings().transient_retries,
+        farm_stall_timeout=limits.stall,
+        # One attempt per rung, one more per rung after a stall, plus the same-rung budget, plus one
+        # to report the exhausted ladder.
+        max_retries=2 * longest + get_settings().transient_retries,
         default_retry_delay=get_settings().retry_delay,
     )(run)

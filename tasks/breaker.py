@@ -430,7 +430,7 @@ class RungGuard:
 
     def ended(self, attempt: Attempt) -> None:
         """An attempt's outcome is written (by this delivery, or settled from an earlier one's
-        evidence): count a resource failure, end a probe."""
+        evidence): count a failure the rung caused (``tasks.attribution``), end a probe."""
         if self.breakers is None or attempt.outcome is None:
             return
         rung = attempt.variant
@@ -443,8 +443,10 @@ class RungGuard:
                 # Not the rung's doing (an outside kill): if it was this job's probe (claimed by
                 # this delivery or, for a killed child, by the one before), the next job probes.
                 self.breakers.probe_ended(self.name, rung, self.job_id, succeeded=False)
-            elif attempt.rung in self.probing and attempt.outcome not in (Outcome.TRANSIENT, Outcome.WORKER_LOST):
-                # A transient failure keeps the claim: the same job runs the rung again.
+            elif attempt.rung in self.probing and attempt.outcome not in (
+                Outcome.TRANSIENT, Outcome.WORKER_LOST, Outcome.STALLED
+            ):
+                # A transient failure or a first stall keeps the claim: the same job runs the rung again.
                 self.breakers.probe_ended(self.name, rung, self.job_id, attempt.outcome == Outcome.OK)
         except Exception as exc:  # noqa: BLE001 - the count is lost, the job is not
             log.warning("breaker of %s/%s not updated (%s)", self.name, rung, exc)

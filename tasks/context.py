@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from mediafarm.config.settings import FarmSettings, get_settings
-from mediafarm.tasks import keys
+from mediafarm.tasks import keys, liveness
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter
 from mediafarm.tasks.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
@@ -177,8 +177,15 @@ class EngineContext:
         return cls(job_id, 0, 0, "local", device, ArtifactStore(storage, job_id), models_dir or Path("models"),
                    redis=redis, backend=backend)  # fmt: skip
 
+    def alive(self) -> None:
+        """Say the attempt is alive and working (``tasks.liveness``): a memory write, cheap in any
+        loop. Progress, partial outputs, checkpoints and cancel checks say it too; an engine step
+        or model load longer than the family's stall timeout without one is taken for a stuck child."""
+        liveness.beat()
+
     def progress(self, fraction: float | None = None, *, stage: str = "", media_seconds: float | None = None) -> None:
         """Report how far the attempt is (throttled; cheap enough for an inner loop)."""
+        liveness.beat()
         if self.channel is None:
             return
         if fraction is not None:
@@ -194,6 +201,7 @@ class EngineContext:
 
     def cancelled(self) -> bool:
         """Has the producer cancelled the job? (Throttled Redis read.)"""
+        liveness.beat()
         return self.channel is not None and self.channel.cancelled()
 
     def check_cancelled(self) -> None:
@@ -203,6 +211,7 @@ class EngineContext:
 
     def publish(self, item: Any) -> None:
         """Make one partial output visible to the client before the job ends."""
+        liveness.beat()
         if self.channel is not None:
             self.channel.publish(item)
 
@@ -221,7 +230,11 @@ class EngineContext:
                 f"job {self.job_id} reads its pipeline's parts, but its context has no result backend "
                 "(EngineContext.local(backend=...))"
             )
-        return collect(self.backend, self.job_id, timeout=timeout, on_wait=on_wait)
+        def waiting(part: Part) -> Any:
+            liveness.beat()  # waiting for a part is no stall
+            return on_wait(part) if on_wait is not None else None
+
+        return collect(self.backend, self.job_id, timeout=timeout, on_wait=waiting)
 
     def checkpoint_due(self) -> bool:
         """Is it time for a checkpoint (``FARM_CHECKPOINT_INTERVAL`` since the last one or the
@@ -233,6 +246,7 @@ class EngineContext:
         ``state`` to go on from there, and the finished artifacts (``files``, names) that hold the
         output so far. Written atomically; call it when :meth:`checkpoint_due` says so, at a
         point the engine can resume from exactly. A no-op where checkpoints are not kept."""
+        liveness.beat()
         if self.checkpoints is None:
             return
         try:

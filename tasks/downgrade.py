@@ -1,6 +1,7 @@
 """The downgrade policy, in one place: which rung a job runs on, and what each failure does.
 
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
+    stalled (silent past the stall timeout)           → same rung once; a second stall there → next rung
     rung unavailable on this pool                     → next rung, no attempt spent
     rung's breaker open, or memory pressure (new job) → next rung, no attempt spent (``tasks.breaker``)
     permanent failure (bad input)                     → FAILURE now, no retry
@@ -75,7 +76,9 @@ def settle_open_attempts(
             att.outcome, att.reason = kill.outcome, kill.reason
             att.peak_rss_mb = kill.rss_mb
             att.duration = round(kill.at - att.started, 3)
-            if (cause := attribution.killed_by_watchdog(kill)) is not None:
+            if att.outcome == Outcome.STALLED:
+                attribution.judge(att, "stalled_again" if repeated_stall(attempts, i) else "stalled")
+            elif (cause := attribution.killed_by_watchdog(kill)) is not None:
                 attribution.judge(att, cause)
         elif retries > att.retries:
             # The kernel's OOM killer or an outside kill: told apart by the OOM-kill counts.
@@ -113,9 +116,21 @@ def recorded_end(attempt: Attempt) -> FarmError:
 
 
 def current_rung(attempts: list[Attempt]) -> int:
-    """Rungs already lost to resource failures or skipped as unavailable (each rung once: a rung
-    skipped by choice and tried again before the end, ``tasks.ladder_choice``, is still one)."""
-    return len({a.rung for a in attempts if a.outcome is not None and a.outcome.moves_down})
+    """Rungs already lost to resource failures, repeated stalls, or skipped as unavailable (each
+    rung once: a rung skipped by choice and tried again before the end, ``tasks.ladder_choice``,
+    is still one)."""
+    passed = {a.rung for a in attempts if a.outcome is not None and a.outcome.moves_down}
+    return len(passed | {a.rung for i, a in enumerate(attempts) if repeated_stall(attempts, i)})
+
+
+def repeated_stall(attempts: list[Attempt], index: int) -> bool:
+    """Is attempt ``index`` a stall of a rung that already stalled once for this job? A first stall
+    may be the child's bad luck (a lock, a hung read): the rung runs again, nothing counted. A second
+    is the rung's: the job moves down and the rung's breaker counts it."""
+    attempt = attempts[index]
+    if attempt.outcome != Outcome.STALLED:
+        return False
+    return sum(1 for a in attempts[:index] if a.outcome == Outcome.STALLED and a.rung == attempt.rung) == 1
 
 
 def same_rung_retries(attempts: list[Attempt]) -> int:

@@ -40,6 +40,9 @@ class Outcome(StrEnum):
     # Nobody's fault: the same rung runs again, a bounded number of times.
     TRANSIENT = "transient"
     WORKER_LOST = "worker_lost"
+    # The watchdog killed a child silent past its family's stall timeout (``tasks.liveness``): the
+    # same rung runs once more; a second stall on that rung moves the job down (``tasks.downgrade``).
+    STALLED = "stalled"
 
     @property
     def moves_down(self) -> bool:
@@ -146,7 +149,8 @@ class KillRecord:
         pid: The child killed.
         worker: Its worker's node name (pids repeat across hosts and containers).
         at: Unix time of the decision.
-        outcome: ``killed`` (over the RSS cap) or ``timeout`` (past the hard time limit).
+        outcome: ``killed`` (over the RSS cap), ``timeout`` (past the hard time limit) or
+            ``stalled`` (silent past the stall timeout).
         reason: The watchdog's words.
         rss_mb: The child's RSS when it was killed.
         cap_mb: The pool's cap, if any.

@@ -478,7 +478,7 @@ def list_families() -> None:
 
     models_dir = get_settings().models_dir
 
-    table = Table("family", "task", "queue", "ladder", "limits (s)", "breaker", "after a lost attempt", "description")
+    table = Table("family", "task", "queue", "ladder", "limits soft/hard (s)", "breaker", "after a lost attempt", "description")
     for spec in families.load().values():
         ladder = families.ladder_for(spec)
         limits = families.limits_for(spec)
@@ -488,7 +488,7 @@ def list_families() -> None:
             for v in ladder.rungs
         )
         resume = spec.resume.rule if spec.resume is not None else "starts over"
-        table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}",
+        table.add_row(spec.name, spec.task_name, spec.queue, rungs, f"{limits.soft}/{limits.hard}, stall {limits.stall}",
                       policy_cell(ladder), resume, spec.description)  # fmt: skip
     console.print(table)
     print_open_breakers(console)

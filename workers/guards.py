@@ -36,7 +36,7 @@ from mediafarm.config.admission import admission_problems
 from mediafarm.config.celery import UnsafeConfiguration, config_problems
 from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
+from mediafarm.tasks import families, liveness
 from mediafarm.tasks.breaker import count_kill
 from mediafarm.tasks.history import record_kill
 from mediafarm.tasks.records import KillRecord, Outcome
@@ -97,6 +97,11 @@ def hard_limits(app: Any) -> dict[str, float]:
     return limits
 
 
+def stall_timeouts(app: Any) -> dict[str, float]:
+    """Stall timeout of each registered farm task (``TimeLimits.stall``, enforced by the watchdog)."""
+    return {name: float(t.farm_stall_timeout) for name, t in app.tasks.items() if getattr(t, "farm_stall_timeout", None)}
+
+
 def _active_jobs() -> dict[int, Any]:
     """Requests running in pool children, by child pid, from the worker's own state."""
     for _ in range(3):
@@ -144,12 +149,38 @@ def child_pids(pid: int) -> set[int] | None:
     return pids if found else None
 
 
-class MemoryWatchdog(bootsteps.StartStopStep):
-    """Per-child RSS cap and per-job hard time limit, enforced while the job runs.
+def _unaccepted_jobs() -> dict[int, Any]:
+    """Requests written to a pool child that has not accepted them yet, by the child's pid (the
+    pool writes a job only to an idle child, which accepts it at once: one still unaccepted a
+    stall timeout later went to a stuck child)."""
+    for _ in range(3):
+        try:
+            reserved = list(worker_state.reserved_requests)
+            break
+        except RuntimeError:  # the set changed while we copied it; look again
+            continue
+    else:
+        return {}
+    out = {}
+    for request in reserved:
+        if request.time_start or request._apply_result is None:
+            continue
+        job = request._apply_result()  # billiard's ApplyResult (a weak reference)
+        proc = getattr(job, "_write_to", None)
+        if job is not None and proc is not None and not job._accepted and getattr(proc, "pid", None):
+            out[proc.pid] = request
+    return out
 
-    Both end in a SIGKILL of the child, so both take Celery's worker-lost retry path and the job
-    comes back one rung down. (Celery's own hard time limit acks the job and fails it: no
-    downgrade, so farm tasks leave it unset and declare ``farm_hard_limit`` instead.)
+
+class MemoryWatchdog(bootsteps.StartStopStep):
+    """Per-child RSS cap, per-job hard time limit and stall timeout, enforced while the job runs.
+
+    All end in a SIGKILL of the child, so all take Celery's worker-lost retry path; the job comes
+    back one rung down (a first stall: on the same rung). (Celery's own hard time limit acks the
+    job and fails it: no downgrade, so farm tasks leave it unset and declare ``farm_hard_limit``.)
+    A child is stalled when it gave no sign of life (``tasks.liveness``) since it accepted its job
+    or since its last beat, for longer than its family's stall timeout, while the farm's Redis
+    answers: a child waiting out a Redis outage is silent through no fault of its own.
     """
 
     requires = {"celery.worker.components:Pool"}
@@ -167,6 +198,20 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         # job active until the pool reaps it, and it was killed, recorded and logged again at every
         # poll meanwhile (2-3 times after a paused worker resumed): one kill, one line.
         self._killed: set[psutil.Process] = set()
+        self._stalls: dict[str, float] = {}
+        # (job id, child pid) → when this job was first seen written to that child, unaccepted.
+        self._unaccepted: dict[tuple[str, int], float] = {}
+        # Redis, as the stall check last saw it: (when asked, answered), and when it last did not.
+        self._redis_seen = (0.0, False)
+        self._redis_down_at = 0.0
+        # When this process last polled, and when it came back from a pause of its own (the whole
+        # worker stopped, or starved): its children were silent through that too, for no fault.
+        self._polled_at = 0.0
+        self._resumed_at = 0.0
+        # Each pool process's signs of life, made before the pool forks its first child (every
+        # step's __init__ runs before any step starts). A replacement child takes its index's slot.
+        autoscale = getattr(worker, "autoscale", None) or (0, 0)
+        liveness.create(2 * max(int(getattr(worker, "concurrency", 0) or 0), int(autoscale[0] or 0)) + 8)
 
     def start(self, worker: Any) -> None:
         # Its own client with short timeouts: a slow Redis must not hold up a kill for long.
@@ -174,6 +219,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             get_settings().backend_url, socket_timeout=0.5, socket_connect_timeout=0.5
         )
         self._limits = hard_limits(worker.app)
+        self._stalls = stall_timeouts(worker.app)
         serve(get_settings().metrics_port, worker, self.pool)
         if self.cap:
             CHILD_RSS_CAP.labels(pool=self.pool.name).set(self.cap)
@@ -199,7 +245,14 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             return
         self._killed &= set(children)
         jobs = _active_jobs()
+        waiting = _unaccepted_jobs()
+        beats = liveness.last_beats()
         now = time.time()
+        if self._polled_at and now - self._polled_at > max(1.0, 20 * self.interval):
+            self._resumed_at = now
+        self._polled_at = now
+        seen = {(r.id, pid): self._unaccepted.get((r.id, pid), now) for pid, r in waiting.items()}
+        self._unaccepted = seen
         largest = 0
         for child in children:
             if child in self._killed:
@@ -221,7 +274,54 @@ class MemoryWatchdog(bootsteps.StartStopStep):
                 if limit and now - request.time_start > limit:
                     reason = f"watchdog: hard time limit of {limit:.0f} s passed ({now - request.time_start:.0f} s)"
                     self._kill(worker, child, request, rss, Outcome.TIMEOUT, reason)
+                else:
+                    reason = self._stalled(request, beats.get(child.pid, 0.0), now)
+                    if reason:
+                        self._kill(worker, child, request, rss, Outcome.STALLED, reason)
+            elif request is None and child.pid in waiting:
+                reason = self._never_took(waiting[child.pid], now - seen[(waiting[child.pid].id, child.pid)], now)
+                if reason:
+                    # No attempt began, so there is none to write the reason into: the pool sends
+                    # the unaccepted job to another child, and the line below says why.
+                    self._kill(worker, child, None, rss, Outcome.STALLED, f"{reason} (job {waiting[child.pid].id})")
         CHILD_RSS_MAX.labels(pool=self.pool.name).set(largest)
+
+    def _stalled(self, request: Any, beat: float, now: float) -> str:
+        """Why the child running ``request`` counts as stuck ('' if it does not)."""
+        stall = self._stalls.get(request.name)
+        if not stall:
+            return ""
+        since = max(beat, request.time_start, self._resumed_at)
+        if now - since <= stall or not self._redis_steady(now, stall):
+            return ""
+        if beat < request.time_start:
+            sign = "no sign of life since it received the job: it never started it"
+        else:
+            sign = f"its last sign of life {now - beat:.0f} s ago, {beat - request.time_start:.0f} s into the job"
+        return f"watchdog: stalled: silent past the stall timeout of {stall:g} s ({sign})"
+
+    def _never_took(self, request: Any, waited: float, now: float) -> str:
+        """Why the child that was written ``request`` counts as stuck before taking it ('' if not)."""
+        stall = self._stalls.get(request.name)
+        waited = min(waited, now - self._resumed_at)
+        if not stall or waited <= stall or not self._redis_steady(now, stall):
+            return ""
+        return f"watchdog: stalled: the child never took the job written to it {waited:.0f} s ago (stall timeout {stall:g} s)"
+
+    def _redis_steady(self, now: float, stall: float) -> bool:
+        """Has the farm's Redis answered for a stall timeout? Asked at most once a second, only
+        about a silent child: one that waits out a Redis outage is not stuck (and its kill's
+        record could not be written)."""
+        asked, answered = self._redis_seen
+        if now - asked >= 1.0:
+            try:
+                answered = bool(self._redis.ping())
+            except Exception:  # noqa: BLE001 - any failure to answer is an outage here
+                answered = False
+            self._redis_seen = (now, answered)
+            if not answered:
+                self._redis_down_at = now
+        return answered and now - self._redis_down_at > stall
 
     @staticmethod
     def _children(me: psutil.Process, known: dict[int, psutil.Process]) -> list[psutil.Process]:
@@ -262,9 +362,9 @@ class MemoryWatchdog(bootsteps.StartStopStep):
             return
         self._killed.add(child)
         killed_by_watchdog(child.pid)  # billiard's own ERROR for its exit becomes INFO (workers.logs)
-        log.warning("%s; killed pid %d (job %s)", reason, child.pid, request.id if request else "none")
+        log.warning("%s; killed pid %d%s", reason, child.pid, f" (job {request.id})" if request is not None else "")
         CHILD_KILLS.labels(pool=self.pool.name, reason=outcome.value).inc()
-        if request is not None:
+        if request is not None and outcome != Outcome.STALLED:  # a stall counts only when it repeats (tasks.downgrade)
             try:  # now, not when the job comes back from the end of its queue (tasks.breaker.count_kill)
                 count_kill(self._redis, self.pool.name, request.name, request.kwargs, request.id, child.pid, outcome)
             except Exception:  # noqa: BLE001 - the kill matters more than its count
@@ -285,10 +385,11 @@ def _on_child_start(**_: Any) -> None:
         pass
     # The worker's own stderr (its log), not Celery's logging proxy, which has no file descriptor.
     faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+    # A replacement child gets the index of the one it replaces: the same liveness slot, GPU.
+    index = current_process().index
+    liveness.claim(index)
     pool = get_pool(get_settings().pool)
     if len(pool.gpus) > 1:
-        # A replacement child gets the index of the one it replaces, so it keeps the same GPU.
-        index = current_process().index
         os.environ["CUDA_VISIBLE_DEVICES"] = str(pool.gpus[index % len(pool.gpus)])
 
 

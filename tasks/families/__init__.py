@@ -8,6 +8,7 @@ them keeps a table of families of its own. A family is a folder with a module-le
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from collections.abc import Mapping
@@ -102,7 +103,13 @@ def default_queues() -> list[str]:
 
 def limits_for(spec: FamilySpec) -> TimeLimits:
     """The family's time limits, the operator file's ``[limits.<family>]`` applied."""
-    return limit_overrides().get(spec.name, spec.limits)
+    override = limit_overrides().get(spec.name)
+    if not override:
+        return spec.limits
+    try:
+        return dataclasses.replace(spec.limits, **override)
+    except ConfigFileError as exc:
+        raise ConfigFileError(f"[limits.{spec.name}]: {exc}") from None
 
 
 def hard_limits(queues: set[str] | None = None) -> dict[str, float]:

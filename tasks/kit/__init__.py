@@ -70,6 +70,7 @@ from mediafarm.tasks.family import (
 from mediafarm.tasks.gpu import torch_device
 from mediafarm.tasks.keys import family_key
 from mediafarm.tasks.languages import normalize_language, script_language
+from mediafarm.tasks.liveness import beat as alive
 from mediafarm.tasks.media.intervals import Span, merge_spans
 from mediafarm.tasks.plan import Collected, Part, Plan
 from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome, Progress
@@ -106,6 +107,7 @@ __all__ = [
     # What an engine runs in and writes.
     "ArtifactStore",
     "EngineContext",
+    "alive",  # ctx.alive() for code that has no ctx (a source's wait loop): no stall while it waits
     "FarmSettings",
     "get_settings",
     "sha256_of",

@@ -61,9 +61,11 @@ class CudaHogParams(Params):
 
 
 def ok(ctx: EngineContext, request: ChaosRequest, params: OkParams) -> ChaosResult:
-    seconds = float(request.plan.get("sleep", params.sleep))
-    if seconds:
-        time.sleep(seconds)
+    # Works in steps and says so after each (ctx.alive), as a real engine's loop does.
+    deadline = time.monotonic() + float(request.plan.get("sleep", params.sleep))
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(0.1, left))
+        ctx.alive()
     return ChaosResult(pid=os.getpid(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
@@ -103,6 +105,18 @@ def import_probe(ctx: EngineContext, request: ChaosRequest, params: OkParams) ->
     importlib.import_module(TARGET)
     logging.getLogger("tests.fork_hazard").warning("child %d imported %s", os.getpid(), TARGET)
     time.sleep(float(request.plan.get("sleep", params.sleep)))
+    return ChaosResult(pid=os.getpid())
+
+
+class HangParams(Params):
+    seconds: float = 3600.0
+
+
+def hang(ctx: EngineContext, request: ChaosRequest, params: HangParams) -> ChaosResult:
+    """Never gives a sign of life: a library deadlocked in C, a read that never returns."""
+    import threading
+
+    threading.Event().wait(params.seconds)
     return ChaosResult(pid=os.getpid())
 
 
@@ -168,6 +182,7 @@ FAMILY = FamilySpec(
         "hog": EngineSpec(f"{HERE}:hog", HogParams),
         "memory_error": EngineSpec(f"{HERE}:memory_error"),
         "import_probe": EngineSpec(f"{HERE}:import_probe", OkParams),
+        "hang": EngineSpec(f"{HERE}:hang", HangParams),
         "memory_error_while": EngineSpec(f"{HERE}:memory_error_while"),
         "stubborn": EngineSpec(f"{HERE}:stubborn", StubbornParams),
         "bad_input": EngineSpec(f"{HERE}:bad_input"),

@@ -124,3 +124,24 @@ def test_child_pids_from_proc_are_the_children_psutil_finds() -> None:
         for p in sleepers:
             p.kill()
             p.wait()
+
+
+def test_a_silent_child_is_stalled_unless_the_watchdog_itself_was_paused_or_redis_is_away(redis_url: str) -> None:
+    # The stall rule of the watchdog's poll (its kill of a real stopped child is
+    # tests/integration/test_stall.py): silence counts from the later of the child's last beat,
+    # its job's start and the watchdog's own return from a pause, and only while Redis answers.
+    watchdog = MemoryWatchdog(Worker())
+    watchdog._redis = redis.Redis.from_url(redis_url)
+    watchdog._stalls = {"farm.test.chaos": 4.0}
+    now = time.time()
+    job = RunningJob(12345, started=now - 100)
+    assert "last sign of life 50 s ago, 50 s into the job" in watchdog._stalled(job, now - 50, now)
+    assert "never started it" in watchdog._stalled(job, 0.0, now)
+    assert watchdog._stalled(job, now - 3, now) == ""
+    watchdog._resumed_at = now - 1  # the whole worker was stopped and just came back
+    assert watchdog._stalled(job, now - 50, now) == ""
+    assert watchdog._stalled(job, now - 50, now + 3.5) != ""
+    watchdog._resumed_at = 0.0
+    watchdog._redis = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    watchdog._redis_seen = (0.0, False)
+    assert watchdog._stalled(job, now - 50, now + 10) == ""  # Redis away: the child may be waiting on it

@@ -158,7 +158,7 @@ FAMILY = FamilySpec(
     ),
     # Cutting streams packets, and decodes only a clip's first GOP (a smart cut) or its own frames
     # (a re-encode).
-    limits=TimeLimits(soft=3600, hard=3700),
+    limits=TimeLimits(soft=3600, hard=3700, stall=600),
     cli_argument="media",
     summary=summary,
     render=render,

@@ -190,7 +190,7 @@ FAMILY = FamilySpec(
     # chose it, or an outside kill). The second rung is the same work once more, under the same id.
     ladder=(rung("assemble", "assemble"), rung("assemble-again", "assemble")),
     # Reading, resampling and encoding 500 lines (~40 minutes of audio) takes well under a minute.
-    limits=TimeLimits(soft=600, hard=660),
+    limits=TimeLimits(soft=600, hard=660, stall=300),
     cli_argument="script",
     summary=summary,
     render=render,

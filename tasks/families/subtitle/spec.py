@@ -262,7 +262,7 @@ FAMILY = FamilySpec(
         rung("pocketsphinx", "pocketsphinx"),
     ),
     # One attempt. tiny.en measured RTF 0.035 on one CPU thread (bench/subtitle.py): 2 h in ~5 min.
-    limits=TimeLimits(soft=3600, hard=3700),
+    limits=TimeLimits(soft=3600, hard=3700, stall=300),
     cli_argument="media",
     ladder_field="ladder",
     # A request's language skips the rungs that do not recognise it (tiny.en for French).

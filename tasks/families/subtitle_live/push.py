@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from mediafarm.tasks.kit import family_key
+from mediafarm.tasks.kit import alive, family_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -331,6 +331,7 @@ class PushSource:
                 raise PushEnded(f"stalled: nothing was pushed for {self.stall_timeout:g} s (stall_timeout_s)")
             block = max(1, min(BLOCK_MS, round(left * 1000)))
             answer = self.redis.xread({self.key: after}, count=READ_COUNT, block=block)
+            alive()  # a push that pauses is no stuck child (it ends past stall_timeout_s)
             if answer:
                 return list(answer[0][1])
 

@@ -189,7 +189,9 @@ def summary(result: LiveSubtitleResult) -> str:
 
 def _limits() -> TimeLimits:
     longest = LiveSettings().max_seconds
-    return TimeLimits(soft=longest + WIND_DOWN_SECONDS, hard=longest + WIND_DOWN_SECONDS + 60)
+    # A live source may stay silent up to its request's stall_timeout_s (600 s at most) before it
+    # ends the job itself, waiting inside PyAV where no sign of life can be given.
+    return TimeLimits(soft=longest + WIND_DOWN_SECONDS, hard=longest + WIND_DOWN_SECONDS + 60, stall=660)
 
 
 FAMILY = FamilySpec(

@@ -57,7 +57,7 @@ FAMILY = FamilySpec(
         )
     },
     ladder=(rung("render", "render"),),
-    limits=TimeLimits(soft=300, hard=330),
+    limits=TimeLimits(soft=300, hard=330, stall=320),
     cli_argument="source",
     summary=summary,
 )

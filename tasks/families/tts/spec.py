@@ -159,7 +159,7 @@ FAMILY = FamilySpec(
     ),
     # One attempt. A 100,000-character text is ~95 minutes of speech: espeak-ng and Piper speak
     # it in a few minutes on a CPU; a CPU ChatTTS would not, and moves down at the soft limit.
-    limits=TimeLimits(soft=1800, hard=1900),
+    limits=TimeLimits(soft=1800, hard=1900, stall=300),
     cli_argument="text",
     ladder_field="ladder",
     # Rungs that do not speak the text's language are skipped: Chinese never goes to an English voice.

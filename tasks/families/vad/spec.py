@@ -147,7 +147,7 @@ FAMILY = FamilySpec(
         rung("skip", "skip"),
     ),
     # One attempt, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
-    limits=TimeLimits(soft=1800, hard=1900),
+    limits=TimeLimits(soft=1800, hard=1900, stall=120),
     cli_argument="media",
     ladder_field="ladder",
     summary=summary,

@@ -266,7 +266,7 @@ FAMILY = FamilySpec(
     # One attempt; under FARM_VISIBILITY_TIMEOUT (7200). Decoding is the floor: 1080p H.264 at a
     # few hundred frames a second on 2 cores is ~1 h of 30 fps video in ~5 min; nano on every
     # sampled frame of 1 h at 1 s stride is another ~5 min.
-    limits=TimeLimits(soft=5400, hard=5600),
+    limits=TimeLimits(soft=5400, hard=5600, stall=300),
     # Checkpoints (resume.py): the motion gate's state is kept bit for bit, so the same rung goes
     # on as if never stopped; a lower rung (a smaller model, or motion alone) makes the rest, and
     # the result's `made` says which rung made which stretch.
