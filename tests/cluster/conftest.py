@@ -1,0 +1,130 @@
+"""The Compose cluster, started for real by ``scripts/cluster.sh up`` (podman, docker-compose.yml
+unchanged), once per test session; its images are built once and reused by the next session.
+
+Skipped, saying why, only where no container runtime can be had: no podman, and not root with
+apt-get to install it. ``FARM_CLUSTER_KEEP=1`` leaves the cluster running after the session (for a
+post-mortem, or to rerun the tests against it at once); ``down`` is then yours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "cluster.sh"
+PROJECT = "mediafarm-test"
+# The first build of the images (pip installs every CPU family) on a 2-core machine, then the wait
+# for health: the session's whole set-up.
+UP_TIMEOUT_S = 45 * 60
+
+
+def runtime_missing() -> str | None:
+    """Why no container runtime can be had here, or None."""
+    if shutil.which("podman"):
+        return None
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "no podman here, and it cannot be installed (needs root and apt-get): the cluster tests need containers"
+    return None
+
+
+@dataclass
+class Cluster:
+    urls: dict[str, str]
+    token: str
+    media: Path  # the host folder mounted at /media in the containers (./media)
+    media_in_containers: str
+
+    @property
+    def broker(self) -> str:
+        return self.urls["broker"]
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.urls["gateway"], headers={"Authorization": f"Bearer {self.token}"},
+                            timeout=60)  # fmt: skip
+
+    def podman(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["podman", *args], env=podman_env(), capture_output=True, text=True, check=check,
+                              timeout=timeout)  # fmt: skip
+
+    def container(self, service: str, index: int = 1) -> str:
+        return f"{PROJECT}_{service}_{index}"
+
+    def logs(self, service: str, index: int = 1) -> str:
+        done = self.podman("logs", self.container(service, index), check=False)
+        return done.stdout + done.stderr
+
+    def script(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(SCRIPT), *args], env=script_env(), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+
+
+def script_env() -> dict[str, str]:
+    """The session's FARM_* settings point at the tests' own Redis: none of them goes to the cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_") or k.startswith("FARM_CLUSTER_")}
+    # Flower's API on its loopback port, without a password (the tests ask it for the workers).
+    return env | {"FARM_CLUSTER_PROJECT": PROJECT, "FLOWER_UNAUTHENTICATED_API": "true"}
+
+
+def podman_env() -> dict[str, str]:
+    """podman's settings as cluster.sh sets them (its containers.conf and storage file)."""
+    state = os.environ.get("FARM_CLUSTER_STATE", "/var/lib/mediafarm-cluster" if os.geteuid() == 0 else
+                           str(Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "mediafarm-cluster"))  # fmt: skip
+    return os.environ | {"CONTAINERS_CONF": str(REPO / "scripts" / "cluster" / "containers.conf"),
+                         "CONTAINERS_STORAGE_CONF": str(Path(state) / "storage.conf")}  # fmt: skip
+
+
+def parse_urls(output: str) -> dict[str, str]:
+    urls = {}
+    for line in output.splitlines():
+        name, _, value = line.partition(" ")
+        if name in {"gateway", "broker", "flower", "prometheus", "grafana", "token"} and value:
+            urls[name] = value.strip()
+    return urls
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    reason = runtime_missing()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    up = subprocess.run([str(SCRIPT), "up"], env=script_env(), capture_output=True, text=True, timeout=UP_TIMEOUT_S)
+    if up.returncode != 0:
+        subprocess.run([str(SCRIPT), "down"], env=script_env(), capture_output=True, timeout=600)
+        pytest.fail(f"scripts/cluster.sh up failed ({up.returncode}):\n{up.stderr[-4000:]}\n{up.stdout[-2000:]}")
+    print(f"\ncluster up in {time.monotonic() - started:.0f} s")
+    urls = parse_urls(up.stdout)
+    media = REPO / "media" / f"cluster-tests-{uuid.uuid4().hex[:8]}"
+    media.mkdir(parents=True)
+    try:
+        yield Cluster(urls=urls, token=urls.pop("token"), media=media, media_in_containers=f"/media/{media.name}")
+    finally:
+        shutil.rmtree(media, ignore_errors=True)
+        if not os.environ.get("FARM_CLUSTER_KEEP"):
+            subprocess.run([str(SCRIPT), "down"], env=script_env(), capture_output=True, timeout=600)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def wait_job(client: httpx.Client, job_id: str, timeout: float = 300) -> dict:
+    """The job's view once it has ended (SUCCESS or FAILURE)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        if view.get("state") in {"SUCCESS", "FAILURE", "REVOKED"} or time.monotonic() > deadline:
+            return view
+        time.sleep(0.5)
