@@ -3,6 +3,9 @@
 # `docker compose up --build`):
 #   scripts/cluster.sh up       install what is missing (as root), build, start, wait until healthy, print URLs
 #   scripts/cluster.sh status   each service's state and health, and the URLs
+#   scripts/cluster.sh build    install what is missing and build the images only (CI, ahead of `up`)
+#   scripts/cluster.sh compose ARGS...   podman-compose on this cluster (its project, ports, token),
+#                               e.g. `compose up -d --no-build --scale worker-cpu=2 worker-cpu`
 #   scripts/cluster.sh down     remove the containers, network and volumes `up` made (images stay, for
 #                               the next `up`; `down --images` removes the project's images as well)
 # As root it installs podman, runc and debootstrap (apt) and podman-compose (PyPI, in its own venv)
@@ -41,7 +44,11 @@ export CONTAINERS_STORAGE_CONF=$STATE/storage.conf
 say() { echo "cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
 
+# Installing and building, one at a time in this state folder (CI starts a build beside the venv's
+# install; the tests' `up` then waits for it and finds every layer built). Released by build_images.
 install_missing() {
+  exec 9>"$STATE/build.lock"
+  flock 9
   local need=() tool
   for tool in podman runc debootstrap; do command -v "$tool" >/dev/null || need+=("$tool"); done
   if [ ${#need[@]} -gt 0 ]; then
@@ -114,10 +121,14 @@ build_images() {
     [ "$build" = 1 ] || continue
     case "$built" in *" $image "*) continue ;; esac
     say "building $image (service $name)"
-    nice -n 10 "${COMPOSE[@]}" --podman-build-args="-v $CA:$CA:ro" build "$name" >"$STATE/build-$name.log" 2>&1 \
+    # (A build interpolates the whole file: the gateway's required token, unused by a build.)
+    FARM_API_TOKENS=${FARM_API_TOKENS:-unused-by-a-build} nice -n 10 "${COMPOSE[@]}" --podman-build-args="-v $CA:$CA:ro" build "$name" >"$STATE/build-$name.log" 2>&1 \
       || { tail -n 30 "$STATE/build-$name.log" >&2; die "building $image failed (log: $STATE/build-$name.log)"; }
     built="$built$image "
   done < <(services)
+  # Earlier builds' images that lost their tag to these (each about an image's size).
+  podman image prune -f >/dev/null 2>&1 || true
+  flock -u 9
 }
 
 # The services `up` starts: every one of the default profile whose image is here (Grafana has no
@@ -214,7 +225,9 @@ down() {
 
 case "${1:-}" in
   up) up ;;
+  build) install_missing; build_images ;;
+  compose) shift; load_env || die "no cluster $PROJECT here (scripts/cluster.sh up)"; compose "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
-  *) echo "usage: $0 up|down [--images]|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down [--images]|status|build|compose ARGS..." >&2; exit 2 ;;
 esac

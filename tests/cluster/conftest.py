@@ -24,7 +24,9 @@ import pytest
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "cluster.sh"
-PROJECT = "mediafarm-test"
+# Its own project (containers, network, volumes, ports) per session: two sessions on one machine
+# (the lead's and CI's) share the images only.
+PROJECT = f"mediafarm-test-{os.getpid()}"
 # The first build of the images (pip installs every CPU family) on a 2-core machine, then the wait
 # for health: the session's whole set-up.
 UP_TIMEOUT_S = 45 * 60
