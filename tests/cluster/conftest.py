@@ -42,6 +42,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return ORDER.index(name) if name in ORDER and "tests.cluster" in item.module.__name__ else -1
 
     cluster = sorted((i for i in items if rank(i) >= 0), key=rank)
+    for item in cluster:
+        # pytest-timeout counts the session fixture in the first test's set-up (the `up`, which may
+        # wait for CI's image build) and its `down` in the last one's teardown; each wait inside
+        # the tests has a deadline of its own.
+        item.add_marker(pytest.mark.timeout(UP_TIMEOUT_S + 20 * 60))
     if cluster:
         rest = [i for i in items if rank(i) < 0]
         items[:] = rest + cluster
@@ -96,10 +101,13 @@ def script_env() -> dict[str, str]:
 
 def podman_env() -> dict[str, str]:
     """podman's settings as cluster.sh sets them (its containers.conf and storage file)."""
-    state = os.environ.get("FARM_CLUSTER_STATE", "/var/lib/mediafarm-cluster" if os.geteuid() == 0 else
-                           str(Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "mediafarm-cluster"))  # fmt: skip
+    if os.geteuid() == 0:
+        default = Path("/var/lib/mediafarm-cluster")
+    else:
+        default = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "mediafarm-cluster"
+    state = Path(os.environ.get("FARM_CLUSTER_STATE", default))
     return os.environ | {"CONTAINERS_CONF": str(REPO / "scripts" / "cluster" / "containers.conf"),
-                         "CONTAINERS_STORAGE_CONF": str(Path(state) / "storage.conf")}  # fmt: skip
+                         "CONTAINERS_STORAGE_CONF": str(state / "storage.conf")}  # fmt: skip
 
 
 def parse_urls(output: str) -> dict[str, str]:
@@ -133,6 +141,12 @@ def cluster() -> Iterator[Cluster]:
         for path in placed:
             shutil.rmtree(path, ignore_errors=True)
         if not os.environ.get("FARM_CLUSTER_KEEP"):
+            # No job is left to hand back: the containers go at once, not after the workers' grace
+            # (`down` would give each its stop_grace_period, 2 min), then `down` removes the rest.
+            names = subprocess.run(["podman", "ps", "-aq", "--filter", f"label=io.podman.compose.project={PROJECT}"],
+                                   env=podman_env(), capture_output=True, text=True).stdout.split()  # fmt: skip
+            if names:
+                subprocess.run(["podman", "rm", "-f", "-t", "0", *names], env=podman_env(), capture_output=True)
             subprocess.run([str(SCRIPT), "down"], env=script_env(), capture_output=True, timeout=600)
 
 

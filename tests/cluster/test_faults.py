@@ -142,3 +142,38 @@ def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluste
     assert later and later[-1]["outcome"] == "ok", done["attempts"]
     resumed = later[-1].get("resumed_from")
     assert resumed and resumed["position"] > 0, done["attempts"]
+
+
+def test_two_workers_a_job_on_the_one_stopped_finishes_on_the_other(cluster: Cluster, client: httpx.Client) -> None:
+    """``--scale worker-cpu=2``: the worker running a job is stopped (SIGQUIT, its grace); the job
+    goes back to the queue at once and the other worker finishes it, from the checkpoint."""
+    scaled = cluster.script("compose", "up", "-d", "--no-build", "--scale", "worker-cpu=2", "worker-cpu")
+    assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+    second = cluster.container("worker-cpu", 2)
+    try:
+        deadline = time.monotonic() + 180
+        while cluster.podman("healthcheck", "run", second, check=False).returncode != 0:
+            assert time.monotonic() < deadline, cluster.logs("worker-cpu", 2)[-3000:]
+            time.sleep(3)
+        media = long_speech(cluster.media / "twenty-minutes-b.wav", 20)
+        job_id = f"cluster-scale-{uuid.uuid4().hex[:8]}"
+        sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},
+                           headers={"Idempotency-Key": job_id})  # fmt: skip
+        assert sent.status_code == 202, sent.text
+        first_node = running_attempt(wait_running(client, job_id))["worker"]  # cpu@<its hostname>
+        hosts = {cluster.podman("inspect", "-f", "{{.Config.Hostname}}", c).stdout.strip(): c
+                 for c in (cluster.container("worker-cpu"), second)}  # fmt: skip
+        victim = hosts[first_node.split("@", 1)[1]]
+        grace = grace_seconds(compose_service("worker-cpu")["stop_grace_period"])
+        stopped_at = time.time()
+        cluster.podman("stop", "-t", str(grace), victim, timeout=grace + 60)
+        done = wait_job(client, job_id, timeout=900)
+        assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
+        last = done["attempts"][-1]
+        assert last["outcome"] == "ok" and last["worker"] != first_node, done["attempts"]
+        assert last["resumed_from"] and last["resumed_from"]["position"] > 0, done["attempts"]
+        # At once: the other worker took it within seconds of the stop, not after the visibility timeout.
+        assert last["started"] - stopped_at < grace + 60, (last["started"] - stopped_at, done["attempts"])
+    finally:
+        cluster.podman("rm", "-f", "-t", "0", second, check=False)
+        cluster.podman("start", cluster.container("worker-cpu"), check=False)

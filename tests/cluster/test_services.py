@@ -58,7 +58,8 @@ def test_the_worker_log_names_its_pool_and_queues(cluster: Cluster) -> None:
     assert "vad" in expected and "subtitle" in expected, expected
     assert "cpu@" in log, log[-3000:]
     for queue in expected:
-        assert f".> {queue} " in log or f".> {queue}\n" in log, f"queue {queue!r} not in the worker's banner:\n{log[-3000:]}"
+        banner = f".> {queue} " in log or f".> {queue}\n" in log
+        assert banner, f"queue {queue!r} not in the worker's banner:\n{log[-3000:]}"
 
 
 def test_flowers_api_lists_the_worker(cluster: Cluster) -> None:
