@@ -125,3 +125,89 @@ def test_the_gateway_listens_beyond_loopback_only_with_tokens(compose: dict) -> 
     assert gateway["command"][:3] == ["gateway", "--host", "0.0.0.0"]
     # Compose refuses to start without them (${VAR:?message}), rather than a gateway refusing in a loop.
     assert gateway["environment"]["FARM_API_TOKENS"].startswith("${FARM_API_TOKENS:?")
+
+
+def _extra_closure(extra: str) -> set[str]:  # "vad,flower": several
+    """The distributions an install of ``mediafarm[extra]`` brings (normalised names): the extras'
+    own requirements from pyproject.toml, then each distribution's requirements from the metadata of
+    this venv (which holds every family's packages), markers for this Python honoured."""
+    import re
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    todo, seen_extras, dists = extra.split(","), set(), set()
+    while todo:
+        name = todo.pop()
+        if name in seen_extras:
+            continue
+        seen_extras.add(name)
+        for line in extras[name]:
+            req = Requirement(line)
+            if norm(req.name) == "mediafarm":
+                todo += sorted(req.extras)
+            else:
+                dists.add(norm(req.name))
+    pending = list(dists)
+    while pending:
+        try:
+            lines = requires(pending.pop()) or []
+        except PackageNotFoundError:
+            continue
+        for line in lines:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                if norm(req.name) not in dists:
+                    dists.add(norm(req.name))
+                    pending.append(norm(req.name))
+    return dists
+
+
+def cpu_image(compose: dict) -> tuple[set[str], dict]:
+    args = compose["services"]["worker-cpu"]["build"]["args"]
+    dists = _extra_closure(args["EXTRAS"])
+    from packaging.requirements import Requirement
+
+    return dists | {Requirement(r).name.lower() for r in args.get("NO_DEPS", "").split()}, args
+
+
+def test_the_cpu_image_has_no_torch_and_silero_at_the_vad_extras_pin(compose: dict) -> None:
+    import tomllib
+
+    dists, args = cpu_image(compose)
+    assert args["TORCH_VERSION"] == "" and not {"torch", "torchvision", "torchaudio"} & dists, sorted(dists)
+    vad = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vad"]
+    pinned = next(r for r in vad if r.startswith("silero-vad"))
+    assert args["NO_DEPS"] == "silero-vad" + pinned[pinned.index("==") :], (args["NO_DEPS"], pinned)
+
+
+def test_the_cpu_image_runs_a_rung_of_every_family_its_pool_consumes(compose: dict) -> None:
+    """Issue #36's CPU worker consumed subtitle, tts and yolo with only the vad,flower,gateway extras
+    installed: every transcription failed with NoRungLeft. Each family the cpu pool consumes must have
+    a rung the image can run with no weights mounted (no CUDA, no operator's model)."""
+    from importlib.metadata import packages_distributions
+
+    from mediafarm.config.pools import expand_queues
+    from mediafarm.tasks import families
+
+    dists, _ = cpu_image(compose)
+    module_dists = {m: {d.lower().replace("_", "-") for d in ds} for m, ds in packages_distributions().items()}
+    command = compose["services"]["worker-cpu"]["command"]
+    pool = get_pools()[command[command.index("--pool") + 1]]
+    builtin = [s for s in families.load().values() if s.engines and type(s).__module__.startswith("mediafarm")]
+    consumed = set(expand_queues(pool.queues, [s.queue for s in builtin if s.in_default_pools]))
+    assert {"vad", "subtitle", "tts", "yolo"} <= consumed
+    for spec in builtin:
+        if spec.queue not in consumed:
+            continue
+        runnable = [
+            rung.name for ladder in families.ladders_of(spec) for rung in ladder.rungs
+            if rung.device != "cuda" and spec.engines[rung.engine].weights is None
+            and all(module_dists.get(m, {m}) & dists for m in spec.engines[rung.engine].needs)
+        ]  # fmt: skip
+        assert runnable, f"the cpu image runs no rung of {spec.name}, which its pool consumes"

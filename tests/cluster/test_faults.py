@@ -1,0 +1,179 @@
+"""Faults on the cluster's containers themselves: Redis restarted under queued and running jobs
+(its append-only file keeps them), and a worker stopped the way Compose stops it (SIGQUIT, the
+grace period): its running job goes back to the queue at once and resumes from its checkpoint when
+the worker is back."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import soundfile as sf
+import yaml
+
+from mediafarm.workers.cli import _sample
+from tests.cluster.conftest import Cluster, wait_job
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.cluster
+
+RATE = 16000
+
+
+def long_speech(path: Path, minutes: float) -> Path:
+    """The bundled three-sentence clip, again and again with a second of silence between, as WAV."""
+    clip, rate = sf.read(_sample(), dtype="float32")
+    if clip.ndim > 1:
+        clip = clip.mean(axis=1)
+    clip = np.interp(np.arange(0, len(clip), rate / RATE), np.arange(len(clip)), clip).astype(np.float32)
+    unit = np.concatenate([clip, np.zeros(RATE, dtype=np.float32)])
+    total = int(minutes * 60 * RATE)
+    with sf.SoundFile(path, "w", samplerate=RATE, channels=1, subtype="PCM_16") as out:
+        written = 0
+        while written < total:
+            out.write(unit[: total - written])
+            written += min(unit.size, total - written)
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> httpx.Client:
+    with cluster.client() as c:
+        yield c
+
+
+def running_attempt(view: dict) -> dict | None:
+    return next((a for a in view["attempts"] if a.get("outcome") is None), None)
+
+
+def wait_running(client: httpx.Client, job_id: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        if view.get("state") not in {"SUCCESS", "FAILURE"} and running_attempt(view):
+            return view
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} never ran: {view}")
+
+
+def test_a_redis_restart_loses_no_queued_or_running_job(cluster: Cluster, client: httpx.Client) -> None:
+    media = long_speech(cluster.media / "ten-minutes.wav", 10)
+    name = f"{cluster.media_in_containers}/{media.name}"
+    ids = [client.post("/v1/jobs/vad", json={"media": name}).json()["id"] for _ in range(6)]
+    wait_running(client, ids[0])
+    # Two run (the pool's two children), the others wait in the queue, when Redis goes down.
+    restarted = cluster.podman("restart", "-t", "10", cluster.container("redis"), check=False)
+    assert restarted.returncode == 0, restarted.stderr
+    with client_retrying(cluster) as patient:
+        views = [wait_job(patient, job_id, timeout=600) for job_id in ids]
+    assert [v["state"] for v in views] == ["SUCCESS"] * len(ids), json.dumps(views, indent=1)[-4000:]
+    spans = {json.dumps(v["result"]["output"]["spans"]) for v in views}
+    assert len(spans) == 1  # every job heard the whole file, as an unbroken run would
+
+
+def client_retrying(cluster: Cluster) -> httpx.Client:
+    """The gateway answers 503 while Redis is coming back: a client that waits that out."""
+
+    class Retrying(httpx.Client):
+        def get(self, *args, **kwargs):  # type: ignore[override]
+            for _ in range(60):
+                answer = super().get(*args, **kwargs)
+                if answer.status_code != 503:
+                    return answer
+                time.sleep(1)
+            return answer
+
+    return Retrying(base_url=cluster.urls["gateway"], headers={"Authorization": f"Bearer {cluster.token}"},
+                    timeout=60)  # fmt: skip
+
+
+def compose_service(name: str) -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"][name]
+
+
+def grace_seconds(value: str) -> int:
+    """Compose's duration ("2m", "90s", "1m30s") in seconds."""
+    parts = re.findall(r"(\d+)([hms])", value)
+    assert parts, value
+    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[unit] for n, unit in parts)
+
+
+def queued(cluster: Cluster, queue: str) -> int:
+    """Messages waiting in ``queue`` (kombu's Redis transport keeps one list per priority step)."""
+    broker = redis.Redis.from_url(cluster.broker)
+    names = [queue.encode(), *broker.scan_iter(match=f"{queue}\x06\x16*".encode())]
+    return sum(broker.llen(n) for n in names if broker.type(n) == b"list")
+
+
+def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluster: Cluster,
+                                                                          client: httpx.Client) -> None:  # fmt: skip
+    """SIGQUIT (stop_signal): Celery's soft shutdown gives the job FARM_SOFT_SHUTDOWN_TIMEOUT (60 s),
+    then its message goes straight back to the queue, not after the 2 h visibility timeout. Back
+    up, the worker takes it again and resumes from the job's last checkpoint."""
+    media = long_speech(cluster.media / "twenty-minutes.wav", 20)
+    job_id = f"cluster-stop-{uuid.uuid4().hex[:8]}"
+    sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},
+                       headers={"Idempotency-Key": job_id})  # fmt: skip
+    assert sent.status_code == 202, sent.text
+    wait_running(client, job_id)
+    worker = cluster.container("worker-cpu")
+    # As `compose stop` does: the container's stop signal (SIGQUIT), then the service's grace
+    # period before SIGKILL. (podman-compose 1.6 does not give the container that grace itself:
+    # a bare `podman stop` kills it after 10 s, and the job then waits out the visibility timeout.)
+    grace = grace_seconds(compose_service("worker-cpu")["stop_grace_period"])
+    stopped = cluster.podman("stop", "-t", str(grace), worker, timeout=grace + 60)
+    assert stopped.returncode == 0
+    # Back in its queue as soon as the worker has gone (Celery's cold shutdown restores it).
+    view = client.get(f"/v1/jobs/{job_id}").json()
+    assert view["state"] != "SUCCESS", "the job ended within the soft shutdown: make its media longer"
+    assert queued(cluster, "subtitle") == 1, (queued(cluster, "subtitle"), view["attempts"])
+    cluster.podman("start", worker)
+    done = wait_job(client, job_id, timeout=900)
+    assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
+    first, *later = done["attempts"]
+    assert later and later[-1]["outcome"] == "ok", done["attempts"]
+    resumed = later[-1].get("resumed_from")
+    assert resumed and resumed["position"] > 0, done["attempts"]
+
+
+def test_two_workers_a_job_on_the_one_stopped_finishes_on_the_other(cluster: Cluster, client: httpx.Client) -> None:
+    """``--scale worker-cpu=2``: the worker running a job is stopped (SIGQUIT, its grace); the job
+    goes back to the queue at once and the other worker finishes it, from the checkpoint."""
+    scaled = cluster.script("compose", "up", "-d", "--no-build", "--scale", "worker-cpu=2", "worker-cpu")
+    assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+    second = cluster.container("worker-cpu", 2)
+    try:
+        deadline = time.monotonic() + 180
+        while cluster.podman("healthcheck", "run", second, check=False).returncode != 0:
+            assert time.monotonic() < deadline, cluster.logs("worker-cpu", 2)[-3000:]
+            time.sleep(3)
+        media = long_speech(cluster.media / "twenty-minutes-b.wav", 20)
+        job_id = f"cluster-scale-{uuid.uuid4().hex[:8]}"
+        sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},
+                           headers={"Idempotency-Key": job_id})  # fmt: skip
+        assert sent.status_code == 202, sent.text
+        first_node = running_attempt(wait_running(client, job_id))["worker"]  # cpu@<its hostname>
+        hosts = {cluster.podman("inspect", "-f", "{{.Config.Hostname}}", c).stdout.strip(): c
+                 for c in (cluster.container("worker-cpu"), second)}  # fmt: skip
+        victim = hosts[first_node.split("@", 1)[1]]
+        grace = grace_seconds(compose_service("worker-cpu")["stop_grace_period"])
+        stopped_at = time.time()
+        cluster.podman("stop", "-t", str(grace), victim, timeout=grace + 60)
+        done = wait_job(client, job_id, timeout=900)
+        assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
+        last = done["attempts"][-1]
+        assert last["outcome"] == "ok" and last["worker"] != first_node, done["attempts"]
+        assert last["resumed_from"] and last["resumed_from"]["position"] > 0, done["attempts"]
+        # At once: the other worker took it within seconds of the stop, not after the visibility timeout.
+        assert last["started"] - stopped_at < grace + 60, (last["started"] - stopped_at, done["attempts"])
+    finally:
+        cluster.podman("rm", "-f", "-t", "0", second, check=False)
+        cluster.podman("start", cluster.container("worker-cpu"), check=False)
