@@ -17,11 +17,9 @@ import pytest
 
 from mediafarm import submit
 from mediafarm.config.settings import get_settings
-from tests.support.speech import espeak_available
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not espeak_available(), reason="espeak-ng makes the speech (apt-get install espeak-ng)"),
 ]
 
 # The clean track: 0.070 when first measured (5 errors in 71 words on an AVX2 machine, "the birch

@@ -35,7 +35,7 @@ from tests.support.live_stream import (
     track_pcm,
     wait_listening,
 )
-from tests.support.speech import PHRASES, RATE, espeak_available, make_track
+from tests.support.speech import PHRASES, RATE, make_track
 
 pytestmark = pytest.mark.integration
 BOUND_S = 0.112  # the subtitle story's perceptible offset
@@ -44,8 +44,6 @@ TS_OFFSET = 10.0  # PTS of the first published sample
 
 @pytest.fixture(scope="module")
 def track(tmp_path_factory):
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed")
     folder = tmp_path_factory.mktemp("live")
     # Four sentences, ~21 s: long enough to see cues while it plays, short enough for a test.
     return make_track(folder / "live.wav", gaps=(1.0, 2.0, 2.5, 2.0, 2.0), phrases=PHRASES[:4])

@@ -7,7 +7,6 @@ Matroska) the clip is re-encoded and says why; the cut's memory does not grow wi
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from mediafarm.tasks.families.camfilter.check import ClipCheck, ClipMismatch, ch
 from mediafarm.tasks.families.camfilter.cut import CutClip, choose_cut, clip_suffix, cut_clip
 from mediafarm.tasks.families.camfilter.source import Source, probe_source
 from tests.support.camera import frame_numbers, make_numbered
+from tests.support.live_stream import ffmpeg
 
 FPS, SECONDS, GOP = 10, 30, 5.0
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,10 +70,9 @@ def copied_tail(clip: Path, source: Path, from_keyframe: float) -> tuple[list[by
 
 
 def ffmpeg_errors(path: Path) -> str:
-    """What FFmpeg's own decoder says decoding the whole clip ('' when it plays cleanly)."""
-    if not shutil.which("ffmpeg"):
-        pytest.skip("ffmpeg is not installed (apt-get install ffmpeg): it plays the clip as a player would")
-    proc = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "null", "-"], capture_output=True, text=True)
+    """What FFmpeg's own decoder says decoding the whole clip ('' when it plays cleanly): the program
+    of the imageio-ffmpeg wheel (dev extra), which plays it as a player would."""
+    proc = subprocess.run([ffmpeg(), "-v", "error", "-i", str(path), "-f", "null", "-"], capture_output=True, text=True)
     return proc.stderr + (f"exit {proc.returncode}" if proc.returncode else "")
 
 
