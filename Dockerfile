@@ -20,9 +20,7 @@ ARG TORCHVISION_VERSION=0.29.1
 # whose declared torch its ONNX model does not need.
 ARG NO_DEPS=
 
-RUN apt-get update \
- && apt-get install -y --no-install-recommends espeak-ng \
- && rm -rf /var/lib/apt/lists/*
+# No apt step: the espeak rung speaks with the espeakng-loader wheel (the tts and cpu extras).
 
 # torch first and pinned: silero-vad depends on it and an unpinned resolve pulls a multi-GB build.
 RUN if [ -n "$TORCH_VERSION" ]; then \

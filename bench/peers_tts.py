@@ -220,6 +220,8 @@ def espeak_bench(args: argparse.Namespace, workdir: Path) -> Any:
 
     params = EspeakParams(**next(r for r in FAMILY.ladder if r.name == "espeak").params)
     binary, voice = find_espeak(params.binary), BUILT_IN.espeak
+    if binary is None:
+        raise SystemExit(f"tts-espeak compares the rung with the bare espeak-ng program: {params.binary!r} is not on PATH")
 
     def bare(text: Text) -> Speech:
         path = workdir / f"peer-espeak-{text.name}.wav"

@@ -73,10 +73,8 @@ def session_dir() -> Path:
 @pytest.fixture(scope="session")
 def speech_track(media_root: Path):
     """Four espeak-ng sentences with 1-3 s silences between them, and their true spans."""
-    from tests.support.speech import espeak_available, make_track
+    from tests.support.speech import make_track
 
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); it makes the VAD ground truth")
     return make_track(media_root / "speech.wav")
 
 

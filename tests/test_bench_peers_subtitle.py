@@ -10,14 +10,12 @@ import soundfile as sf
 
 from bench import peers, peers_subtitle
 from tests.support import subtitle_tracks
-from tests.support.speech import espeak_available
 
 
 def test_the_family_is_registered() -> None:
     assert peers.FAMILIES["subtitle"] is peers_subtitle.subtitle_bench
 
 
-@pytest.mark.skipif(not espeak_available(), reason="espeak-ng speaks the tracks")
 @pytest.mark.parametrize("kind", list(subtitle_tracks.KINDS))
 def test_a_track_keeps_what_each_span_says(tmp_path: Path, kind: str) -> None:
     track = subtitle_tracks.make(kind, tmp_path / f"{kind}.wav", 12, seed=3)

@@ -26,7 +26,7 @@ from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support.docs import code_blocks
 from tests.support.live_stream import real_time_pieces, track_pcm
-from tests.support.speech import PHRASES, RATE, espeak_available, make_track
+from tests.support.speech import PHRASES, RATE, make_track
 
 websockets_sync = pytest.importorskip("websockets.sync.client", reason="pushes need the gateway extra's websockets")
 ConnectionClosed = pytest.importorskip("websockets.exceptions").ConnectionClosed
@@ -37,8 +37,6 @@ FRAME_S = 0.1  # what a live client sends at a time
 
 @pytest.fixture(scope="module")
 def track(tmp_path_factory):
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed")
     return make_track(tmp_path_factory.mktemp("push") / "push.wav", gaps=(1.0, 2.0, 2.5, 2.0, 2.0), phrases=PHRASES[:4])
 
 

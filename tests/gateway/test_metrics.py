@@ -16,20 +16,31 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def test_metrics_need_the_token_and_count_requests_by_route(gateway_url: str) -> None:
-    assert httpx.get(f"{gateway_url}/metrics").status_code == 401
+    # Counted as deltas between two scrapes: the gateway is the session's, other tests' requests
+    # are in its counters too.
     auth = {"Authorization": f"Bearer {TOKEN}"}
+    unknown = frozenset({("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")})
+    refused = frozenset({("method", "GET"), ("route", "/metrics"), ("status", "401")})
     with httpx.Client(base_url=gateway_url, headers=auth) as http:
+        before = samples(http.get("/metrics").text)
+        assert httpx.get(f"{gateway_url}/metrics").status_code == 401
         for _ in range(2):
             assert http.get("/v1/jobs/no-such-job-id").status_code == 404
         answer = http.get("/metrics")
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
     seen = samples(answer.text)
-    unknown = frozenset({("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")})
-    assert seen[("mediafarm_gateway_requests_total", unknown)] >= 2  # the template, never the id
+
+    def moved(name: str, labels: frozenset[tuple[str, str]]) -> float:
+        return seen.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert moved("mediafarm_gateway_requests_total", unknown) == 2  # the template, never the id
     assert not any("no-such-job-id" in dict(labels).get("route", "") for _, labels in seen)
-    refused = frozenset({("method", "GET"), ("route", "/metrics"), ("status", "401")})
-    assert seen[("mediafarm_gateway_requests_total", refused)] >= 1
-    assert any(name == "mediafarm_gateway_response_seconds_count" for name, _ in seen)
+    assert moved("mediafarm_gateway_requests_total", refused) == 1
+    timed = frozenset({("method", "GET"), ("route", "/v1/jobs/{job_id}")})
+    histogram = [(n, labels) for n, labels in seen if n == "mediafarm_gateway_response_seconds_count"]
+    assert histogram, sorted({n for n, _ in seen})
+    # Both 404s were timed, under the route's template (whatever other labels the histogram keeps).
+    assert sum(moved(n, labels) for n, labels in histogram if timed <= labels) == 2, histogram
 
 
 def test_metrics_open_to_a_scraper_without_a_token_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,33 +200,78 @@ def cue_words(text: str) -> list[str]:
     return words_of(" ".join(line for line in lines if line.strip() != "WEBVTT"))
 
 
+@pytest.fixture(scope="module")
+def talk_bound(tiny_en, talk) -> float:
+    """The WER bound of the uploaded track, as the accuracy test sets one: what faster-whisper's own
+    transcribe hears in it on the rung's model, beam and threads, plus 5 points, never above 0.20."""
+    from types import SimpleNamespace
+
+    from tests.integration.test_subtitle_accuracy import CLEAN_MAX_WER, CLEAN_OVER_BARE, bare_wer
+
+    return min(bare_wer(tiny_en, SimpleNamespace(path=talk, words=truth())) + CLEAN_OVER_BARE, CLEAN_MAX_WER)
+
+
+def sentences_heard(heard: list[str]) -> list[float]:
+    """For each sentence of the track, the share of its words the transcript has, aligned in order."""
+    import difflib
+    from tests.support.speech import PHRASES
+
+    reference, owner = [], []
+    for k, phrase in enumerate(PHRASES[:4]):
+        reference += words_of(phrase)
+        owner += [k] * len(words_of(phrase))
+    matched = [0] * 4
+    for block in difflib.SequenceMatcher(a=reference, b=heard, autojunk=False).get_matching_blocks():
+        for i in range(block.a, block.a + block.size):
+            matched[owner[i]] += 1
+    return [matched[k] / len(words_of(p)) for k, p in enumerate(PHRASES[:4])]
+
+
+def first_cue_start(text: str) -> float:
+    """The start of an SRT or WebVTT file's first cue, in seconds."""
+    import re
+
+    found = re.search(r"(\d+):(\d\d):(\d\d)[,.](\d{3}) -->", text)
+    assert found, text
+    h, m, sec, ms = (int(g) for g in found.groups())
+    return h * 3600 + m * 60 + sec + ms / 1000
+
+
 @pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "verbose_json"])
-def test_transcriptions_are_close_to_the_truth_in_every_format(cpu_worker, tiny_en, speech_track, talk, oai, fmt):
+def test_transcriptions_are_close_to_the_truth_in_every_format(cpu_worker, tiny_en, speech_track, talk, talk_bound,
+                                                               oai, fmt):  # fmt: skip
     extra = {"timestamp_granularities": ["word", "segment"]} if fmt == "verbose_json" else {}
     with talk.open("rb") as audio:
         answer = oai.audio.transcriptions.create(
             model="whisper-1" if fmt == "json" else "whisper-tiny", file=audio, response_format=fmt,
             language="en", prompt="Household sentences.", temperature=0.0, **extra,
         )  # fmt: skip
+    onset = speech_track.truth[0][0]
     if fmt in ("text", "srt", "vtt"):
         assert isinstance(answer, str)
         heard = cue_words(answer) if fmt != "text" else words_of(answer)
-        if fmt == "srt":
-            assert "00:00:01," in answer or "00:00:0" in answer.split("\n")[1]
+        if fmt in ("srt", "vtt"):  # the first cue starts where the first sentence does
+            assert abs(first_cue_start(answer) - onset) < 0.5, (onset, answer)
         if fmt == "vtt":
             assert answer.startswith("WEBVTT")
     else:
         heard = words_of(answer.text)
-    assert wer(truth(), heard) < 0.35, heard
+    # Every sentence is there (a lost one would keep the WER of four under 0.35), and the words are
+    # as close to the truth as the bare library gets them.
+    assert all(share >= 0.5 for share in sentences_heard(heard)), (sentences_heard(heard), heard)
+    assert wer(truth(), heard) <= talk_bound, (talk_bound, heard)
     if fmt == "verbose_json":
         assert answer.language == "en" and answer.duration == pytest.approx(speech_track.duration, abs=0.05)
         segments, words = answer.segments, answer.words
         assert segments and words and len(words) >= len(truth()) - 4
+        assert abs(segments[0].start - onset) < 0.5 and abs(words[0].start - onset) < 0.5, (onset, segments[0])
         starts = [w.start for w in words]
         assert starts == sorted(starts) and all(w.end >= w.start for w in words)
-        # Each sentence's first word starts near its true onset (the track's known silences).
+        # Each sentence's first word starts near its true onset (the track's known silences): by the
+        # words, as the comment always said; a segment is Whisper's and may hold two sentences (seen
+        # with the wheel's libespeak-ng speech: the last two, 3 s apart, in one).
         onsets = [start for start, _ in speech_track.truth]
-        assert all(min(abs(s.start - onset) for s in segments) < 0.5 for onset in onsets)
+        assert all(min(abs(w.start - onset) for w in words) < 0.5 for onset in onsets), (onsets, words)
 
 
 def test_transcription_errors_name_the_field_or_the_model(cpu_worker, oai, gateway_url, talk) -> None:

@@ -21,7 +21,7 @@ from mediafarm.config.pools import get_pool
 from mediafarm.tasks.history import read_attempts
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready, worker_argv
-from tests.support.farm_app import farm_app
+from tests.support.farm_app import farm_app, release
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +77,7 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         assert "mingle:" not in text  # no second lost at start searching for neighbours
     finally:
         stop_worker(worker, timeout=30)
+        release(producer)
 
 
 def test_workers_start_without_gossip_and_mingle() -> None:
@@ -157,6 +158,7 @@ def test_a_paused_worker_that_wakes_up_rewrites_nothing(own_redis: EmbeddedRedis
         for _, process in workers.values():
             os.killpg(process.pid, signal.SIGCONT) if process.poll() is None else None
             stop_worker(process, timeout=30)
+        release(producer)
 
 
 def test_a_redis_error_as_an_attempt_ends_runs_the_same_rung_again(
@@ -191,4 +193,4 @@ def test_a_redis_error_as_an_attempt_ends_runs_the_same_rung_again(
         assert worker.poll() is None
     finally:
         stop_worker(worker, timeout=30)
-        producer.close()
+        release(producer)

@@ -18,7 +18,7 @@ import pytest
 
 from mediafarm.workers.embedded import EmbeddedRedis
 from tests.support.chaos_suite import ChaosSuite, short_limits_config
-from tests.support.farm_app import farm_app
+from tests.support.farm_app import farm_app, release
 from tests.support.netns import Link, NamespaceUnavailable, TcpForward, veth_link
 
 pytestmark = pytest.mark.integration
@@ -57,7 +57,7 @@ def run_suite(
                            broker_name=name, inside_broker_url=inside_broker_url)  # fmt: skip
         report = suite.run()
     finally:
-        app.close()
+        release(app)
     print(report.text())
     assert report.submitted == JOBS and report.terminal == JOBS, report.text()
     # problems() includes the suite's own: a planned child kill not made, kills that hit no attempt,

@@ -6,8 +6,8 @@ a Redis, and the worker's media root and models are the working folder's; the da
 storage defaults to, is the test's), `farm up` from the block marked ``<!-- tour:farm -->``, then
 the block marked ``<!-- tour -->`` in bash with the broker URL `farm up` printed. The working
 folder stands for the repo root: the repo's ``tasks/`` (for the bundled clip) and, as the reader's
-own, a video at ``media/cam.mp4`` and a Piper voice in ``models/`` where espeak-ng is not
-installed (the tour's TTS needs one of the two).
+own, a video at ``media/cam.mp4``. No model: the tour's TTS speaks on the espeak rung, from the tts
+extra's libespeak-ng wheel where the espeak-ng program is not installed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from celery.result import AsyncResult
 from tests.conftest import REPO
 from tests.support.docs import code_blocks, marked
 from tests.support.farm_app import farm_app
-from tests.support.piper_voice import link_joe_voice
 
 pytestmark = pytest.mark.integration
 README = REPO / "README.md"
@@ -100,8 +99,6 @@ class FarmUp:
 @pytest.fixture
 def repo_root_copy(tmp_path: Path) -> Path:
     """A folder that stands for the repo root, with what the tour's reader brings."""
-    if shutil.which("espeak-ng") is None:
-        link_joe_voice(tmp_path / "models")  # the tour's TTS needs espeak-ng or a Piper voice
     (tmp_path / "tasks").symlink_to(REPO / "tasks", target_is_directory=True)
     from tests.support.yolo import make_video
 

@@ -19,7 +19,6 @@ from mediafarm import JobRejected, register_speaker, submit
 from mediafarm.config.settings import get_settings
 from tests.conftest import REPO
 from tests.support.piper_voice import link_joe_voice
-from tests.support.speech import espeak_available
 
 pytestmark = pytest.mark.integration
 QUEUE = "tts-language-test"
@@ -41,8 +40,6 @@ CHINESE = "今天天气很好。我们一起去公园散步吧。"
 
 @pytest.fixture(scope="module")
 def tts_worker(start_worker, session_dir: Path):
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
     link_joe_voice(get_settings().models_dir)
     config = session_dir / "farm-tts-language-test.toml"
     config.write_text((REPO / "tests" / "support" / "farm-test.toml").read_text() + LADDERS)

@@ -24,7 +24,7 @@ from mediafarm.config.pools import get_pool
 from mediafarm.tasks import keys
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
-from tests.support.farm_app import farm_app
+from tests.support.farm_app import farm_app, release
 from tests.support.netns import Link, NamespaceUnavailable, veth_link
 
 pytestmark = pytest.mark.integration
@@ -96,4 +96,4 @@ def test_a_worker_cut_off_mid_job_ends_it_once_and_reconnects(
     finally:
         stop_worker(worker, timeout=30)
         client.close()
-        producer.close()
+        release(producer)

@@ -17,11 +17,9 @@ import pytest
 
 from mediafarm import submit
 from mediafarm.config.settings import get_settings
-from tests.support.speech import espeak_available
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not espeak_available(), reason="espeak-ng makes the speech (apt-get install espeak-ng)"),
 ]
 
 # The clean track: 0.070 when first measured (5 errors in 71 words on an AVX2 machine, "the birch
@@ -77,15 +75,26 @@ def voices_track(media_root: Path):
     return make("conversation", media_root / "accuracy-voices.wav", 45, seed=SEED)
 
 
+def rung_params():
+    """The whisper-tiny rung's parameters as the job runs them (the family's declared rung)."""
+    from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
+
+    [tiny] = [r for r in FAMILY.ladder if r.name == "whisper-tiny"]
+    return WhisperParams(**tiny.params)
+
+
 def bare_wer(tiny_en: Path, track) -> float:
     """What faster-whisper's own transcribe(vad_filter=True, word_timestamps=True) hears in ``track``,
-    on the job's model, compute type, threads and beam, as a user would call it."""
+    on the job's model, compute type, threads and beam (the rung's, read from it: a baseline with
+    another beam than the job's measures the beam, not the farm), as a user would call it."""
     from faster_whisper import WhisperModel
 
     from tests.support.subtitle_tracks import normalise, wer
 
-    model = WhisperModel(str(tiny_en), device="cpu", compute_type="int8", cpu_threads=1)
-    segments, _ = model.transcribe(str(track.path), beam_size=1, vad_filter=True, word_timestamps=True, language="en")
+    params = rung_params()
+    model = WhisperModel(str(tiny_en), device="cpu", compute_type=params.compute_type, cpu_threads=params.cpu_threads)
+    segments, _ = model.transcribe(str(track.path), beam_size=params.beam_size, vad_filter=True, word_timestamps=True,
+                                   language="en")  # fmt: skip
     return wer(track.words, normalise(" ".join(s.text for s in segments)))
 
 

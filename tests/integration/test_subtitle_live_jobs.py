@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
@@ -35,7 +34,7 @@ from tests.support.live_stream import (
     track_pcm,
     wait_listening,
 )
-from tests.support.speech import PHRASES, RATE, espeak_available, make_track
+from tests.support.speech import PHRASES, RATE, make_track
 
 pytestmark = pytest.mark.integration
 BOUND_S = 0.112  # the subtitle story's perceptible offset
@@ -44,8 +43,6 @@ TS_OFFSET = 10.0  # PTS of the first published sample
 
 @pytest.fixture(scope="module")
 def track(tmp_path_factory):
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed")
     folder = tmp_path_factory.mktemp("live")
     # Four sentences, ~21 s: long enough to see cues while it plays, short enough for a test.
     return make_track(folder / "live.wav", gaps=(1.0, 2.0, 2.5, 2.0, 2.0), phrases=PHRASES[:4])
@@ -109,12 +106,11 @@ def test_a_live_udp_stream_gets_cues_while_it_plays_on_the_stream_clock(cpu_work
     # ... within the 3 s goal (P95) where the machine has the CPU for it: on one running several
     # times its cores' worth (a shared CI box), the recogniser waits for a core and the bound says
     # nothing about the engine. docs/BENCHMARKS.md has the figures of both.
+    # A miss fails either way: on a loaded machine the recogniser gets cores/load of a core, so its
+    # share of the latency stretches by load/cores at most, and the bound with it.
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load <= cores:
-        assert timing["latency_ms_p95"] <= 3000, timing
-    else:
-        warnings.warn(f"latency bound not checked: load average {load:.1f} on {cores} cores "
-                      f"(P95 {timing['latency_ms_p95']} ms)", stacklevel=1)  # fmt: skip
+    bound = 3000 * max(1.0, load / cores)
+    assert timing["latency_ms_p95"] <= bound, f"P95 over {bound:.0f} ms at load {load:.1f} on {cores} cores: {timing}"
     playlist = _artifact(job, "chunks/playlist.m3u8")
     assert "#EXT-X-PLAYLIST-TYPE:EVENT" in playlist and playlist.rstrip().endswith("#EXT-X-ENDLIST")
     first = _artifact(job, "chunks/segment_00000.vtt")
@@ -175,7 +171,20 @@ def test_a_child_killed_mid_stream_comes_back_at_the_live_edge_with_the_gap_reco
     cues = _cues(job)
     assert cues and cues[0]["start"] < gap["start"]
     assert all(c["end"] <= gap["start"] + 0.01 or c["start"] >= gap["end"] - 0.01 for c in cues)
-    assert "#EXT-X-GAP" in _artifact(job, "chunks/playlist.m3u8") or gap["end"] - gap["start"] < 4
+    # A player is told which segments hold no output: #EXT-X-GAP before each one wholly inside the gap, no other.
+    tagged, due = _gap_tags(_artifact(job, "chunks/playlist.m3u8"), output["timing"]["gaps"], chunk_seconds=2)
+    assert tagged == due, (tagged, due, gap)
+
+
+def _gap_tags(playlist: str, gaps: list[dict], chunk_seconds: float) -> tuple[list[int], list[int]]:
+    """(the segments the playlist tags #EXT-X-GAP, the segments wholly inside a gap: those due one)."""
+    lines = playlist.splitlines()
+    segments = [(i, int(line[len("segment_") : -len(".vtt")])) for i, line in enumerate(lines)
+                if line.startswith("segment_") and line.endswith(".vtt")]  # fmt: skip
+    tagged = [k for i, k in segments if "#EXT-X-GAP" in lines[max(0, i - 2) : i]]
+    due = [k for _, k in segments
+           if any(g["start"] <= k * chunk_seconds and (k + 1) * chunk_seconds <= g["end"] for g in gaps)]  # fmt: skip
+    return tagged, due
 
 
 def _push_in_real_time(push, pcm: bytes) -> threading.Thread:

@@ -30,9 +30,9 @@ from mediafarm.tasks.client import JobHandle, handle
 from mediafarm.tasks.families.dialogue.script import line_job_id
 from mediafarm.tasks.families.tts.resume import SHORT_TEXT_CHARS
 from tests.conftest import REPO
+from tests.support.espeak import hold_script
 from tests.support.kills import kill_running
 from tests.support.piper_voice import link_joe_voice
-from tests.support.speech import espeak_available
 
 pytestmark = pytest.mark.integration
 QUEUE = "tts-resume-test"
@@ -50,14 +50,7 @@ ENV = {"FARM_CHECKPOINT_INTERVAL": "0.1", "FARM_SOFT_SHUTDOWN_TIMEOUT": "1"}
 
 
 def slow_espeak(path: Path, wait_s: float) -> Path:
-    path.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in --version) exec espeak-ng "$@";; esac\n'
-        f"sleep {wait_s:g}\n"
-        'exec espeak-ng "$@"\n'
-    )
-    path.chmod(0o755)
-    return path
+    return hold_script(path, wait_s, when=None)
 
 
 class Workers:
@@ -82,8 +75,6 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def workers(start_worker, session_dir: Path) -> Workers:
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed")
     link_joe_voice(get_settings().models_dir)
     slow = slow_espeak(session_dir / "espeak-slow.sh", 0.15)
     config = session_dir / "farm-tts-resume-test.toml"

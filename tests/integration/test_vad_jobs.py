@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,11 @@ def test_vad_job_returns_true_spans(cpu_worker, speech_track) -> None:
     assert attempt["outcome"] == "ok" and attempt["worker"] == cpu_worker.node and attempt["peak_rss_mb"] > 50
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI muxes the test video")
 def test_vad_job_on_a_video_file(cpu_worker, speech_track, media_root: Path) -> None:
-    video = media_root / "cam.mp4"
-    subprocess.run(
-        ["ffmpeg", "-y", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=10", "-i",
-         str(speech_track.path), "-c:v", "mpeg4", "-c:a", "aac", "-shortest", str(video)],
-        check=True,
-    )  # fmt: skip
+    from tests.support.yolo import make_video
+
+    video = make_video(media_root / "cam.mp4", duration=speech_track.duration, width=160, height=120, codec="mpeg4",
+                       audio_track=speech_track.path)  # fmt: skip
     output = submit("vad", media=str(video)).wait(timeout=120)["output"]
     assert len(output["spans"]) == len(speech_track.truth)
 

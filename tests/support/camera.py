@@ -19,8 +19,12 @@ RATE = 48000
 
 
 def make_numbered(path: Path, *, seconds: float, fps: int = 10, gop_seconds: float = 5.0,
-                  codec: str = "libx264", width: int = 320, height: int = 240, audio: bool = True) -> Path:  # fmt: skip
-    """Write ``path``: ``seconds`` of numbered frames, a keyframe every ``gop_seconds``."""
+                  codec: str = "libx264", width: int = 320, height: int = 240, audio: bool = True,
+                  grain: int = 0) -> Path:  # fmt: skip
+    """Write ``path``: ``seconds`` of numbered frames, a keyframe every ``gop_seconds``. ``grain``:
+    random noise of that amplitude on every frame (seeded), which no codec compresses much: a file
+    of tens of MiB where clean frames make one or two (the bars still read right)."""
+    rng = np.random.default_rng(0)
     gop = int(gop_seconds * fps)
     with av.open(str(path), "w") as out:
         video = out.add_stream(codec, rate=fps)
@@ -37,7 +41,11 @@ def make_numbered(path: Path, *, seconds: float, fps: int = 10, gop_seconds: flo
         tone = out.add_stream("aac", rate=RATE) if audio else None
         samples = 0
         for i in range(int(seconds * fps)):
-            frame = av.VideoFrame.from_ndarray(numbered(i, width, height), format="rgb24")
+            image = numbered(i, width, height)
+            if grain:
+                noise = rng.integers(-grain, grain + 1, image.shape[:2], dtype=np.int16)[:, :, None]
+                image = np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             frame.pts, frame.time_base = i, Fraction(1, fps)
             out.mux(video.encode(frame))
             while tone is not None and samples < (i + 1) * RATE / fps:

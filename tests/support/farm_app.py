@@ -4,6 +4,7 @@ bound to the session's Redis)."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 from celery import Celery
@@ -18,3 +19,22 @@ def farm_app(broker_url: str, backend_url: str | None = None, name: str = "produ
     settings = FarmSettings(broker_url=broker_url, result_backend=backend_url or broker_url)
     app.config_from_object(celery_config(settings))
     return app
+
+
+def release(app: Celery) -> None:
+    """Let go of ``app``'s result subscriptions and connections while its Redis still runs.
+
+    A producer's Redis result backend subscribes to each task it sends (pub/sub), and an
+    ``AsyncResult`` unsubscribes when it is garbage-collected. One collected after the test's own
+    Redis is gone (a result kept alive by a failed test's traceback, or by a reference cycle until
+    the collector runs, in some later test) tries to reconnect from ``__del__``, and Celery raises
+    "Retry limit exceeded while trying to reconnect to the Celery result store" there: pytest's
+    PytestUnraisableExceptionWarning in another test's log. Unsubscribed and forgotten here, a late
+    ``__del__`` has nothing left to send."""
+    consumer = app.backend.result_consumer
+    if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+        with contextlib.suppress(Exception):  # a connection already lost has nothing to unsubscribe
+            consumer._pubsub.unsubscribe()
+        consumer.subscribed_to.clear()
+        consumer.stop()
+    app.close()

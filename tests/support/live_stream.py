@@ -2,6 +2,10 @@
 MPEG-TS over loopback UDP or TCP, or as HLS into a folder a local ``http.server`` serves; and the
 PCM of a WAV cut into pieces at the pace it plays, for a test that pushes it (``push://``).
 
+The FFmpeg is the program inside the ``imageio-ffmpeg`` wheel (dev extra), never one on PATH: a
+publisher that paces itself, serves a listening TCP socket and cuts HLS segments as it goes is what
+the program does and PyAV alone does not, and every machine then runs the same build.
+
 Timestamps are pinned so a test knows the stream clock: ``-muxdelay 0 -muxpreload 0`` and
 ``-output_ts_offset`` make the first audio sample's PTS ``ts_offset`` seconds, so a moment ``t``
 of the WAV is PTS ``ts_offset + t`` (MP2 audio: no encoder priming shifts it).
@@ -26,8 +30,15 @@ def free_port(kind: int = socket.SOCK_DGRAM) -> int:
         return s.getsockname()[1]
 
 
+def ffmpeg() -> str:
+    """The wheel's FFmpeg program."""
+    import imageio_ffmpeg
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
 def mpegts_args(wav: Path, ts_offset: float) -> list[str]:
-    return ["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-i", str(wav), "-c:a", "mp2", "-b:a", "128k",
+    return [ffmpeg(), "-hide_banner", "-loglevel", "error", "-re", "-i", str(wav), "-c:a", "mp2", "-b:a", "128k",
             "-ar", "48000", "-muxdelay", "0", "-muxpreload", "0", "-output_ts_offset", f"{ts_offset:g}",
             "-f", "mpegts"]  # fmt: skip
 

@@ -1,9 +1,8 @@
-"""Speech with known silences, synthesised by espeak-ng: the ground truth for VAD tests and benches."""
+"""Speech with known silences, synthesised by espeak-ng (the wheel's library, :mod:`tests.support.espeak`):
+the ground truth for VAD tests and benches."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+
+from tests.support.espeak import hold_script, speak_wave
 
 RATE = 16000
 PHRASES = (
@@ -21,16 +22,9 @@ PHRASES = (
 )
 
 
-def espeak_available() -> bool:
-    return shutil.which("espeak-ng") is not None
-
-
 def speak(text: str, *, rate: int = RATE) -> np.ndarray:
     """One phrase from espeak-ng as float32 mono at ``rate``, leading/trailing silence trimmed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        wav = Path(tmp) / "p.wav"
-        subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
-        audio, sr = sf.read(wav, dtype="float32")
+    audio, sr = speak_wave(text)
     if sr != rate:
         # espeak-ng speaks at 22050 Hz; linear interpolation is plenty for a VAD ground truth.
         t_out = np.arange(int(len(audio) * rate / sr)) / rate
@@ -94,12 +88,4 @@ def write_long_track(path: Path, seconds: float, pattern: SpeechTrack | None = N
 def held_espeak(path: Path, hold_s: float) -> Path:
     """An executable at ``path`` that speaks as espeak-ng does, holding ``hold_s`` seconds first when
     the text says "Patience": a slow line in a TTS test, and a window to kill its child."""
-    path.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in --version) exec espeak-ng "$@";; esac\n'
-        "text=$(cat)\n"
-        f'case "$text" in *Patience*) sleep {hold_s:g};; esac\n'
-        "printf '%s' \"$text\" | espeak-ng \"$@\"\n"
-    )
-    path.chmod(0o755)
-    return path
+    return hold_script(path, hold_s, when="Patience")

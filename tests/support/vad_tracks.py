@@ -8,8 +8,6 @@ so block and window edges fall mid-window. Used by the batched-VAD equality test
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from tests.support.espeak import speak_wave
 from tests.support.speech import PHRASES, RATE
 
 VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-scotland", "en+m3")
@@ -42,11 +41,7 @@ class Track:
 
 def speak(text: str, voice: str, speed: int) -> np.ndarray:
     """espeak-ng's ``text`` in ``voice`` at ``speed`` words a minute, float32 at 16 kHz, trimmed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        wav = Path(tmp) / "p.wav"
-        command = ["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav), text]
-        subprocess.run(command, check=True, capture_output=True)
-        audio, sr = sf.read(wav, dtype="float32")
+    audio, sr = speak_wave(text, voice, speed)
     t_out = np.arange(int(len(audio) * RATE / sr)) / RATE
     audio = np.interp(t_out, np.arange(len(audio)) / sr, audio).astype(np.float32)
     loud = np.flatnonzero(np.abs(audio) > 0.02)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+import soundfile as sf
 
 WIDTH, HEIGHT, FPS = 320, 180, 10
 # Seconds in which the rectangle moves; it is still (and visible) everywhere else.
@@ -72,13 +73,15 @@ def make_video(
     options: dict[str, str] | None = None,
     audio_seconds: float | None = None,
     audio_codec: str = "aac",
+    audio_track: Path | None = None,
     noisy: Sequence[tuple[float, float]] = (),
 ) -> Path:
     """Write the test video: the scene, and a rectangle that moves only during ``moving``.
 
     The container is the suffix's. ``options``: the muxer's (``{"movflags": "+faststart"}`` puts an
     MP4's index first). ``audio_seconds``: add a tone track that long (it may outlast the video),
-    interleaved with the video as a camera writes it. ``noisy``: spans of random-noise frames, so
+    interleaved with the video as a camera writes it; ``audio_track``: a mono WAV's samples instead (a
+recording with speech at known times, at the WAV's own rate). ``noisy``: spans of random-noise frames, so
     the bitrate swings (VBR) far from its mean.
     """
     background = scene(width, height)
@@ -92,7 +95,11 @@ def make_video(
             stream.codec_context.gop_size = gop
         if preset:
             stream.options = {"preset": preset}
-        tone = _Tone(container, audio_codec, audio_seconds) if audio_seconds else None
+        if audio_track is not None:
+            samples, rate = sf.read(audio_track, dtype="int16")
+            tone = _Tone(container, audio_codec, samples.size / rate, samples=samples, rate=rate)
+        else:
+            tone = _Tone(container, audio_codec, audio_seconds) if audio_seconds else None
         for i in range(int(duration * fps)):
             t = i / fps
             if any(start <= t < end for start, end in noisy):
@@ -113,23 +120,28 @@ def make_video(
 
 
 class _Tone:
-    """A 440 Hz tone track, encoded as far as asked each time, so it interleaves with the video."""
+    """A 440 Hz tone track (or given 16-bit samples), encoded as far as asked each time, so it
+    interleaves with the video."""
 
     RATE = 48000  # every codec used here takes it (Opus only takes 48 kHz)
     CHUNK = 960  # 20 ms, an Opus frame; the encoder re-frames for AAC
 
-    def __init__(self, container: av.container.OutputContainer, codec: str, seconds: float) -> None:
-        self.container = container
+    def __init__(self, container: av.container.OutputContainer, codec: str, seconds: float,
+                 samples: np.ndarray | None = None, rate: int = RATE) -> None:  # fmt: skip
+        self.container, self.samples, self.RATE = container, samples, rate
         self.stream = container.add_stream(codec, rate=self.RATE)
         self.stream.layout = "mono"
-        self.total, self.done = int(seconds * self.RATE), 0
+        self.total, self.done = int(round(seconds * self.RATE)), 0
 
     def encode_until(self, seconds: float) -> None:
         target = min(self.total, int(seconds * self.RATE))
         while self.done < target:
             count = min(self.CHUNK, target - self.done)
-            t = np.arange(self.done, self.done + count) / self.RATE
-            samples = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)[None, :]
+            if self.samples is not None:
+                samples = np.ascontiguousarray(self.samples[self.done : self.done + count])[None, :]
+            else:
+                t = np.arange(self.done, self.done + count) / self.RATE
+                samples = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)[None, :]
             frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
             frame.rate, frame.pts = self.RATE, self.done
             self.container.mux(self.stream.encode(frame))

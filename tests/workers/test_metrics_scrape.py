@@ -3,7 +3,6 @@ kills, queue wait and depth, breakers, counted in the main process from every ch
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from collections.abc import Callable
@@ -135,19 +134,25 @@ def test_a_refusal_moves_its_counter(metered_worker, monkeypatch: pytest.MonkeyP
 
 
 def test_a_breaker_opening_shows_in_the_scrape(metered_worker) -> None:
-    # As tasks.breaker keeps it (keys.breakers): a field per rung whose breaker is not closed.
+    # A real breaker, opened as a worker opens it (tasks.breaker: three resource failures of the
+    # rung within the window), not its JSON written by hand.
+    from mediafarm.config.ladder_policy import BreakerPolicy
+    from mediafarm.tasks.breaker import Breakers
+    from mediafarm.tasks.records import Attempt, Outcome
+
     client = app.backend.client
     url = metered_worker.metrics_url
-    field = "kill_once/hungry"
     labels = {"pool": "chaos", "ladder": "kill_once", "rung": "hungry"}
     assert value(scrape(url), "mediafarm_breaker_state", **labels, state="open") == 0
-    now = time.time()
-    breaker = {"state": "open", "since": now, "until": now + 30, "failures": 3, "window_s": 60, "opened": 1}
-    client.hset(keys.breakers("chaos"), field, json.dumps(breaker))
+    breakers, policy = Breakers(client, "chaos"), BreakerPolicy(failures=3, window_s=60.0, cooldown_s=30.0)
     try:
+        done = [breakers.failed("kill_once", "hungry", policy, Attempt(0, "hungry", Outcome.KILLED, started=time.time()),
+                                f"metrics-breaker-{i}") for i in range(3)]  # fmt: skip
+        assert done == ["counted", "counted", "opened"]
         samples = scrape(url)
         assert value(samples, "mediafarm_breaker_state", **labels, state="open") == 1
         assert value(samples, "mediafarm_breaker_openings", **labels) == 1
     finally:
-        client.hdel(keys.breakers("chaos"), field)
+        client.delete(keys.breaker_failures("chaos", "kill_once", "hungry"))
+        client.hdel(keys.breakers("chaos"), "kill_once/hungry")
     assert value(scrape(url), "mediafarm_breaker_state", **labels, state="open") == 0

@@ -1,6 +1,12 @@
-"""espeak-ng as a TTS voice: the rung that is always there (a Debian package, ~8 MB, no model).
+"""espeak-ng as a TTS voice: the rung that is always there (no model; ~8 MB).
 
-The text goes on stdin (never on the command line, where a leading ``-`` would read as an
+Two ways to the same engine: the ``espeak-ng`` program when ``binary`` is on PATH (Debian's
+package, or an operator's wrapper), else libespeak-ng and its voice data from the
+``espeakng-loader`` wheel of the tts extra, in process (:mod:`.libespeak`). Both take the same
+voice names and flags and their audio goes through the same checks, so ``pip install
+'mediafarm[tts]'`` alone speaks on any machine.
+
+For the program, the text goes on stdin (never on the command line, where a leading ``-`` would read as an
 option). A process costs ~13 ms to start, which for a 100,000-character text (2,000 sentences)
 would be most of the job; so a chunk's pieces go to one process as SSML, separated by a
 ``BREAK`` of silence, and the waveform is cut back into pieces at the runs of exact zeros that
@@ -20,6 +26,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 import soundfile as sf
 
+from mediafarm.tasks.families.tts.libespeak import library
 from mediafarm.tasks.kit import RungUnavailable
 
 # espeak-ng's own default pace, words a minute.
@@ -33,12 +40,9 @@ CUT_SECONDS = 1.2
 TIMEOUT = 60.0
 
 
-def find_espeak(binary: str) -> str:
-    """The espeak-ng executable's path; RungUnavailable if it is not installed."""
-    path = shutil.which(binary)
-    if path is None:
-        raise RungUnavailable(f"{binary!r} is not on PATH on this pool (apt-get install espeak-ng)")
-    return path
+def find_espeak(binary: str) -> str | None:
+    """The espeak-ng executable's path; None where it is not on PATH (the wheel's library speaks)."""
+    return shutil.which(binary)
 
 
 @functools.lru_cache(maxsize=4)
@@ -51,25 +55,45 @@ def _version(binary: str) -> str:
 
 
 class EspeakVoice:
-    """One espeak-ng voice (``en-us+m3``) at one pace."""
+    """One espeak-ng voice (``en-us+m3``) at one pace, by the program on PATH or else the wheel's library.
+
+    Attributes: program (the executable's path, None when the library speaks), voice, wpm, label
+    (engine, version and voice: a checkpoint made by one is never resumed by the other), rate."""
 
     def __init__(self, binary: str, voice: str, speed: float) -> None:
-        self.binary, self.voice = find_espeak(binary), voice
+        self.program, self.voice = find_espeak(binary), voice
         self.wpm = int(round(WORDS_PER_MINUTE * speed))
-        self.label = f"{_version(self.binary)} {voice}"
+        if self.program is not None:
+            self.label = f"{_version(self.program)} {voice}"
+        else:
+            self.label = f"libespeak-ng {library().version} {voice}"
         self.rate = RATE
 
     def speak(self, texts: Sequence[str]) -> list[np.ndarray]:
         if len(texts) > 1:
             ssml = f'<break time="{BREAK_MS}ms"/>'.join(escape(t) for t in texts)
-            pieces = _cut_at_breaks(self._run(f"<speak>{ssml}</speak>", ssml=True), len(texts))
+            pieces = _cut_at_breaks(self._synth(f"<speak>{ssml}</speak>", ssml=True), len(texts))
             if pieces is not None:
                 return pieces
-        return [self._run(text) for text in texts]
+        return [self._synth(text) for text in texts]
 
-    def _run(self, text: str, ssml: bool = False) -> np.ndarray:
+    def _synth(self, text: str, ssml: bool = False) -> np.ndarray:
+        if self.program is None:
+            wanted = library()
+            samples, rate = wanted.synth(text, self.voice, self.wpm, ssml=ssml), wanted.rate
+            # As libsndfile reads the program's 16-bit WAV as float32.
+            audio = samples.astype(np.float32) / np.float32(32768.0)
+        else:
+            audio, rate = self._run(text, ssml)
+        if audio.size == 0:  # as the program exits without a sample for a text of only punctuation
+            raise RuntimeError(f"espeak-ng spoke no audio for {len(text)} characters in voice {self.voice!r}")
+        if rate != self.rate:
+            raise RuntimeError(f"espeak-ng spoke at {rate} Hz, not {self.rate}")
+        return audio
+
+    def _run(self, text: str, ssml: bool) -> tuple[np.ndarray, int]:
         done = subprocess.run(
-            [self.binary, *(["-m"] if ssml else []), "-v", self.voice, "-s", str(self.wpm), "--stdin", "--stdout"],
+            [self.program, *(["-m"] if ssml else []), "-v", self.voice, "-s", str(self.wpm), "--stdin", "--stdout"],
             input=text.encode("utf-8"), capture_output=True, timeout=TIMEOUT, check=False,
         )  # fmt: skip
         if done.returncode != 0 or not done.stdout:
@@ -79,9 +103,7 @@ class EspeakVoice:
             raise RuntimeError(f"espeak-ng failed (exit {done.returncode}): {message}")
         # espeak-ng writes a streaming WAV header (sizes 0x7fffffff); libsndfile reads it anyway.
         audio, rate = sf.read(io.BytesIO(done.stdout), dtype="float32")
-        if rate != self.rate:
-            raise RuntimeError(f"espeak-ng spoke at {rate} Hz, not {self.rate}")
-        return audio.reshape(-1)
+        return audio.reshape(-1), rate
 
 
 def _cut_at_breaks(audio: np.ndarray, count: int) -> list[np.ndarray] | None:

@@ -7,10 +7,11 @@
 - A Piper voice speaks the language of its ``.onnx.json`` (``language.family``, else
   ``language.code``, else ``espeak.voice``), else of its file name (``en_US-joe-medium.onnx``);
   plus the languages a job's speaker names a Piper voice for.
-- espeak-ng speaks every language of its voice list (``espeak-ng --voices``), Mandarin (``cmn``)
-  included, which reads the Latin words of a mixed text as English.
+- espeak-ng speaks every language of its voice list (``espeak-ng --voices``, or the same list from
+  the wheel's libespeak-ng where the program is not on PATH), Mandarin (``cmn``) included, which
+  reads the Latin words of a mixed text as English.
 
-Light: json and a subprocess, no TTS package (every farm process imports the spec that names these).
+Light: json, a subprocess or ctypes, no TTS package (every farm process imports the spec that names these).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mediafarm.tasks.families.tts.speakers import DEFAULT, Speaker, get_speaker
-from mediafarm.tasks.kit import PermanentFailure, normalize_language, script_language
+from mediafarm.tasks.kit import PermanentFailure, RungUnavailable, normalize_language, script_language
 
 CHATTTS = ("zh", "en")
 # `  5  cmn   --/M   Chinese_(Mandarin,_latin_as_English) sit/cmn   (zh-cmn 5)(zh 5)`
@@ -84,11 +85,17 @@ def piper_languages(params: Any, models_dir: Path | None, request: Any) -> list[
 
 @functools.lru_cache(maxsize=8)
 def espeak_voices(binary: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
-    """espeak-ng's voices: (voice name, its (language code, priority) pairs), in its own order;
-    empty when the program is not there (the engine says so when it runs)."""
+    """espeak-ng's voices: (voice name, its (language code, priority) pairs), in its own order: the
+    program's where it is on PATH (the one that will speak), else the wheel's library's; empty when
+    neither is there (the engine says so when it runs)."""
     path = shutil.which(binary)
     if path is None:
-        return ()
+        from mediafarm.tasks.families.tts.libespeak import library
+
+        try:
+            return library().voices()
+        except RungUnavailable:
+            return ()
     try:
         listed = subprocess.run([path, "--voices"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError):
@@ -104,7 +111,7 @@ def espeak_voices(binary: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]],
 
 
 def espeak_languages(params: Any, models_dir: Path | None, request: Any) -> list[str] | None:
-    """Every language of espeak-ng's voice list; None (any) when the program is not there."""
+    """Every language of espeak-ng's voice list; None (any) when neither the program nor the library is there."""
     voices = espeak_voices(params.binary)
     if not voices:
         return None

@@ -110,7 +110,8 @@ class PiperParams(Params):
 
 
 class EspeakParams(Params):
-    """Attributes: binary (espeak-ng on PATH), max_chars."""
+    """Attributes: binary (the espeak-ng program, used where it is on PATH; else the tts extra's
+    libespeak-ng wheel speaks), max_chars."""
 
     binary: str = "espeak-ng"
     max_chars: int = Field(400, ge=20, le=5000)
@@ -145,7 +146,8 @@ FAMILY = FamilySpec(
             f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts",
             languages=piper_languages,
         ),
-        # The espeak-ng executable is no package: the engine says when it is not on PATH.
+        # espeak-ng is the program on PATH or else the espeakng-loader wheel's library; neither is a
+        # need of its own (either will do): the engine says when both are missing.
         "espeak": EngineSpec(
             f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile", "numpy"), extra="tts", languages=espeak_languages
         ),

@@ -28,7 +28,6 @@ from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import PERCEPTIBLE_MS, SubtitleRequest, WhisperParams
 from mediafarm.tasks.kit import NoParams, Span
 from tests.support import timed_speech, tiny_whisper
-from tests.support.speech import espeak_available
 
 RATE = 16000
 MEDIAN_BOUND_MS = 50.0
@@ -114,8 +113,6 @@ def run_engine(engine: Generator[Any, None, Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def tracks(tmp_path_factory: pytest.TempPathFactory) -> list[timed_speech.TimedTrack]:
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed")
     folder = tmp_path_factory.mktemp("timed")
     sentences = timed_speech.SENTENCES
     made = [

@@ -228,14 +228,17 @@ def test_the_encoder_sees_the_span_and_its_tail_and_hears_what_the_whole_30_s_he
     recorded: tuple[Any, RecordingEncoder], spans: list[Span]
 ) -> None:
     model, encoder = recorded
-    fitted = []
+    fitted, calls = [], []
     for span in spans:
-        fitted.append(transcribe_whisper(model, span.samples, offset=span.start, fit_context=True))
-        # faster-whisper encodes again from where a decode stopped short of the window's end (its
-        # seek; how often depends on the CPU's int8 kernels): every call is fitted, never 30 s.
-        assert encoder.frames and set(encoder.frames) == {encoder_frames(span.samples.size)}, encoder.frames
-        assert encoder.frames[0] < FULL_CONTEXT_FRAMES / 3, encoder.frames  # spans of 2-4 s
         encoder.frames.clear()
+        fitted.append(transcribe_whisper(model, span.samples, offset=span.start, fit_context=True))
+        calls.append(list(encoder.frames))
+    # Each span's first window is fitted to it. A decode whose last timestamp falls a few frames
+    # short of the span's end has faster-whisper encode that remainder too (seen with the wheel's
+    # libespeak-ng 1.52 speech: 0.03 s left of a 2.03 s span): fitted as well, never the whole 30 s.
+    assert [c[0] for c in calls] == [encoder_frames(span.samples.size) for span in spans], calls
+    assert all(len(c) <= 2 and all(f < FULL_CONTEXT_FRAMES / 3 for f in c) for c in calls), calls  # spans of 2-4 s
+    encoder.frames.clear()
     whole = [transcribe_whisper(model, span.samples, offset=span.start, fit_context=False) for span in spans]
     assert encoder.frames == [FULL_CONTEXT_FRAMES] * len(spans)
     # As many words right (tiny.en on espeak-ng mishears the same few either way).

@@ -41,9 +41,11 @@ SENTENCES = (
     "We will meet again early in the evening.",
 )
 TEXT = " ".join(SENTENCES)
-# Word error rate bounds of the round trip (tiny.en on this text, measured here: espeak-ng 7.3 %,
-# Piper 0 %; FACTS.md saw 5.4 % / 1.5 % on other text). Bounds keep margin for a noisy box.
-WER_BOUND = {"espeak": 0.15, "piper": 0.08}
+# Word error rate bounds of the round trip (tiny.en on this text, measured here: Piper 0 %; espeak-ng
+# 14.6 % from Debian's 1.51 program, 19.5 % from the tts extra's libespeak-ng 1.52, the rung where no
+# program is installed: 6 and 8 words of 41, most in the first sentence either way; FACTS.md saw
+# 5.4 % / 1.5 % on other text). Bounds keep margin for a noisy box.
+WER_BOUND = {"espeak": 0.25, "piper": 0.08}
 PARAMS = {"espeak": EspeakParams(max_chars=100), "piper": PiperParams(max_chars=100)}
 
 

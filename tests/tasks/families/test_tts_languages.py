@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,6 @@ from mediafarm.tasks.families.tts.speakers import Speaker
 from mediafarm.tasks.families.tts.spec import FAMILY, EspeakParams, PiperParams, TtsRequest
 from mediafarm.tasks.families.tts.text import plan_chunks, split_sentences
 from mediafarm.tasks.languages import LanguageCheck, rung_languages
-
-needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
-
 
 def test_the_request_language_is_given_or_told_by_the_script() -> None:
     assert request_language(TtsRequest(text="今天天气很好。")) == "zh"
@@ -44,7 +40,6 @@ def test_a_piper_voice_speaks_its_onnx_json_language(tmp_path: Path) -> None:
     assert piper_languages(PiperParams(voice="piper/custom.onnx"), tmp_path, None) is None
 
 
-@needs_espeak
 def test_espeak_speaks_its_voice_list_mandarin_included() -> None:
     languages = set(espeak_languages(EspeakParams(), None, None) or ())
     assert {"cmn", "zh", "en-us", "fr"} <= languages
@@ -53,7 +48,6 @@ def test_espeak_speaks_its_voice_list_mandarin_included() -> None:
     assert espeak_voice_for("espeak-ng", "xx") is None
 
 
-@needs_espeak
 def test_chinese_text_on_the_default_ladder_never_goes_to_the_english_piper_voice() -> None:
     ladder = FAMILY.default_ladder
     check = LanguageCheck.of(FAMILY, ladder, {"text": "今天天气很好。我们去公园吧。"}, None)

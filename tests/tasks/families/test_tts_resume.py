@@ -28,7 +28,6 @@ from mediafarm.tasks.families.tts.audio import encode, pcm16
 from mediafarm.tasks.families.tts.spec import ChatTTSParams, EspeakParams, PiperParams, TtsRequest
 from mediafarm.tasks.families.tts.text import plan_chunks
 from tests.support.piper_voice import link_joe_voice
-from tests.support.speech import espeak_available
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -69,12 +68,6 @@ def chattts(models_dir: Path) -> None:
     from tests.support.tiny_chattts import ensure_tiny_chattts
 
     ensure_tiny_chattts(models_dir / "chattts")
-
-
-@pytest.fixture(autouse=True)
-def _espeak() -> None:
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed")
 
 
 class Job:

@@ -18,7 +18,6 @@ from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.vad import engines
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest
 from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks
-from tests.support.speech import espeak_available
 
 WINDOW_S = engines.SILERO_WINDOW / SAMPLE_RATE  # 32 ms
 PARAMS = SileroParams()
@@ -26,8 +25,6 @@ PARAMS = SileroParams()
 
 @pytest.fixture(scope="module")
 def tracks(tmp_path_factory: pytest.TempPathFactory):
-    if not espeak_available():
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); it speaks the test tracks")
     from tests.support.vad_tracks import make_all
 
     return make_all(tmp_path_factory.mktemp("vad-tracks"), seconds=50, seed=16)

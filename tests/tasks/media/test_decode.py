@@ -1,5 +1,3 @@
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +6,7 @@ import soundfile as sf
 
 from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.media.decode import KeptAudio, audio_blocks, probe_duration
+from tests.support.yolo import make_video
 
 
 def tone(path: Path, seconds: float, rate: int, channels: int = 1) -> None:
@@ -45,7 +44,6 @@ def test_audio_already_16k_mono_16bit_skips_the_resampler_and_decodes_the_same(t
     assert np.array_equal(direct, sf.read(path, dtype="int16")[0] / np.float32(32768.0))
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI makes the test video")
 def test_kept_audio_decodes_a_short_file_once_and_a_long_one_twice(tmp_path: Path) -> None:
     path = tmp_path / "t.wav"
     tone(path, 25.0, 16000)  # 3 blocks of 10 s
@@ -71,25 +69,13 @@ def test_kept_audio_decodes_a_short_file_once_and_a_long_one_twice(tmp_path: Pat
 
 
 def test_video_file_audio_track_is_decoded(tmp_path: Path) -> None:
-    video = tmp_path / "clip.mp4"
-    subprocess.run(
-        ["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=10", "-f", "lavfi",
-         "-i", "sine=frequency=300:sample_rate=48000", "-t", "3", "-c:v", "mpeg4", "-c:a", "aac",
-         "-shortest", str(video)],
-        check=True,
-    )  # fmt: skip
+    video = make_video(tmp_path / "clip.mp4", duration=3.0, width=160, height=120, codec="mpeg4", audio_seconds=3.0)
     total = sum(b.size for b in audio_blocks(video))
     assert abs(total / 16000 - 3.0) < 0.1
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg CLI makes the test video")
 def test_video_without_audio_is_named(tmp_path: Path) -> None:
-    video = tmp_path / "silent.mp4"
-    subprocess.run(
-        ["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=10", "-t", "1",
-         "-c:v", "mpeg4", str(video)],
-        check=True,
-    )  # fmt: skip
+    video = make_video(tmp_path / "silent.mp4", duration=1.0, width=160, height=120, codec="mpeg4")
     with pytest.raises(UnreadableMedia, match="no audio stream"):
         list(audio_blocks(video))
 

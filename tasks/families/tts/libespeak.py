@@ -1,0 +1,166 @@
+"""libespeak-ng from the ``espeakng-loader`` wheel, through ctypes: espeak-ng with no program installed.
+
+The wheel (the tts extra) carries the shared library and its voice data; this module calls the
+same functions, with the same flags, as the ``espeak-ng`` program does for ``--stdin --stdout``
+(``src/espeak-ng.c``): ``espeak_SetVoiceByName`` (then by language, as the program falls back),
+``espeakRATE``, and ``espeak_Synth`` with ``espeakCHARS_AUTO | espeakPHONEMES | espeakENDPAUSE``
+(``| espeakSSML`` for ``-m``). So a voice name means the same voice either way, and the voice list
+is the one ``espeak-ng --voices`` prints (the wheel's release may add voices to it).
+
+The same text in the same voice gives the same samples on every call, as a fresh program does:
+libespeak-ng keeps state no API resets (a function-static pitch-flutter index in its wave
+generator, which ``espeak_Terminate`` and a new ``espeak_Initialize`` leave as it was), so one
+library kept loaded speaks a sentence a few samples differently each time it is asked (found by
+the test that a speaker's audio is bit-identical across jobs). Each call therefore loads the
+library, initialises it, speaks and unloads it (``dlclose``): ~1 ms more than the synthesis, far
+less than starting the program. Should something else in the process hold the same library open,
+it is not unloaded and that guarantee is lost; nothing in the farm does.
+
+The library is loaded by its absolute path inside the wheel, never by soname: a machine with
+Debian's ``libespeak-ng1`` must still get the wheel's library and data. Its state is global (one
+voice, one callback, one synthesis at a time), so every call holds a lock.
+
+Light: ctypes only (every farm process imports the spec that lists the voices), numpy only in
+:meth:`Library.synth`, the farm's error tree only when an error is raised (the tests' espeak-ng
+stand-in program loads this module alone, once per call).
+"""
+
+from __future__ import annotations
+
+import _ctypes
+import contextlib
+import ctypes
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+# espeak_AUDIO_OUTPUT: samples handed to the callback, synth returns when done.
+AUDIO_OUTPUT_SYNCHRONOUS = 2
+# Report errors instead of calling exit() inside the library (a worker must never exit there).
+INITIALIZE_DONT_EXIT = 0x8000
+POS_CHARACTER = 1
+RATE_PARAMETER = 1  # espeakRATE: words a minute
+# The program's own synth flags: espeakCHARS_AUTO | espeakPHONEMES | espeakENDPAUSE; -m adds espeakSSML.
+SYNTH_FLAGS = 0x0000 | 0x0100 | 0x1000
+SSML = 0x10
+EE_OK = 0
+
+
+class _Voice(ctypes.Structure):
+    # espeak_VOICE; ``languages`` is a run of (priority byte, NUL-terminated code) ended by a 0 byte,
+    # so it is read as a raw pointer, not as a C string.
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("languages", ctypes.c_void_p), ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte), ("age", ctypes.c_ubyte), ("variant", ctypes.c_ubyte), ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int), ("spare", ctypes.c_void_p),
+    ]  # fmt: skip
+
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+
+class Library:
+    """The wheel's libespeak-ng. Attributes: path (the .so loaded), rate (Hz), version."""
+
+    def __init__(self) -> None:
+        try:
+            import espeakng_loader
+        except ImportError as exc:
+            from mediafarm.tasks.kit import RungUnavailable
+
+            raise RungUnavailable(
+                "espeak-ng is not on PATH and the espeakng-loader package (libespeak-ng in a wheel) is not "
+                "installed: pip install 'mediafarm[tts]'"
+            ) from exc
+        self.path, self._data = espeakng_loader.get_library_path(), espeakng_loader.get_data_path().encode()
+        self._lock, self._chunks = threading.Lock(), []  # type: list[bytes]
+        # Kept on the object: the library holds only the pointer, a collected callback would crash it.
+        self._callback = _CALLBACK(self._collect)
+        with self._loaded() as lib:
+            self.version = (lib.espeak_Info(None) or b"").decode()
+
+    @contextlib.contextmanager
+    def _loaded(self) -> Iterator[ctypes.CDLL]:
+        """The library freshly loaded and initialised, unloaded on the way out (module docstring)."""
+        with self._lock:
+            lib = ctypes.CDLL(self.path)
+            try:
+                _declare(lib)
+                self.rate = lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, self._data, INITIALIZE_DONT_EXIT)
+                if self.rate <= 0:
+                    from mediafarm.tasks.kit import RungUnavailable
+
+                    raise RungUnavailable(f"libespeak-ng at {self.path} did not initialise (returned {self.rate})")
+                lib.espeak_SetSynthCallback(self._callback)
+                try:
+                    yield lib
+                finally:
+                    lib.espeak_Terminate()
+            finally:
+                _ctypes.dlclose(lib._handle)
+
+    def voices(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+        """(voice, its (language code, priority) pairs) in the library's order, as ``espeak-ng --voices``
+        lists them: the voice is named by its first language code, the name ``-v`` takes."""
+        listed = []
+        with self._loaded() as lib:
+            entries = lib.espeak_ListVoices(None)
+            for i in range(10_000):
+                if not entries[i]:
+                    break
+                codes, at = [], entries[i].contents.languages
+                while (priority := ctypes.string_at(at, 1)[0]) != 0:
+                    code = ctypes.string_at(at + 1)
+                    codes.append((code.decode(), priority))
+                    at += len(code) + 2
+                if codes:
+                    listed.append((codes[0][0], tuple(codes)))
+        return tuple(listed)
+
+    def synth(self, text: str, voice: str, wpm: int, ssml: bool = False) -> Any:
+        """``text`` spoken by ``voice`` at ``wpm``: int16 numpy samples at :attr:`rate`."""
+        import numpy as np
+
+        with self._loaded() as lib:
+            if lib.espeak_SetVoiceByName(voice.encode()) != EE_OK:
+                wanted = _Voice(languages=ctypes.cast(ctypes.c_char_p(voice.encode()), ctypes.c_void_p))
+                if lib.espeak_SetVoiceByProperties(ctypes.byref(wanted)) != EE_OK:
+                    from mediafarm.tasks.kit import RungUnavailable
+
+                    raise RungUnavailable(f"espeak-ng has no voice {voice!r} (libespeak-ng {self.version})")
+            lib.espeak_SetParameter(RATE_PARAMETER, wpm, 0)
+            data = text.encode("utf-8")
+            self._chunks = []
+            flags = SYNTH_FLAGS | (SSML if ssml else 0)
+            status = lib.espeak_Synth(data, len(data) + 1, 0, POS_CHARACTER, 0, flags, None, None)
+            if status == EE_OK:
+                status = lib.espeak_Synchronize()
+            chunks, self._chunks = self._chunks, []
+        if status != EE_OK:
+            raise RuntimeError(f"libespeak-ng failed to speak (espeak_ERROR {status})")
+        return np.frombuffer(b"".join(chunks), dtype=np.int16)
+
+    def _collect(self, wav: Any, count: int, events: Any) -> int:
+        if wav and count > 0:
+            self._chunks.append(ctypes.string_at(wav, count * 2))
+        return 0  # go on
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.espeak_Info.restype, lib.espeak_Info.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
+    lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
+    lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+    lib.espeak_SetVoiceByProperties.argtypes = [ctypes.POINTER(_Voice)]
+    lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+                                 ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+    lib.espeak_SetSynthCallback.argtypes = [_CALLBACK]
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> Library:
+    """This process's libespeak-ng (found on first use, in the child that speaks)."""
+    return Library()

@@ -1,0 +1,89 @@
+"""The espeak rung without the espeak-ng program: the tts extra's libespeak-ng wheel, through ctypes.
+
+Every test runs on every machine. Where Debian's espeak-ng program is installed too, the ones that
+compare the two also check the library against it (same voices, same audio for a phrase).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mediafarm.tasks.families.tts import libespeak
+from mediafarm.tasks.families.tts.espeak import EspeakVoice
+from mediafarm.tasks.families.tts.languages import espeak_voice_for, espeak_voices
+from mediafarm.tasks.kit import RungUnavailable
+
+ABSENT = "espeak-ng-not-installed-here"  # a binary name no PATH has: the rung takes the library
+PHRASE = "Good evening, everyone. The parcel is at the front door."
+
+
+def _maps() -> list[str]:
+    return [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "espeak" in line]
+
+
+def test_without_the_program_the_rung_speaks_through_the_wheels_library() -> None:
+    import espeakng_loader
+
+    voice = EspeakVoice(ABSENT, "en-us+m3", 1.0)
+    assert voice.program is None and voice.label.startswith("libespeak-ng 1.") and voice.rate == 22050
+    [audio] = voice.speak([PHRASE])
+    assert audio.dtype == np.float32 and 2.0 < audio.size / voice.rate < 6.0 and 0.3 < np.abs(audio).max() <= 1.0
+    wheel = Path(espeakng_loader.__file__).parent
+    assert Path(libespeak.library().path).parent == wheel
+    # Loaded by its path in the wheel, never Debian's libespeak-ng.so.1; unloaded after each call.
+    with libespeak.library()._loaded():
+        seen = _maps()
+    assert seen and all(Path(p).parent == wheel for p in seen), seen
+    assert _maps() == []
+
+
+def test_the_library_speaks_the_same_samples_every_call() -> None:
+    # One library kept loaded drifts by a few samples a call (a static pitch-flutter index);
+    # loaded afresh each call it speaks as a new program does.
+    lib = libespeak.library()
+    first = lib.synth(PHRASE, "en-us+m3", 175)
+    lib.synth("Something else in between, in another voice.", "en-gb+f3", 220)
+    assert all(np.array_equal(first, lib.synth(PHRASE, "en-us+m3", 175)) for _ in range(3))
+
+
+def test_the_library_lists_the_programs_voices_and_picks_the_same_voice_for_a_language() -> None:
+    voices = libespeak.library().voices()
+    names = {name for name, _ in voices}
+    assert {"en-us", "en-gb", "cmn", "fr-fr", "de"} <= names and len(voices) > 100
+    assert espeak_voice_for(ABSENT, "zh") == "cmn" and espeak_voice_for(ABSENT, "fr") == "fr-fr"
+    program = shutil.which("espeak-ng")
+    if program is not None:  # every voice of the program's, plus what the wheel's newer release added
+        espeak_voices.cache_clear()
+        listed = dict(espeak_voices("espeak-ng"))
+        assert listed and set(listed) <= names
+        # Aliases may move between releases (1.52 dropped es-419's "es"); the pick stays.
+        for language in ("zh", "fr", "en", "de", "pt", "es"):
+            assert espeak_voice_for(ABSENT, language) == espeak_voice_for("espeak-ng", language)
+
+
+def test_library_and_program_give_one_voice_the_same_checks_and_a_phrase_alike() -> None:
+    engines = [EspeakVoice(ABSENT, "en-us", 1.0)]
+    if shutil.which("espeak-ng") is not None:
+        engines.append(EspeakVoice("espeak-ng", "en-us", 1.0))
+    spoken = [voice.speak([PHRASE]) for voice in engines]
+    pieces = [voice.speak(["One sentence.", "And another one.", "A third."]) for voice in engines]
+    for voice, [audio], cut in zip(engines, spoken, pieces, strict=True):
+        assert voice.rate == 22050 and audio.dtype == np.float32 and len(cut) == 3
+        assert all(p.size > 0.3 * voice.rate for p in cut)
+        with pytest.raises(RungUnavailable, match="no voice 'xx-nowhere'"):
+            EspeakVoice(ABSENT if voice.program is None else "espeak-ng", "xx-nowhere", 1.0).speak(["Hi."])
+    if len(engines) == 2:  # the same voice and flags, releases apart: as long and as loud within 3 %
+        (library,), (program,) = spoken
+        rms = [float(np.sqrt(np.mean(a**2))) for a in (library, program)]
+        assert library.size == pytest.approx(program.size, rel=0.03) and rms[0] == pytest.approx(rms[1], rel=0.03)
+
+
+def test_without_the_wheel_the_rung_is_unavailable_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "espeakng_loader", None)  # import fails as when not installed
+    with pytest.raises(RungUnavailable, match=r"pip install 'mediafarm\[tts\]'"):
+        libespeak.Library()
