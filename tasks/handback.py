@@ -13,7 +13,8 @@ A live worker that sees a peer silent past ``FARM_HANDBACK_GRACE`` hands that pe
    handed back once however many workers look; the paused owner that wakes finds its attempt
    settled and writes nothing (``errors.StaleAttempt``).
 2. The message. One Lua script on the broker takes it out of ``unacked`` and ``unacked_index``
-   only if it is still there byte for byte, and puts it at the head of its queue's priority list,
+   only if it is still there byte for byte and was delivered before the attempt began (else a
+   live worker holds a copy the visibility sweep put back), and puts it at the head of its queue's priority list,
    as kombu's own restore does, marked redelivered and under a **new delivery tag**. The dead
    worker's tag then names nothing: neither the visibility sweep nor that worker's own restore at
    shutdown (``restore_unacked``, by tag) can find it again, and its late ack cannot remove the
@@ -39,6 +40,8 @@ from mediafarm.tasks.records import Outcome
 log = logging.getLogger("mediafarm.handback")
 # A dead worker's field is dropped this long after its last beat.
 FORGET_AFTER_S = 3600
+# kombu scores a delivery before the child starts its attempt; this much later still counts as before.
+DELIVERY_SLACK_S = 1.0
 
 # KEYS[1]: the heartbeat hash. ARGV[1]: this worker's node name ('' to beat for nobody),
 # ARGV[2]: seconds after which a field is dropped. Beats with the server's clock and answers
@@ -61,9 +64,12 @@ return out
 
 # KEYS[1]: kombu's unacked hash, KEYS[2]: its index, KEYS[3...]: the lists to put the message on.
 # ARGV[1]: the dead delivery's tag, ARGV[2]: its payload as stored, ARGV[3]: the new payload,
-# ARGV[4]: the new tag. Moves it only if it is still there unchanged; 1 if moved.
+# ARGV[4]: the new tag, ARGV[5]: the latest delivery time that can be the dead worker's. Moves it
+# only if it is still there unchanged, delivered no later than that; 1 if moved.
 _MOVE_BACK = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+local delivered = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not delivered or tonumber(delivered) > tonumber(ARGV[5]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 for i = 3, #KEYS do redis.call('RPUSH', KEYS[i], ARGV[3]) end
@@ -131,15 +137,24 @@ class Handback:
         said = f"handed back: its worker {newest.worker} was silent {silence:.0f} s"
         newest.reason = said if newest.outcome == Outcome.WORKER_LOST else f"{newest.reason}; {said}"
         result_key = self.result_key(job_id)
+        # The dead worker's own delivery came before its child began the attempt (one host's
+        # clock). A later one is another worker's: the visibility sweep put the message back and
+        # a live worker took it, and holds it unstarted; that copy is not the dead worker's to hand back.
+        latest = newest.started + DELIVERY_SLACK_S
+        delivered = self.channel.client.zscore(self.channel.unacked_index_key, tag)
+        if delivered is None or delivered > latest:
+            return False
         if not attempt_log.finish(len(attempts) - 1, newest, _text(result_key)):
             return False  # another worker handed it back, or its owner woke and wrote first
-        if not self._move_message(tag, raw, message, exchange, routing_key):
+        if not self._move_message(tag, raw, message, exchange, routing_key, latest):
             log.info("job %s: attempt settled, its message was no longer unacked (%s)", job_id, said)
             return False
         log.warning("job %s handed back to its queue: %s", job_id, said)
         return True
 
-    def _move_message(self, tag: str, raw: Any, message: dict[str, Any], exchange: str, routing_key: str) -> bool:
+    def _move_message(
+        self, tag: str, raw: Any, message: dict[str, Any], exchange: str, routing_key: str, latest: float
+    ) -> bool:
         channel = self.channel
         new_tag = str(uuid.uuid4())
         properties = message.setdefault("properties", {})
@@ -151,7 +166,8 @@ class Handback:
         if self._move is None:
             self._move = channel.client.register_script(_MOVE_BACK)
         moved = self._move(
-            keys=[channel.unacked_key, channel.unacked_index_key, *lists], args=[tag, raw, dumps(message), new_tag]
+            keys=[channel.unacked_key, channel.unacked_index_key, *lists],
+            args=[tag, raw, dumps(message), new_tag, repr(latest)],
         )
         return bool(moved)
 

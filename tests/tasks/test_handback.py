@@ -81,7 +81,8 @@ def test_a_dead_worker_s_job_goes_back_once_under_a_new_tag(held) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["owner alive", "attempt ended", "message of another retry", "no attempt", "success stored"]
+    "case", ["owner alive", "attempt ended", "message of another retry", "no attempt", "success stored",
+             "delivered after the attempt began"],
 )
 def test_nothing_is_taken_from_a_job_not_held_by_a_silent_worker(held, case: str) -> None:
     if case == "owner alive":
@@ -93,8 +94,14 @@ def test_nothing_is_taken_from_a_job_not_held_by_a_silent_worker(held, case: str
     elif case == "success stored":
         open_attempt(held["log"])
         held["client"].set(result_key(held["job_id"]), json.dumps({"status": "SUCCESS"}))
+    elif case == "delivered after the attempt began":
+        # The visibility sweep put it back and a live worker holds it, not started yet.
+        attempt = open_attempt(held["log"])
+        held["client"].zadd("unacked_index", {held["message"].delivery_tag: attempt.started + 5})
     assert hand_back(held) == []
     assert queued(held) == [] and held["client"].hexists("unacked", held["message"].delivery_tag)
+    attempts, _ = held["log"].read()
+    assert all(a.outcome != Outcome.WORKER_LOST for a in attempts)  # nor is its attempt settled
 
 
 def test_a_job_that_keeps_killing_its_worker_moves_down_after_the_budget(held) -> None:
