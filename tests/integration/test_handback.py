@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from mediafarm.config.priorities import redis_lists
 from mediafarm.tasks.app import app
 from mediafarm.tasks.client import JobHandle, submit
 from mediafarm.tasks.history import read_attempts
@@ -71,6 +72,16 @@ def assert_ran_once_more(envelope: dict[str, Any], victim: str, survivor_nodes: 
     assert ok["worker"] in survivor_nodes
 
 
+def assert_no_copy_left(queue: str, jobs: list[JobHandle]) -> None:
+    broker = app.backend.client  # the tests' broker and backend are one Redis
+    assert sum(broker.llen(name) for name in redis_lists(queue)) == 0, "a handed-back job is queued again"
+    # The worker that ran it acks its message a moment after the SUCCESS is stored.
+    deadline = time.monotonic() + 5
+    while any(j.id.encode() in raw for raw in broker.hvals("unacked") for j in jobs):
+        assert time.monotonic() < deadline, "a handed-back job is still unacked 5 s after it ended"
+        time.sleep(0.1)
+
+
 def test_a_worker_merely_busy_past_the_grace_keeps_its_job(pair) -> None:
     # A job twice the grace long: its worker's main process beats all along, so nobody takes it.
     job = send(pair["queue"], sleep=2 * GRACE)
@@ -102,10 +113,7 @@ def test_a_paused_worker_s_jobs_run_elsewhere_once_and_its_late_writes_are_dropp
         assert_ran_once_more(envelopes[job.id], victim.node, others)
         assert job.wait(timeout=5) == envelopes[job.id]  # the SUCCESS stored stays
         assert read_attempts(app.backend.client, job.id) == envelopes[job.id]["attempts"]
-    broker = app.backend.client  # the tests' broker and backend are one Redis
-    assert broker.llen(pair["queue"]) == 0 and not any(
-        j.id.encode() in raw for raw in broker.hvals("unacked") for j in mine
-    ), "a copy of a handed-back job is still queued or unacked"
+    assert_no_copy_left(pair["queue"], mine)
     for job in set(jobs) - set(mine):
         assert [a["outcome"] for a in job.wait(timeout=60)["attempts"]] == ["ok"]
 
@@ -124,5 +132,6 @@ def test_a_worker_killed_whole_has_its_jobs_run_again_within_the_grace(pair) -> 
         assert again["started"] - killed < GRACE + 5, again
     for job in mine:
         assert_ran_once_more(job.wait(timeout=60), victim.node, others)
+    assert_no_copy_left(pair["queue"], mine)
     for job in set(jobs) - set(mine):
         assert [a["outcome"] for a in job.wait(timeout=60)["attempts"]] == ["ok"]
