@@ -56,6 +56,11 @@ class FarmSettings(BaseSettings):
         restore_interval: Seconds between two sweeps in which a worker hands back the unacked
             jobs of dead workers whose visibility timeout has passed (kombu's default sweep is
             every 100 s; ours scans every ``restore_interval``).
+        handback_grace: Seconds a Redis worker may be silent (no heartbeat, ``workers.handback``)
+            before a live worker hands the jobs it was running back to their queue; 0 turns the
+            handback off (its jobs then come back after ``visibility_timeout``). Must be well above
+            the one-second heartbeat: a worker whose main process runs keeps beating while its
+            children work, so only a dead, paused or cut-off worker is passed over.
         soft_shutdown_timeout: Seconds a cold-shutting-down worker waits for running jobs before
             handing their messages back to the queue (Celery's ``worker_soft_shutdown_timeout``).
         retry_delay: Seconds before a job that lost a rung runs again (Celery's per-task default
@@ -108,6 +113,7 @@ class FarmSettings(BaseSettings):
     consumer_timeout: int = 1800
     broker_heartbeat: float = 120.0
     restore_interval: int = 10
+    handback_grace: float = Field(30.0, ge=0)
     soft_shutdown_timeout: float = 60.0
     retry_delay: float = 0.0
     transient_retries: int = 2
@@ -128,6 +134,15 @@ class FarmSettings(BaseSettings):
     upload_max_count: int = Field(100, ge=1)
     room_max_lines: int = Field(8, ge=1, le=1000)
     room_linger_s: float = Field(10.0, ge=0, le=3600)
+
+    @field_validator("handback_grace", mode="after")
+    @classmethod
+    def _above_the_heartbeat(cls, value: float) -> float:
+        if 0 < value < 5:
+            raise ValueError(
+                f"FARM_HANDBACK_GRACE must be 0 (off) or at least 5 s, well above the 1 s heartbeat; got {value}"
+            )
+        return value
 
     @field_validator("media_roots", "family_modules", mode="before")
     @classmethod

@@ -22,8 +22,8 @@ evidence at hand there, and its record says how (``Attempt.counted``, ``Attempt.
     outside_kill       killed       no      SIGKILLed, no watchdog record, and no OOM kill counted while it ran
     unknown_kill       killed       no      SIGKILLed, no watchdog record, no OOM-kill count to compare
     worker_died        killed       no      its worker died under it more often than the same-rung budget allows
-    worker_lost        worker_lost  no      its worker died (or was paused past the visibility timeout, or lost its
-                                            broker) while it ran: the job runs again on the same rung
+    worker_lost        worker_lost  no      its worker died (or was paused past the handback grace or the visibility
+                                            timeout, or lost its broker) while it ran: the job runs again on the same rung
     settled_elsewhere  any          no      its process was paused or cut off while the job went on elsewhere: a limit
                                             that fired as it woke measured the pause, not the rung
 

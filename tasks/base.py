@@ -294,11 +294,15 @@ def _unwritten(request: Any) -> dict[int, str]:
 def _stale_after(settings: Any) -> float:
     """Seconds a successful attempt may run before it must check that the job is still its own.
 
-    Redis gives an unacked job to another worker only after the visibility timeout. RabbitMQ does
-    as soon as it drops the worker's connection (missed heartbeats while the worker is paused or
-    cut off), which can be any time: every success is checked there.
+    Redis gives an unacked job to another worker only after the visibility timeout, or once the
+    worker has been silent past the handback grace (``workers.handback``): an attempt shorter
+    than half of either cannot have been handed out again. RabbitMQ does as soon as it drops the
+    worker's connection (missed heartbeats while the worker is paused or cut off), which can be
+    any time: every success is checked there.
     """
-    return 0.0 if settings.broker_is_rabbitmq else settings.visibility_timeout / 2
+    if settings.broker_is_rabbitmq:
+        return 0.0
+    return min(settings.visibility_timeout, settings.handback_grace or settings.visibility_timeout) / 2
 
 
 def run_engine(

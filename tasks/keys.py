@@ -16,7 +16,7 @@ PREFIX = "mediafarm"
 FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
-     "refused", "pressure", "tenant", "room-lease"}
+     "refused", "pressure", "heartbeat", "tenant", "room-lease"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -127,6 +127,13 @@ def pressure(pool: str) -> str:
     worker's node name, value JSON. Written every second by each worker (``workers.pressure``);
     expires 5 s after the pool's last write, and a reader ignores a field older than that."""
     return f"{PREFIX}:pressure:{pool}"
+
+
+def heartbeats() -> str:
+    """When each Redis worker last beat (``workers.handback``): a hash, field the worker's node name,
+    value the Redis server's time of its last beat (so hosts' clocks do not matter). A worker
+    removes its field as it stops; a dead worker's field stays until an hour after its last beat."""
+    return f"{PREFIX}:heartbeat"
 
 
 def tenant_jobs(family: str, tenant: str) -> str:

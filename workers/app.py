@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import foreign, guards, logs, pressure
+from mediafarm.workers import foreign, guards, handback, logs, pressure
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -24,6 +24,8 @@ FarmTask.Request = MeteredRequest
 guards.install(app)
 # Each worker publishes its pool's memory reading, which admission control reads (``workers.pressure``).
 pressure.install(app)
+# Each Redis worker beats; a peer silent past the grace has its jobs handed back (``workers.handback``).
+handback.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
 foreign.install(app)
 # A pipeline ended by a refused or cancelled part is logged as such, not as an error (``workers.logs``).
