@@ -107,7 +107,10 @@ def test_operators_drill_kills_from_outside_cost_one_attempt_not_the_answer(tmp_
     assert report.ended_by_ladder["drill/SUCCESS"] == good, f"good jobs failed: {report.text()}"
     first = report.succeeded_by_rung["drill/first"]
     assert first >= 0.85 * good, f"{first} of {good} successes on the first rung: {report.text()}"
-    assert report.succeeded_by_rung["drill/stand-in"] == 0, report.text()
+    # The random kills may hit one job on both answering rungs (then the stand-in is its honest
+    # answer: the drill saw it once); it must never get there past a rung it did not fail on.
+    assert report.succeeded_by_rung["drill/stand-in"] <= 2, report.text()
+    assert report.succeeded_past_unfailed["drill/stand-in"] == 0, report.text()
     breakers = (report.counted_failures, report.skipped_by_breaker, report.breakers_open_at_end)
     assert breakers == (0, 0, []), report.text()
 

@@ -73,6 +73,10 @@ class Report:
     submitted: int = 0
     terminal: int = 0
     succeeded_by_rung: Counter[str] = field(default_factory=Counter)
+    # Successes on a rung below one the job never failed on (every attempt there skipped): the
+    # job was sent past a rung that might have answered, which an open breaker must never do
+    # to a fallback. A job whose every rung above was killed under it reaches its rung honestly.
+    succeeded_past_unfailed: Counter[str] = field(default_factory=Counter)
     failed_with_history: int = 0
     # Attempts settled as worker_lost (their worker died, paused or was cut off), by worker node:
     # shows which of the faults made jobs run again.
@@ -425,6 +429,9 @@ class ChaosSuite:
             if status == "SUCCESS":
                 envelope = meta["result"]
                 report.succeeded_by_rung[f"{ladder}/{envelope['variant']}"] += 1
+                failed_on = {a.get("rung") for a in history if a.get("outcome") in RESOURCE_OUTCOMES | {"stalled"}}
+                if any(rung not in failed_on for rung in range(int(envelope.get("rung", 0)))):
+                    report.succeeded_past_unfailed[f"{ladder}/{envelope['variant']}"] += 1
                 problem = _disagreement(history, envelope["attempts"])
                 if problem:
                     report.disagreements.append(f"{job} ({ladder}): {problem}")
