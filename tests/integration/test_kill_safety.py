@@ -22,13 +22,17 @@ from mediafarm.tasks.errors import JobRejected, LadderExhausted
 
 pytestmark = pytest.mark.integration
 
+# The session's other chaos workers stay up and serve the family's own queue: the tests below ask
+# what this worker did (its metrics, its children), so they send to a queue only it serves.
+OWN_QUEUE = "chaos-kill-safety"
+
 
 @pytest.fixture(scope="session")
 def chaos_worker(start_worker):
     from mediafarm.workers.embedded import free_port
 
     port = free_port()
-    worker = start_worker("chaos", concurrency=2, env={"FARM_METRICS_PORT": str(port)})
+    worker = start_worker("chaos", concurrency=2, queues=[OWN_QUEUE], env={"FARM_METRICS_PORT": str(port)})
     worker.metrics_url = f"http://127.0.0.1:{port}/metrics"
     return worker
 
@@ -41,7 +45,7 @@ def scrape(url: str, name: str) -> float:
 
 
 def send(ladder: str, plan: dict[str, Any] | None = None) -> JobHandle:
-    return submit("chaos", ladder=ladder, plan=plan or {})
+    return submit("chaos", queue=OWN_QUEUE, ladder=ladder, plan=plan or {})
 
 
 def outcomes(attempts: list[dict[str, Any]]) -> list[str]:
@@ -106,7 +110,7 @@ def test_a_job_cancelled_before_it_ran_discards_the_output_of_an_engine_that_nev
     # What a worker that missed the revoke sees: only the cancel flag; the `ok` engine never checks it.
     job_id = f"cam1:{uuid.uuid4()}"  # a producer's own id, with a character no file name should hold
     app.backend.client.set(keys.cancel(job_id), "1", ex=600)
-    app.send_task("farm.test.chaos", kwargs={"ladder": "steady"}, task_id=job_id, queue="chaos")
+    app.send_task("farm.test.chaos", kwargs={"ladder": "steady"}, task_id=job_id, queue=OWN_QUEUE)
     with pytest.raises(JobCancelled) as info:
         handle(job_id).wait(timeout=60)
     assert outcomes(info.value.attempts) == ["cancelled"]
@@ -136,7 +140,7 @@ def test_a_message_back_after_a_rejection_is_not_run_again(chaos_worker) -> None
     AttemptLog(app.backend.client, job_id, ttl=600).append(
         Attempt(0, "strict", Outcome.REJECTED, reason, retries=0, worker=chaos_worker.node)
     )
-    app.send_task("farm.test.chaos", kwargs={"ladder": "bad"}, task_id=job_id, queue="chaos", retries=1)
+    app.send_task("farm.test.chaos", kwargs={"ladder": "bad"}, task_id=job_id, queue=OWN_QUEUE, retries=1)
     with pytest.raises(JobRejected, match="malformed on purpose") as info:
         handle(job_id).wait(timeout=60)
     assert outcomes(info.value.attempts) == ["rejected"]  # nothing ran, nothing was appended
@@ -336,7 +340,7 @@ def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
         return inspect.stats()[chaos_worker.node]["total"].get("farm.test.chaos", 0)
 
     before = processed()
-    app.send_task("farm.test.chaos", kwargs={"ladder": "memerr"}, queue="chaos", task_id=job.id, retries=1)
+    app.send_task("farm.test.chaos", kwargs={"ladder": "memerr"}, queue=OWN_QUEUE, task_id=job.id, retries=1)
     deadline = time.monotonic() + 60
     while processed() == before:
         assert time.monotonic() < deadline, "the redelivered message was never processed"

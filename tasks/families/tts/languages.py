@@ -94,7 +94,7 @@ def espeak_voices(binary: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]],
 
         try:
             return library().voices()
-        except RungUnavailable:
+        except (RungUnavailable, ImportError):  # no wheel here either (a gateway without the tts extra)
             return ()
     try:
         listed = subprocess.run([path, "--voices"], capture_output=True, text=True, timeout=30, check=False).stdout

@@ -64,15 +64,7 @@ class Library:
     """The wheel's libespeak-ng. Attributes: path (the .so loaded), rate (Hz), version."""
 
     def __init__(self) -> None:
-        try:
-            import espeakng_loader
-        except ImportError as exc:
-            from mediafarm.tasks.kit import RungUnavailable
-
-            raise RungUnavailable(
-                "espeak-ng is not on PATH and the espeakng-loader package (libespeak-ng in a wheel) is not "
-                "installed: pip install 'mediafarm[tts]'"
-            ) from exc
+        import espeakng_loader  # the espeak engine's needs name it: a pool without it never gets here
         self.path, self._data = espeakng_loader.get_library_path(), espeakng_loader.get_data_path().encode()
         self._lock, self._chunks = threading.Lock(), []  # type: list[bytes]
         # Kept on the object: the library holds only the pointer, a collected callback would crash it.

@@ -146,10 +146,11 @@ FAMILY = FamilySpec(
             f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts",
             languages=piper_languages,
         ),
-        # espeak-ng is the program on PATH or else the espeakng-loader wheel's library; neither is a
-        # need of its own (either will do): the engine says when both are missing.
+        # espeak-ng is the program on PATH where there is one, else the espeakng-loader wheel's
+        # library. The wheel is the need (the tts extra installs it): a pool always has a voice.
         "espeak": EngineSpec(
-            f"{ENGINES}:espeak", EspeakParams, needs=("av", "soundfile", "numpy"), extra="tts", languages=espeak_languages
+            f"{ENGINES}:espeak", EspeakParams, needs=("espeakng_loader", "av", "soundfile", "numpy"), extra="tts",
+            languages=espeak_languages,
         ),
     },
     ladder=(
