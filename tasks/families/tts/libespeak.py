@@ -7,8 +7,9 @@ same functions, with the same flags, as the ``espeak-ng`` program does for ``--s
 (``| espeakSSML`` for ``-m``). So a voice name means the same voice either way, and the voice list
 is the one ``espeak-ng --voices`` prints (the wheel's release may add voices to it).
 
-The same text in the same voice gives the same samples on every call, as a fresh program does:
-libespeak-ng keeps state no API resets (a function-static pitch-flutter index in its wave
+The same text in the same voice gives the same samples on every call and in every process. Two
+things stood in the way. The library seeds its noise generator from the clock, so it is seeded
+again after each initialisation (:data:`RAND_SEED`). And libespeak-ng keeps state no API resets (a function-static pitch-flutter index in its wave
 generator, which ``espeak_Terminate`` and a new ``espeak_Initialize`` leave as it was), so one
 library kept loaded speaks a sentence a few samples differently each time it is asked (found by
 the test that a speaker's audio is bit-identical across jobs). Each call therefore loads the
@@ -45,6 +46,10 @@ RATE_PARAMETER = 1  # espeakRATE: words a minute
 SYNTH_FLAGS = 0x0000 | 0x0100 | 0x1000
 SSML = 0x10
 EE_OK = 0
+# Voices with breath or flutter noise (``en-us+f3``) draw it from the library's own generator,
+# seeded from the clock at initialisation: the same sentence came out different in every process.
+# A fixed seed, set after each initialisation, makes it the same in every process and on every host.
+RAND_SEED = 1
 
 
 class _Voice(ctypes.Structure):
@@ -80,6 +85,7 @@ class Library:
             try:
                 _declare(lib)
                 self.rate = lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, self._data, INITIALIZE_DONT_EXIT)
+                lib.espeak_ng_SetRandSeed(RAND_SEED)
                 if self.rate <= 0:
                     from mediafarm.tasks.kit import RungUnavailable
 
@@ -150,6 +156,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
                                  ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
     lib.espeak_SetSynthCallback.argtypes = [_CALLBACK]
+    lib.espeak_ng_SetRandSeed.argtypes, lib.espeak_ng_SetRandSeed.restype = [ctypes.c_long], None
 
 
 @functools.lru_cache(maxsize=1)

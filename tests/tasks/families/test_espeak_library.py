@@ -51,6 +51,22 @@ def test_the_library_speaks_the_same_samples_every_call() -> None:
     assert all(np.array_equal(first, lib.synth(PHRASE, "en-us+m3", 175)) for _ in range(3))
 
 
+def test_a_voice_with_noise_speaks_the_same_samples_in_every_process() -> None:
+    # en-us+f3's breath noise came from a generator seeded by the clock: each process (each worker
+    # child, each test session) spoke it differently until the binding seeded it.
+    import hashlib
+    import subprocess
+
+    speak = (
+        "import hashlib, sys; from mediafarm.tasks.families.tts.libespeak import library; "
+        f"sys.stdout.write(hashlib.sha256(library().synth({PHRASE!r}, 'en-us+f3', 175).tobytes()).hexdigest())"
+    )
+    heard = {subprocess.run([sys.executable, "-c", speak], capture_output=True, text=True, check=True).stdout
+             for _ in range(2)}  # fmt: skip
+    here = hashlib.sha256(libespeak.library().synth(PHRASE, "en-us+f3", 175).tobytes()).hexdigest()
+    assert heard == {here}
+
+
 def test_the_library_lists_the_programs_voices_and_picks_the_same_voice_for_a_language() -> None:
     voices = libespeak.library().voices()
     names = {name for name, _ in voices}
