@@ -44,7 +44,7 @@ from typing import Any
 
 from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy, ladder_policy
 from mediafarm.config.ladders import Ladder
-from mediafarm.tasks import attribution, failure_tally, keys
+from mediafarm.tasks import attribution, failure_tally, keys, pool_hashes
 from mediafarm.tasks.records import RESOURCE_OUTCOMES, Attempt, Outcome
 
 log = logging.getLogger("mediafarm.breaker")
@@ -300,14 +300,8 @@ def count_kill(client: Any, pool: str, task_name: str, fields: Any, job_id: str,
 
 def read_breakers(client: Any, pool: str | None = None) -> list[BreakerState]:
     """Every breaker not closed, of one pool or of all (for ``farm families`` and the metrics)."""
-    names = [keys.breakers(pool)] if pool else sorted(client.scan_iter(match=keys.breakers("*"), count=1000))
-    states = []
-    for name in names:
-        name = name.decode() if isinstance(name, bytes) else name
-        owner = name.removeprefix(keys.breakers(""))
-        for field, raw in sorted(client.hgetall(name).items()):
-            states.append(BreakerState.from_json(owner, field.decode(), json.loads(raw)))
-    return states
+    return [BreakerState.from_json(owner, field, json.loads(raw))
+            for owner, field, raw in pool_hashes.fields(client, keys.breakers, pool)]  # fmt: skip
 
 
 # A reading of the pool's memory pressure: None when there is none, else what it is in words.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.tasks import keys
+from mediafarm.tasks import keys, pool_hashes
 from mediafarm.tasks.records import Attempt
 
 # A tally is forgotten a day after its newest failure.
@@ -40,14 +40,9 @@ def add(client: Any, pool: str, ladder: str, attempt: Attempt) -> None:
 
 def read(client: Any, pool: str | None = None) -> list[FailureTally]:
     """The tallies of one pool or of all, sorted by pool, ladder, rung, counted first."""
-    names = [keys.rung_failures(pool)] if pool else sorted(client.scan_iter(match=keys.rung_failures("*"), count=1000))
     out = []
-    for name in names:
-        name = name.decode() if isinstance(name, bytes) else name
-        owner = name.removeprefix(keys.rung_failures(""))
-        for field, count in client.hgetall(name).items():
-            field = field.decode() if isinstance(field, bytes) else field
-            ladder, _, rest = field.partition("/")
-            rung, cause, counted = rest.rsplit("/", 2)
-            out.append(FailureTally(owner, ladder, rung, cause, counted == "1", int(count)))
+    for owner, field, count in pool_hashes.fields(client, keys.rung_failures, pool):
+        ladder, _, rest = field.partition("/")
+        rung, cause, counted = rest.rsplit("/", 2)
+        out.append(FailureTally(owner, ladder, rung, cause, counted == "1", int(count)))
     return sorted(out, key=lambda t: (t.pool, t.ladder, t.rung, not t.counted, t.cause))
