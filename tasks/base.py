@@ -27,7 +27,8 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families, liveness, soft_time_limit
 from mediafarm.tasks.admission import pool_under_pressure
 from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.breaker import RungGuard, ladder_identity, pool_breakers
+from mediafarm.tasks.breaker import ladder_identity, pool_breakers
+from mediafarm.tasks.rung_guard import RungGuard
 from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter, UnusableCheckpoint, store_for
 from mediafarm.tasks.context import EngineContext, JobChannel
 from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder

@@ -38,7 +38,7 @@ from mediafarm.tasks.errors import (
     map_exceptions,
 )
 from mediafarm.tasks import attribution
-from mediafarm.tasks.breaker import RungGuard
+from mediafarm.tasks.rung_guard import RungGuard
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, owed_note

@@ -2,7 +2,7 @@
 
 What ``farm families`` shows beside the breakers: an outside kill that did not open a breaker is
 as much worth an operator's eye as a watchdog kill that did. Written as each judged attempt ends
-(``tasks.breaker.RungGuard.ended``), one ``HINCRBY`` (``keys.rung_failures``).
+(``tasks.rung_guard.RungGuard.ended``), one ``HINCRBY`` (``keys.rung_failures``).
 """
 
 from __future__ import annotations

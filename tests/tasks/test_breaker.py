@@ -14,7 +14,8 @@ import redis
 from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy
 from mediafarm.config.ladders import Ladder, rung
 from mediafarm.tasks import keys
-from mediafarm.tasks.breaker import PROBE, RUN, SKIP, Breakers, RungGuard, read_breakers
+from mediafarm.tasks.breaker import PROBE, RUN, SKIP, Breakers, read_breakers
+from mediafarm.tasks.rung_guard import RungGuard
 from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
 from mediafarm.tasks.errors import ResourceFailure
 from mediafarm.tasks.family import EngineSpec

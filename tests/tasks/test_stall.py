@@ -40,7 +40,7 @@ def test_a_stall_between_other_outcomes_of_the_same_rung_still_counts_as_its_sec
 
 
 def test_the_stall_counts_against_the_rung_breaker_only_when_it_repeats() -> None:
-    from mediafarm.tasks.breaker import RungGuard
+    from mediafarm.tasks.rung_guard import RungGuard
 
     counted = []
 
