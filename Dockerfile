@@ -32,10 +32,8 @@ RUN if [ -n "$TORCH_VERSION" ]; then \
 # and mediafarm/ there has only __init__.py: "No module named 'mediafarm.tasks'").
 # Dependencies first, from pyproject.toml alone (its packages as empty folders), so that a change to
 # the source rebuilds only the last, small layer.
-COPY pyproject.toml README.md /tmp/src/
-RUN cd /tmp/src && python -c "import tomllib, pathlib; t = tomllib.load(open('pyproject.toml', 'rb'))['tool']['setuptools']; \
-d = t['package-dir']; [(f.mkdir(parents=True, exist_ok=True), (f / '__init__.py').touch()) for p in t['packages'] \
-for k in [max((k for k in d if p == k or p.startswith(k + '.')), key=len)] for f in [pathlib.Path(d[k], *p[len(k):].split('.')[1:])]]" \
+COPY pyproject.toml README.md scripts/package_skeleton.py /tmp/src/
+RUN python /tmp/src/package_skeleton.py /tmp/src \
  && pip install --no-cache-dir "/tmp/src[${EXTRAS}]" \
  && if [ -n "$NO_DEPS" ]; then pip install --no-cache-dir --no-deps $NO_DEPS; fi \
  && pip uninstall -y -q mediafarm && rm -rf /tmp/src

@@ -44,6 +44,19 @@ def test_package_dirs_map_the_namespace_onto_the_folders() -> None:
     assert _setuptools()["package-dir"] == {package: folder for folder, package in ROOTS.items()}
 
 
+def test_the_image_s_dependency_skeleton_has_the_source_s_package_folders(tmp_path: Path) -> None:
+    # The Dockerfile installs the dependencies from pyproject.toml and this skeleton alone.
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import package_skeleton
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    made = {path.relative_to(tmp_path) for path in package_skeleton.make(tmp_path)}
+    source = {init.parent.relative_to(REPO) for folder in ROOTS for init in (REPO / folder).rglob("__init__.py")}
+    assert made == source and all((tmp_path / path / "__init__.py").is_file() for path in made)
+
+
 def _python(code: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
