@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import threading
 import time
 import urllib.request
@@ -24,6 +23,7 @@ import pytest
 from mediafarm.tasks.app import app
 from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import LadderExhausted
+from tests.support.kills import kill_children_at_random
 
 pytestmark = pytest.mark.integration
 
@@ -50,16 +50,7 @@ def test_children_forked_while_the_main_process_threads_import_and_log_never_han
 
     def killer() -> None:
         # A child killed mid-job now and then: its replacement is forked at once.
-        while not stop.is_set():
-            time.sleep(rng.uniform(0.3, 0.9))
-            children = [c for c in main.children() if time.time() - c.create_time() > 0.1]
-            if children:
-                victim = rng.choice(children)
-                try:
-                    os.kill(victim.pid, signal.SIGKILL)
-                    kills.append(victim.pid)
-                except ProcessLookupError:
-                    pass
+        kill_children_at_random(main, rng, kills, stop, pause=(0.3, 0.9), older_than=0.1)
 
     def scraper() -> None:
         while not stop.is_set():

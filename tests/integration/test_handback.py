@@ -53,6 +53,15 @@ def busiest(pair: dict[str, Any], running: dict[str, dict[str, Any]]) -> Any:
     return pair["workers"][max(counts, key=counts.__getitem__)]
 
 
+def struck_apart(pair: dict[str, Any], sleep: float) -> tuple[list[JobHandle], list[JobHandle], Any, set[str]]:
+    """Two jobs running: (both, those on the busier worker, that worker, the other workers' nodes)."""
+    jobs = [send(pair["queue"], sleep=sleep) for _ in range(2)]
+    running = open_attempts(jobs)
+    victim = busiest(pair, running)
+    mine = [j for j in jobs if running[j.id]["worker"] == victim.node]
+    return jobs, mine, victim, set(pair["workers"]) - {victim.node}
+
+
 def rerun_starts(job: JobHandle, victim: str, timeout: float) -> dict[str, Any]:
     """The attempt that began after ``victim``'s, on another worker (AssertionError past ``timeout``)."""
     deadline = time.monotonic() + timeout
@@ -90,11 +99,7 @@ def test_a_worker_merely_busy_past_the_grace_keeps_its_job(pair) -> None:
 
 
 def test_a_paused_worker_s_jobs_run_elsewhere_once_and_its_late_writes_are_dropped(pair) -> None:
-    jobs = [send(pair["queue"], sleep=8) for _ in range(2)]
-    running = open_attempts(jobs)
-    victim = busiest(pair, running)
-    mine = [j for j in jobs if running[j.id]["worker"] == victim.node]
-    others = set(pair["workers"]) - {victim.node}
+    jobs, mine, victim, others = struck_apart(pair, sleep=8)
     os.killpg(victim.process.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
@@ -119,11 +124,7 @@ def test_a_paused_worker_s_jobs_run_elsewhere_once_and_its_late_writes_are_dropp
 
 
 def test_a_worker_killed_whole_has_its_jobs_run_again_within_the_grace(pair) -> None:
-    jobs = [send(pair["queue"], sleep=20) for _ in range(2)]
-    running = open_attempts(jobs)
-    victim = busiest(pair, running)
-    mine = [j for j in jobs if running[j.id]["worker"] == victim.node]
-    others = set(pair["workers"]) - {victim.node}
+    jobs, mine, victim, others = struck_apart(pair, sleep=20)
     os.killpg(victim.process.pid, signal.SIGKILL)
     killed = time.time()
     victim.process.wait(10)

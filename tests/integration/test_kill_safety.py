@@ -19,6 +19,7 @@ import pytest
 from mediafarm.tasks.app import app
 from mediafarm.tasks.client import JobHandle, submit
 from mediafarm.tasks.errors import JobRejected, LadderExhausted
+from tests.support.kills import kill_children_at_random
 
 pytestmark = pytest.mark.integration
 
@@ -192,16 +193,7 @@ def test_200_jobs_with_random_child_kills_all_end_and_none_is_lost(chaos_worker)
     def killer() -> None:
         # 20 kills = 10% of the jobs, spread over the run. The children are busy nearly all
         # the time (each job sleeps 0.2 s in one), so most kills land mid-job.
-        while len(killed_pids) < 20 and not stop.is_set():
-            time.sleep(rng.uniform(0.2, 0.6))
-            children = main.children()
-            if children:
-                victim = rng.choice(children)
-                try:
-                    os.kill(victim.pid, signal.SIGKILL)
-                    killed_pids.append(victim.pid)
-                except ProcessLookupError:
-                    pass
+        kill_children_at_random(main, rng, killed_pids, stop, pause=(0.2, 0.6), most=20)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()

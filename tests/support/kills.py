@@ -54,3 +54,22 @@ def killing(job_id: str, variants: set[str]) -> Iterator[list[str]]:
     finally:
         stop.set()
         killer.join(5)
+
+
+def kill_children_at_random(
+    main: Any, rng: Any, killed: list[int], stop: threading.Event, pause: tuple[float, float],
+    most: int | None = None, older_than: float = 0.0,
+) -> None:
+    """Until ``stop`` is set (or ``most`` kills): every ``rng.uniform(*pause)`` seconds, SIGKILL one
+    child of ``main`` (a psutil.Process) chosen by ``rng``, of those older than ``older_than`` s, as
+    something outside the farm would; the pids go to ``killed``. Run it in a thread."""
+    while (most is None or len(killed) < most) and not stop.is_set():
+        time.sleep(rng.uniform(*pause))
+        children = [c for c in main.children() if time.time() - c.create_time() > older_than]
+        if children:
+            victim = rng.choice(children)
+            try:
+                os.kill(victim.pid, signal.SIGKILL)
+                killed.append(victim.pid)
+            except ProcessLookupError:
+                pass

@@ -50,6 +50,16 @@ def fail(b: Breakers, job: str, clock: Clock, rung_: str = "big") -> str:
     return b.failed("lad", rung_, POLICY, Attempt(0, rung_, Outcome.OOM, started=clock.now), job)
 
 
+def opened(redis_url: str, pool: str, *rungs: str) -> tuple[Clock, Breakers]:
+    """A fake clock and a worker's breakers on which each of ``rungs`` failed for three jobs: open."""
+    clock = Clock()
+    b = worker(redis_url, pool, clock)
+    for job in ("j1", "j2", "j3"):
+        for name in rungs:
+            fail(b, job, clock, name)
+    return clock, b
+
+
 def test_k_failures_within_the_window_open_it_and_fewer_do_not(redis_url: str, pool: str) -> None:
     clock = Clock()
     a = worker(redis_url, pool, clock)
@@ -116,12 +126,13 @@ LADDER = Ladder("lad", "lad", (rung("big", "e"), rung("small", "e")))
 ENGINES = {"e": EngineSpec("x:y")}
 
 
-def run(log: AttemptLog, guard: RungGuard, engine: Any, fresh: bool = True, retries: int = 0) -> Any:
-    def run_rung(rung_: Any, index: int, attempt: int) -> Any:
-        return engine(rung_), ()
-
-    job = LadderRun(log.job_id, guard.ladder, ENGINES, log, retries=retries, worker="bt@a", fresh=fresh, guard=guard)
-    return run_ladder(job, run_rung)
+def run(
+    log: AttemptLog, guard: RungGuard, engine: Any, fresh: bool = True, retries: int = 0, engines: Any = None
+) -> Any:
+    """One delivery of the job through ``run_ladder``; ``engine(rung)`` answers or raises."""
+    engines = ENGINES if engines is None else engines
+    job = LadderRun(log.job_id, guard.ladder, engines, log, retries=retries, worker="bt@a", fresh=fresh, guard=guard)
+    return run_ladder(job, lambda rung_, index, attempt: (engine(rung_), ()))
 
 
 def guard(b: Breakers, job_id: str, ladder: Ladder = LADDER, pressure: Any = None, max_wait_s: float = 60) -> RungGuard:
@@ -174,10 +185,7 @@ def test_the_ladder_skips_an_open_rung_records_why_and_the_probe_closes_it(
 def test_an_open_last_rung_waits_for_its_cool_down_then_probes_and_says_so(
     redis_url: str, pool: str, log: AttemptLog
 ) -> None:
-    clock = Clock()
-    b = worker(redis_url, pool, clock)
-    for job in ("j1", "j2", "j3"):
-        fail(b, job, clock, "small")
+    clock, b = opened(redis_url, pool, "small")
     clock.now += 10
     made = guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),)))
     envelope = run(log, made, lambda r: {})

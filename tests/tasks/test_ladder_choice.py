@@ -11,13 +11,13 @@ import pytest
 from mediafarm.config.ladders import Ladder, Rung, rung
 from mediafarm.tasks import keys
 from mediafarm.tasks.breaker import read_breakers
-from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
+from mediafarm.tasks.downgrade import RetryRequest
 from mediafarm.tasks.errors import NoRungLeft, ResourceFailure
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.ladder_choice import answers_below, fallbacks, is_fallback, next_rung, owed
 from mediafarm.tasks.records import Attempt, Envelope, Outcome
-from tests.tasks.test_breaker import Clock, fail, guard, pool, worker  # noqa: F401 - pool: a fixture
+from tests.tasks.test_breaker import Clock, fail, guard, opened, pool, run, worker  # noqa: F401 - pool: a fixture
 
 ENGINES = {"e": EngineSpec("x:y"), "stand_in": EngineSpec("x:z", fallback=True)}
 # Two answers and a stand-in, as VAD's silero-onnx → webrtc → skip.
@@ -65,16 +65,15 @@ def test_next_rung_puts_owed_rungs_before_a_fallback_and_the_end() -> None:
     assert next_rung(2, [Attempt(0, "a", Outcome.OOM), Attempt(1, "b", Outcome.OOM)], (False, False)) is None
 
 
-def deliver(log: AttemptLog, made: Any, engine: Any, ladder: Ladder, retries: int) -> Any:
-    job = LadderRun(log.job_id, ladder, ENGINES, log, retries=retries, worker="bt@a", fresh=retries == 0, guard=made)
-    return run_ladder(job, lambda rung_, index, attempt: (engine(rung_), ()))
+def deliver(log: AttemptLog, made: Any, engine: Any, retries: int = 0) -> Any:
+    return run(log, made, engine, fresh=retries == 0, retries=retries, engines=ENGINES)
 
 
 def until_done(log: AttemptLog, b: Any, engine: Any, ladder: Ladder) -> Any:
     """Deliver the job again after each RetryRequest, as Celery would; the end (envelope or error)."""
     for retries in range(8):
         try:
-            outcome = deliver(log, guard(b, log.job_id, ladder), engine, ladder, retries)
+            outcome = deliver(log, guard(b, log.job_id, ladder), engine, retries)
         except NoRungLeft as exc:
             return exc
         if isinstance(outcome, Envelope):
@@ -99,15 +98,11 @@ def seen(attempts: Any) -> list[tuple[str, str]]:
 def test_an_open_breaker_skips_to_the_next_answer_never_to_the_fallback(
     redis_url: str, pool: str, log: AttemptLog
 ) -> None:
-    clock = Clock()
-    b = worker(redis_url, pool, clock)
-    for job in ("j1", "j2", "j3"):
-        fail(b, job, clock, "big")
-        fail(b, job, clock, "small")
+    _, b = opened(redis_url, pool, "big", "small")
     # Both answering rungs open: the job skips big (small answers), then waits for small's
     # cool-down (only the stand-in is below it) and runs small as its probe.
     made = guard(b, log.job_id, VAD_LIKE)
-    envelope = deliver(log, made, failing_on(), VAD_LIKE, 0)
+    envelope = deliver(log, made, failing_on())
     assert isinstance(envelope, Envelope) and envelope.variant == "small"
     assert seen(envelope.attempts) == [("big", "skipped"), ("small", "ok")]
     assert made.waited == [30.0] and "the breaker's probe" in envelope.attempts[1].reason
@@ -118,22 +113,19 @@ def test_pressure_never_steps_a_new_job_down_onto_a_fallback(redis_url: str, poo
     b = worker(redis_url, pool, Clock())
     ladder = Ladder("lad", "lad", (rung("big", "e"), rung("none", "stand_in")))
     made = guard(b, log.job_id, ladder, pressure=lambda: "pool 'bt' is under memory pressure")
-    envelope = deliver(log, made, failing_on(), ladder, 0)
+    envelope = deliver(log, made, failing_on())
     assert seen(envelope.attempts) == [("big", "ok")]
     # With an answer below, it steps down as before.
     other = AttemptLog(log.client, f"{log.job_id}-2", ttl=60)
     made = guard(b, other.job_id, VAD_LIKE, pressure=lambda: "pool 'bt' is under memory pressure")
-    assert seen(deliver(other, made, failing_on(), VAD_LIKE, 0).attempts) == [("big", "skipped"), ("small", "ok")]
+    assert seen(deliver(other, made, failing_on()).attempts) == [("big", "skipped"), ("small", "ok")]
     log.client.delete(keys.history(other.job_id))
 
 
 def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(
     redis_url: str, pool: str, log: AttemptLog
 ) -> None:
-    clock = Clock()
-    b = worker(redis_url, pool, clock)
-    for job in ("j1", "j2", "j3"):
-        fail(b, job, clock, "big")
+    _, b = opened(redis_url, pool, "big")
     # big skipped (open), small fails for this job: before the stand-in, big is owed its try; it
     # answers, so the job ends on big, not on the stand-in.
     envelope = until_done(log, b, failing_on("small"), VAD_LIKE)
@@ -146,10 +138,7 @@ def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(
 def test_the_fallback_comes_only_after_every_answer_failed_for_the_job(
     redis_url: str, pool: str, log: AttemptLog
 ) -> None:
-    clock = Clock()
-    b = worker(redis_url, pool, clock)
-    for job in ("j1", "j2", "j3"):
-        fail(b, job, clock, "big")
+    _, b = opened(redis_url, pool, "big")
     envelope = until_done(log, b, failing_on("big", "small"), VAD_LIKE)
     assert isinstance(envelope, Envelope) and envelope.variant == "none"
     assert seen(envelope.attempts) == [("big", "skipped"), ("small", "oom"), ("big", "oom"), ("none", "ok")]
@@ -158,10 +147,7 @@ def test_the_fallback_comes_only_after_every_answer_failed_for_the_job(
 def test_when_the_last_rung_fails_skipped_rungs_run_once_each_then_the_job_ends(
     redis_url: str, pool: str, log: AttemptLog
 ) -> None:
-    clock = Clock()
-    b = worker(redis_url, pool, clock)
-    for job in ("j1", "j2", "j3"):
-        fail(b, job, clock, "big")
+    clock, b = opened(redis_url, pool, "big")
     end = until_done(log, b, failing_on("big", "small"), TWO)
     assert isinstance(end, NoRungLeft), end
     assert seen(log.read()[0]) == [("big", "skipped"), ("small", "oom"), ("big", "oom")]
