@@ -126,6 +126,11 @@ class StreamClock:
                 "discontinuities": [d.model_dump() for d in self.discontinuities],
                 "drift_max": self.drift_max}  # fmt: skip
 
+    def restore(self, state: dict[str, Any]) -> None:
+        """Go on from an earlier attempt's :meth:`state` (its origin and offset; anchors anew)."""
+        self.origin, self.offset, self.drift_max = state["origin"], state["offset"], state["drift_max"]
+        self.discontinuities = [Discontinuity(**d) for d in state["discontinuities"]]
+
     def _add(self, sample: int, time: float) -> None:
         if self._samples and sample <= self._samples[-1]:
             self._samples[-1], self._times[-1] = sample, time

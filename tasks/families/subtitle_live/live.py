@@ -30,7 +30,6 @@ cue's segment and the playlist listing it were written.
 from __future__ import annotations
 
 import bisect
-import collections
 import json
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
-from mediafarm.tasks.families.subtitle.engines import JOIN_SECONDS, PAD_SECONDS, VAD_PARAMS, CueStream, Piece, Window
+from mediafarm.tasks.families.subtitle.engines import JOIN_SECONDS, PAD_SECONDS, VAD_PARAMS, Piece, Window
 from mediafarm.tasks.families.subtitle.recognizers import (
     Recognition,
     load_pocketsphinx,
@@ -47,10 +46,12 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_pocketsphinx,
     transcribe_whisper,
 )
-from mediafarm.tasks.families.subtitle.records import Cue, Word
+from mediafarm.tasks.families.subtitle.records import Word
 from mediafarm.tasks.families.subtitle.spec import WhisperParams
-from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, to_srt, to_webvtt
-from mediafarm.tasks.families.subtitle_live.clock import StreamClock
+from mediafarm.tasks.families.subtitle.writers import to_srt, to_webvtt
+from mediafarm.tasks.families.subtitle_live.buffer import Arrivals, AudioBuffer
+from mediafarm.tasks.families.subtitle_live.job_state import LiveJob, cue_key
+from mediafarm.tasks.families.subtitle_live.playlist import CHUNKS, PLAYLIST
 from mediafarm.tasks.families.subtitle_live.push import PushEnded, PushSource, PushTaken, is_push_url
 from mediafarm.tasks.families.subtitle_live.source import LiveSource, SourceEnded
 from mediafarm.tasks.families.subtitle_live.spec import (
@@ -60,13 +61,12 @@ from mediafarm.tasks.families.subtitle_live.spec import (
     LiveSubtitleResult,
     LiveTimingReport,
 )
-from mediafarm.tasks.families.vad.engines import SILERO_CONTEXT, SILERO_WINDOW, SpanTracker, silero_model
+from mediafarm.tasks.families.vad.engines import SILERO_WINDOW
+from mediafarm.tasks.families.vad.streaming import StreamingSilero
 from mediafarm.tasks.kit import EngineContext, InvalidRequest, NoParams, Span, UnreadableMedia
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 
 JSON_NAME, VTT_NAME, SRT_NAME = "subtitles.json", "subtitles.vtt", "subtitles.srt"
-CHUNKS = "chunks"
-PLAYLIST = f"{CHUNKS}/playlist.m3u8"
 # A span still open after this long is recognised up to here (a monologue without pauses).
 MAX_SPAN_SECONDS = 8.0
 # Silero runs once this many 32 ms windows are in (~0.16 s): cheap, and well under the VAD's 250 ms.
@@ -80,7 +80,6 @@ CANCEL_CHECK_SECONDS = 0.5
 CATCH_UP_SECONDS = 1.0
 BACKLOG_SECONDS = 10.0
 ONSET_SNAP_SECONDS = 0.4
-STATE_VERSION = 1
 # A resumed attempt whose first frame is this close to its checkpoint missed nothing (a sample's rounding).
 JOIN_TOLERANCE_SECONDS = 0.002
 
@@ -118,233 +117,13 @@ def _resumed_language(ctx: EngineContext) -> str | None:
     return state.get("language") if state.get("language") not in (None, "und") else None
 
 
-class LiveVad:
-    """silero-vad over samples as they come: the VAD family's model and span rules, batched a few
-    windows at a time. Spans are in samples of this attempt's stream (0 = its first sample)."""
-
-    def __init__(self) -> None:
-        self.session = silero_model()
-        self.tracker = SpanTracker(VAD_PARAMS)
-        self.h = np.zeros((1, 1, 128), dtype=np.float32)
-        self.c = np.zeros((1, 1, 128), dtype=np.float32)
-        self.context = np.zeros(SILERO_CONTEXT, dtype=np.float32)
-        self.carry = np.zeros(0, dtype=np.float32)
-        self.fed = 0  # samples the tracker has decided on
-
-    def feed(self, samples: np.ndarray) -> list[tuple[int, int]]:
-        """Take ``samples``; return the spans this closed (start, end samples)."""
-        block = np.concatenate([self.carry, samples]) if self.carry.size else samples
-        usable = block.size - block.size % (SILERO_WINDOW * VAD_BATCH)
-        self.carry = block[usable:]
-        if not usable:
-            return []
-        windows = block[:usable].reshape(-1, SILERO_WINDOW)
-        rows = np.empty((windows.shape[0], SILERO_CONTEXT + SILERO_WINDOW), dtype=np.float32)
-        rows[:, SILERO_CONTEXT:] = windows
-        rows[0, :SILERO_CONTEXT] = self.context
-        rows[1:, :SILERO_CONTEXT] = windows[:-1, -SILERO_CONTEXT:]
-        self.context = windows[-1, -SILERO_CONTEXT:].copy()
-        probabilities, self.h, self.c = self.session.run(
-            ["speech_probs", "hn", "cn"], {"input": rows, "h": self.h, "c": self.c}
-        )
-        before = len(self.tracker.spans)
-        self.tracker.feed(probabilities.reshape(-1).tolist())
-        self.fed += usable
-        return list(self.tracker.spans[before:])
-
-    @property
-    def open_start(self) -> int | None:
-        """Start (samples) of the span the VAD is inside now, if any."""
-        return self.tracker.start if self.tracker.triggered else None
-
-    def cut_open(self, at: int) -> tuple[int, int] | None:
-        """Close the open span at ``at`` and open a new one there (a span too long to wait for)."""
-        start = self.open_start
-        if start is None or at <= start:
-            return None
-        self.tracker.spans.append((start, at))
-        self.tracker.start = at
-        return start, at
-
-    def finish(self) -> tuple[int, int] | None:
-        """The span open at the end of the stream, closed there."""
-        start = self.open_start
-        end = self.fed + self.carry.size
-        self.tracker.start, self.tracker.triggered = None, False
-        return (start, end) if start is not None and end > start else None
-
-
-class AudioBuffer:
-    """The samples of this attempt not yet recognised, addressed by absolute sample position."""
-
-    def __init__(self) -> None:
-        self.start = 0
-        self.data = np.zeros(0, dtype=np.float32)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.data.size
-
-    def append(self, samples: np.ndarray) -> None:
-        self.data = np.concatenate([self.data, samples]) if self.data.size else samples
-
-    def cut(self, first: int, last: int) -> np.ndarray:
-        first, last = max(first, self.start), min(last, self.end)
-        return self.data[first - self.start : max(first, last) - self.start]
-
-    def drop_before(self, position: int) -> None:
-        if position > self.start:
-            cut = min(position, self.end) - self.start
-            self.data = self.data[cut:]
-            self.start += cut
-
-
-class Arrivals:
-    """When (wall clock) the audio of each cue-clock time was sent: the start of every latency.
-
-    The moment a frame is decoded is not it: while the child recognises, frames wait in the socket
-    (and FFmpeg's FIFO), and a latency counted from their decoding would leave that wait out. A
-    live source sends in real time, so the frame that arrived soonest after its stream time tells
-    how stream time maps to the wall clock: ``wall = t + min(wall_i - t_i)`` over the frames of the
-    last ``WINDOW`` seconds (a window, so a sender that paused and went on is followed).
-    """
-
-    WINDOW = 30.0
-
-    def __init__(self) -> None:
-        self._seen: collections.deque[tuple[float, float]] = collections.deque()  # (t, wall - t), ascending t
-
-    def add(self, at: float, wall: float) -> None:
-        self._seen.append((at, wall - at))
-        while self._seen and self._seen[0][0] < at - self.WINDOW:
-            self._seen.popleft()
-
-    def wall_of(self, at: float) -> float | None:
-        """Wall time the stream's cue time ``at`` was sent (None before any frame)."""
-        if not self._seen:
-            return None
-        return at + min(lag for _, lag in self._seen)
-
-
-class LiveJob:
-    """One attempt's state, built fresh or from the checkpoint the attempt resumes from."""
-
-    def __init__(self, ctx: EngineContext, request: LiveSubtitleRequest) -> None:
-        self.ctx, self.request = ctx, request
-        self.clock = StreamClock(SAMPLE_RATE)
-        self.cues = CueStream(request, rung=ctx.rung_name)  # type: ignore[arg-type]  # it reads .rules only
-        self.chunks = ChunkedWebVTT(window_seconds=request.chunk_seconds)
-        self.speech: list[Span] = []
-        self.gaps: list[Gap] = []
-        self.latencies: list[float] = []
-        self.words = 0
-        self.silent_words = 0
-        self.language: str | None = request.language
-        self.model = ""
-        self.started_at = time.time()  # this attempt's start
-        self.ran_before = 0.0  # seconds the earlier attempts ran, up to the checkpoint this one resumes from
-        self.attempts = 1
-        self.resumed_at: float | None = None  # cue time the previous attempt's output reached
-        self.final_until = 0.0
-        self.published: set[tuple[float, float, str]] = set()
-        self.backlog: list[tuple[int, int]] = []  # spans closed, not yet recognised (samples)
-        self._pending_words = 0  # words the checkpoint counted that no final cue holds
-        resume = ctx.resume
-        if resume is not None and resume.state.get("version") == STATE_VERSION:
-            self._restore(resume.state)
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        clock = state["clock"]
-        self.clock.origin, self.clock.offset = clock["origin"], clock["offset"]
-        self.clock.drift_max = clock["drift_max"]
-        from mediafarm.tasks.families.subtitle_live.clock import Discontinuity
-
-        self.clock.discontinuities = [Discontinuity(**d) for d in clock["discontinuities"]]
-        self.cues.all = [Cue.model_validate(c) for c in state["cues"]]
-        self.speech = [Span(a, b) for a, b in state["speech"]]
-        self.gaps = [Gap.model_validate(g) for g in state["gaps"]]
-        self.latencies = list(state["latencies"])
-        self.words, self.silent_words = state["words"], state["silent_words"]
-        self._pending_words = state.get("pending_words", 0)
-        self.language = self.language or state.get("language")
-        self.model = state.get("model", "")
-        self.ran_before = float(state.get("ran", 0.0))
-        self.attempts = state["attempts"] + 1
-        self.final_until = self.resumed_at = state["final_until"]
-        # The segments already written are back in the folder: move the writer past them (what it
-        # returns for them is discarded), then hand it the final cues no segment holds yet.
-        written = state["segments"]
-        self.chunks.add([], final_until=written * self.request.chunk_seconds)
-        self.chunks.add([c for c in self.cues.all if c.start >= written * self.request.chunk_seconds],
-                        final_until=written * self.request.chunk_seconds)  # fmt: skip
-        self.published = {_key(c) for c in self.cues.all}
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION, "clock": self.clock.state(), "cues": [c.model_dump(mode="json") for c in self.cues.all],
-            "speech": [[s.start, s.end] for s in self.speech], "gaps": [g.model_dump() for g in self.gaps],
-            "latencies": self.latencies, "words": self.words, "pending_words": len(self.cues.pending),
-            "silent_words": self.silent_words,
-            "language": self.language, "model": self.model, "ran": self.ran,
-            "attempts": self.attempts, "final_until": self.final_until, "segments": self.chunks.segment_count,
-        }  # fmt: skip
-
-    @property
-    def ran(self) -> float:
-        """Seconds the job's attempts have run, this one until now (the time between a lost
-        attempt's checkpoint and the next attempt's start is not counted: no attempt ran)."""
-        return self.ran_before + (time.time() - self.started_at)
-
-    def replay(self) -> None:
-        """The attempt reads the stream again from the checkpoint (a pushed stream keeps its
-        audio): what was heard after the checkpoint is heard again, so it is not kept twice (a span
-        the checkpoint cuts through, in a long monologue, ends there: the replay finds the rest)."""
-        at = self.resumed_at
-        assert at is not None
-        self.speech = [Span(s.start, min(s.end, at)) for s in self.speech if s.start < at]
-        self.words -= self._pending_words
-        self._pending_words = 0
-
-    def files(self) -> list[str]:
-        return [f"{CHUNKS}/{segment_name}" for segment_name in _segment_names(self.chunks.segment_count)] + [PLAYLIST]
-
-    def playlist(self, ended: bool) -> str:
-        """The writers' EVENT playlist, with ``#EXT-X-GAP`` before each segment wholly inside a gap
-        (HLS: the segment is there, but its time holds no output: a player must not read it as silence)."""
-        lines = self.chunks.playlist(ended=ended).split("\n")
-        if not self.gaps:
-            return "\n".join(lines)
-        w = self.request.chunk_seconds
-        out: list[str] = []
-        for line in lines:
-            if line.startswith("segment_") and line.endswith(".vtt"):
-                k = int(line[len("segment_") : -len(".vtt")])
-                if any(g.start <= k * w and (k + 1) * w <= g.end for g in self.gaps):
-                    out.insert(len(out) - 1, "#EXT-X-GAP")  # before its #EXTINF line
-            out.append(line)
-        if not any(line.startswith("#EXT-X-VERSION") for line in out):
-            return "\n".join(out)
-        # EXT-X-GAP is a version 8 tag.
-        return "\n".join("#EXT-X-VERSION:8" if line.startswith("#EXT-X-VERSION") else line for line in out)
-
-
-def _segment_names(count: int) -> list[str]:
-    from mediafarm.tasks.families.subtitle.writers import segment_name
-
-    return [segment_name(k) for k in range(count)]
-
-
-def _key(cue: Cue) -> tuple[float, float, str]:
-    return (cue.start, cue.end, cue.text)
-
-
 def run_live(
     ctx: EngineContext, request: LiveSubtitleRequest, recognise: Recognise
 ) -> Generator[Any, None, LiveSubtitleResult]:
     """The loop of the module docstring; yields each written segment's artifact name."""
     settings = LiveSettings()
     job = LiveJob(ctx, request)
-    vad = LiveVad()
+    vad = StreamingSilero(VAD_PARAMS, VAD_BATCH)
     audio = AudioBuffer()
     arrivals = Arrivals()
     # FARM_LIVE_MAX_SECONDS bounds the time attempts run, not the wall clock since the first one: a
@@ -447,7 +226,7 @@ def _recognise_now(job: LiveJob, arrivals: Arrivals, now: float) -> bool:
     return behind <= CATCH_UP_SECONDS or speech >= BACKLOG_SECONDS
 
 
-def _recognise(job: LiveJob, audio: AudioBuffer, vad: LiveVad, recognise: Recognise) -> None:
+def _recognise(job: LiveJob, audio: AudioBuffer, vad: StreamingSilero, recognise: Recognise) -> None:
     """Recognise the closed spans of the backlog (samples) in one call, padded and joined by short
     silences as the file engine's windows are, and feed their words to the cues."""
     spans, job.backlog = job.backlog, []
@@ -512,7 +291,7 @@ def _from_onsets(words: Sequence[Word], speech: Sequence[Span], claimed: set[int
 
 def _settle(
     job: LiveJob,
-    vad: LiveVad,
+    vad: StreamingSilero,
     audio: AudioBuffer,
     arrivals: Arrivals,
     *,
@@ -568,7 +347,7 @@ def _measure(job: LiveJob, arrivals: Arrivals, published_at: float) -> None:
     """Latency of each cue now in a written segment for the first time."""
     written_until = job.chunks.segment_count * job.request.chunk_seconds
     for cue in job.cues.all:
-        key = _key(cue)
+        key = cue_key(cue)
         if key in job.published or cue.start >= written_until:
             continue
         job.published.add(key)

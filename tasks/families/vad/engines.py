@@ -112,7 +112,7 @@ def silero_version() -> str:
     return f"silero-vad {version('silero-vad')} (onnx)"
 
 
-def _with_context(windows: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def with_context(windows: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """silero's model input for ``(n, 512)`` windows: each row prefixed with the last 64 samples of
     the window before (``context`` before the first), as silero's ``OnnxWrapper`` builds it window
     by window. Returns the ``(n, 576)`` rows and the context for the next block."""
@@ -149,6 +149,23 @@ class SpanTracker:
     def restore(self, state: Mapping[str, Any]) -> None:
         self.current = int(state["current"])
         self.spans = [(int(start), int(end)) for start, end in state["spans"]]
+
+    def cut(self, at: int) -> tuple[int, int] | None:
+        """Close the open span at sample ``at`` and open a new one there (a live stream's span too
+        long to wait for); the span closed, or None when none is open before ``at``."""
+        if not self.triggered or self.start is None or at <= self.start:
+            return None
+        span = (self.start, at)
+        self.spans.append(span)
+        self.start = at
+        return span
+
+    def close(self, end: int) -> tuple[int, int] | None:
+        """The stream ended at sample ``end``: the span open there, closed at it (not added to
+        ``spans``), or None; nothing is open afterwards."""
+        start = self.start if self.triggered else None
+        self.start, self.temp_end, self.triggered = None, 0, False
+        return (start, end) if start is not None and end > start else None
 
     def feed(self, probabilities: Iterable[float]) -> None:
         threshold, negative, window = self.threshold, self.negative, SILERO_WINDOW
@@ -197,7 +214,7 @@ def silero_rows(windows: _Windows, skip: int = 0) -> Iterator[np.ndarray]:
     context = np.zeros(SILERO_CONTEXT, dtype=np.float32)  # zeros before the first window, as silero's
     fed = 0
     for block in windows.blocks():
-        rows, context = _with_context(block, context)
+        rows, context = with_context(block, context)
         fed += block.size
         if fed <= skip:
             continue
