@@ -62,10 +62,21 @@ def kill_children_at_random(
 ) -> None:
     """Until ``stop`` is set (or ``most`` kills): every ``rng.uniform(*pause)`` seconds, SIGKILL one
     child of ``main`` (a psutil.Process) chosen by ``rng``, of those older than ``older_than`` s, as
-    something outside the farm would; the pids go to ``killed``. Run it in a thread."""
+    something outside the farm would; the pids go to ``killed``. Run it in a thread.
+
+    A child killed and not yet reaped is a zombie, still listed and still "killed" without error by
+    a second SIGKILL: it is passed over, or the kills counted would include kills of the dead."""
+    import psutil
+
+    def alive(child: Any) -> bool:
+        try:
+            return child.status() != psutil.STATUS_ZOMBIE and time.time() - child.create_time() > older_than
+        except psutil.NoSuchProcess:
+            return False
+
     while (most is None or len(killed) < most) and not stop.is_set():
         time.sleep(rng.uniform(*pause))
-        children = [c for c in main.children() if time.time() - c.create_time() > older_than]
+        children = [c for c in main.children() if alive(c)]
         if children:
             victim = rng.choice(children)
             try:
