@@ -1,0 +1,268 @@
+"""Signed webhooks from real workers to a real HTTP receiver on loopback (issue #31, item 1).
+
+The receiver verifies every delivery with the ``standardwebhooks`` library, as a producer's
+service would, with each of the two secrets the farm signs with during a rotation. The workers
+here are the only ones whose dispatcher runs (the session turns every other worker's off,
+tests/conftest.py), and they serve a queue of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psutil
+import pytest
+from standardwebhooks import Webhook
+
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks.client import submit
+from mediafarm.tasks.errors import InvalidRequest
+from mediafarm.workers.embedded import free_port
+
+pytestmark = pytest.mark.integration
+
+OWN_QUEUE = "chaos-webhooks"
+OLD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+NEW_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
+WORKER_ENV = {
+    "FARM_WEBHOOK_DISPATCH": "1",
+    "FARM_WEBHOOK_SECRET": f"{OLD_SECRET} {NEW_SECRET}",  # mid-rotation: both sign
+    "FARM_WEBHOOK_ALLOW": "127.0.0.1",
+    "FARM_WEBHOOK_RETRY_SCHEDULE": "0.5,0.5,0.5,0.5,0.5",
+}
+
+
+class Receiver:
+    """A real HTTP server on a free loopback port: answers the statuses queued in ``answers``
+    (then 200) and keeps each request it got, verified or not."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.got: list[dict[str, Any]] = []
+        self.answers: list[int] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                verified = {}
+                for name, secret in (("old", OLD_SECRET), ("new", NEW_SECRET)):
+                    try:
+                        Webhook(secret).verify(body, headers)
+                        verified[name] = True
+                    except Exception:  # noqa: BLE001 - recorded: the test asserts on it
+                        verified[name] = False
+                with receiver._lock:
+                    status = receiver.answers.pop(0) if receiver.answers else 200
+                    receiver.got.append({"headers": headers, "body": json.loads(body), "verified": verified,
+                                         "status": status})  # fmt: skip
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def wait_for(self, count: int, timeout: float = 60) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.got) >= count:
+                    return list(self.got)
+            time.sleep(0.05)
+        raise AssertionError(f"{len(self.got)} deliveries in {timeout} s, expected {count}: {self.got}")
+
+
+@pytest.fixture(autouse=True)
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The producer side (this process) allows loopback receivers, as the workers do."""
+    monkeypatch.setenv("FARM_WEBHOOK_ALLOW", "127.0.0.1")
+    get_settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def hook_worker(start_worker):
+    return start_worker("chaos", concurrency=2, queues=[OWN_QUEUE], env=WORKER_ENV)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+def send(receiver: Receiver, events: list[str], **plan: Any):
+    return submit("chaos", queue=OWN_QUEUE, plan=plan, webhook=receiver.url, webhook_events=events)
+
+
+def test_a_receiver_down_while_the_worker_restarts_still_gets_the_event(start_worker, receiver) -> None:
+    # First in the module: no other webhook worker is up yet, so the one below is the farm's only dispatcher.
+    assert _dispatchers() == []
+    worker = start_worker("chaos", concurrency=1, queues=[OWN_QUEUE + "-restart"], env=WORKER_ENV)
+    (dispatcher,) = _dispatchers()
+    down = Receiver(port=receiver.port)  # the same URL, nobody listening yet
+    receiver.stop()
+    job = submit("chaos", queue=OWN_QUEUE + "-restart", plan={}, webhook=down.url)
+    job.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while not _log(job.id) and time.monotonic() < deadline:  # the dispatcher tried and failed
+        time.sleep(0.1)
+    assert _log(job.id) and _log(job.id)[0]["result"] == "retry"
+    _kill(worker.process.pid)  # the worker dies with the event pending; its dispatcher goes with it
+    dispatcher.wait(10)  # its pipe from the worker closed: it stopped (psutil raises if not)
+    down.start()
+    time.sleep(2.0)
+    assert down.got == []  # nobody is left to deliver it
+    start_worker("chaos", concurrency=1, queues=[OWN_QUEUE + "-other"], env=WORKER_ENV)
+    (delivered,) = down.wait_for(1, timeout=60)
+    down.stop()
+    assert delivered["body"]["data"]["id"] == job.id and delivered["body"]["type"] == "job.completed"
+    assert delivered["headers"]["webhook-id"] == f"msg_{job.id}_completed"
+
+
+def test_start_and_completed_arrive_in_order_signed_with_both_secrets(hook_worker, receiver) -> None:
+    job = send(receiver, ["start", "completed"], sleep=0.5)
+    envelope = job.wait(timeout=60)
+    start, done = receiver.wait_for(2)
+    assert [start["body"]["type"], done["body"]["type"]] == ["job.start", "job.completed"]
+    assert start["headers"]["webhook-id"] != done["headers"]["webhook-id"]
+    for delivery in (start, done):
+        assert delivery["verified"] == {"old": True, "new": True}, delivery  # a rotation: both sign
+        assert len(delivery["headers"]["webhook-signature"].split(" ")) == 2
+        assert delivery["body"]["data"]["id"] == job.id and delivery["body"]["data"]["family"] == "chaos"
+    data = done["body"]["data"]
+    assert (data["state"], data["rung"]) == ("SUCCESS", envelope["variant"])
+    assert data["links"]["job"].endswith(f"/v1/jobs/{job.id}")
+    assert "output" not in data and "result" not in data  # thin: links, never the output
+    time.sleep(1.0)
+    assert len(receiver.got) == 2  # each event once
+
+
+def test_a_receiver_answering_500_twice_gets_the_same_id_three_times(hook_worker, receiver) -> None:
+    receiver.answers = [500, 500]
+    job = send(receiver, ["completed"])
+    job.wait(timeout=60)
+    tries = receiver.wait_for(3)
+    assert [t["status"] for t in tries] == [500, 500, 200]
+    assert len({t["headers"]["webhook-id"] for t in tries}) == 1
+    assert all(t["verified"]["new"] for t in tries)
+    time.sleep(1.5)
+    assert len(receiver.got) == 3  # delivered: no more tries
+    log = _log(job.id)
+    assert [(e["status"], e["result"]) for e in log] == [(500, "retry"), (500, "retry"), (200, "delivered")]
+
+
+def test_every_event_of_a_downgraded_job_in_order(hook_worker, receiver) -> None:
+    job = send(receiver, ["start", "attempt", "completed"])
+    job_ok = submit("chaos", queue=OWN_QUEUE, ladder="kill_once", webhook=receiver.url,
+                    webhook_events=["start", "attempt", "completed"])  # fmt: skip
+    job.wait(timeout=60)
+    envelope = job_ok.wait(timeout=90)
+    got = receiver.wait_for(3 + 4)
+    of_killed = [g["body"] for g in got if g["body"]["data"]["id"] == job_ok.id]
+    kinds = [(b["type"], b["data"].get("outcome")) for b in of_killed]
+    assert kinds == [("job.start", None), ("job.attempt", "killed"), ("job.attempt", "ok"), ("job.completed", None)]
+    assert of_killed[-1]["data"]["rung"] == envelope["variant"]
+
+
+def test_a_receiver_that_never_answers_does_not_slow_the_job(hook_worker) -> None:
+    silent = ThreadingHTTPServer(("127.0.0.1", free_port()), BaseHTTPRequestHandler)  # accepts, never answers
+    silent.socket.listen(16)
+    try:
+        url = f"http://127.0.0.1:{silent.server_address[1]}/hook"
+        started = time.monotonic()
+        jobs = [submit("chaos", queue=OWN_QUEUE, plan={}, webhook=url, webhook_events=["start", "completed"])
+                for _ in range(4)]  # fmt: skip
+        for job in jobs:
+            job.wait(timeout=30)
+        assert time.monotonic() - started < 8  # the receiver's 10 s timeout held up none of them
+    finally:
+        silent.server_close()
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("ftp://example.com/hook", "http or https"),
+        ("http:///hook", "names no host"),
+        ("not a url", "http or https"),
+        ("http://10.1.2.3/hook", "private address"),
+        ("http://169.254.169.254/latest", "link-local address"),
+        ("http://127.0.0.2:8080/hook", "loopback address"),  # the allow-list names 127.0.0.1 alone
+        ("http://[::1]/hook", "loopback address"),
+    ],
+)
+def test_a_bad_webhook_url_is_refused_at_submit(url: str, words: str) -> None:
+    with pytest.raises(InvalidRequest, match=words):
+        submit("chaos", queue=OWN_QUEUE, plan={}, webhook=url)
+
+
+def test_an_unknown_event_is_refused_at_submit(receiver) -> None:
+    with pytest.raises(InvalidRequest, match="unknown finished"):
+        submit("chaos", queue=OWN_QUEUE, plan={}, webhook=receiver.url, webhook_events=["finished"])
+
+
+def _log(job_id: str) -> list[dict[str, Any]]:
+    from mediafarm.tasks.app import app
+    from mediafarm.tasks.webhooks import Outbox
+
+    return Outbox(app.backend.client).tries(job_id)
+
+
+def _dispatchers() -> list[psutil.Process]:
+    """The webhook dispatchers of the workers this test session started."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "mediafarm.workers.webhook_dispatch" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a worker we started and its pool children (the dispatcher must see its pipe close)."""
+    main = psutil.Process(pid)
+    pool = []
+    for child in main.children():
+        try:
+            if "webhook_dispatch" not in " ".join(child.cmdline()):
+                pool.append(child)
+        except psutil.Error:
+            continue  # gone, or a zombie its worker had not reaped
+    main.kill()
+    main.wait(10)
+    for child in pool:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
