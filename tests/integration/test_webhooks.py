@@ -8,8 +8,6 @@ tests/conftest.py), and they serve a queue of their own.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,84 +15,22 @@ from typing import Any
 
 import psutil
 import pytest
-from standardwebhooks import Webhook
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.workers.embedded import free_port
+from tests.support.webhooks import NEW_SECRET, OLD_SECRET, Receiver
 
 pytestmark = pytest.mark.integration
 
 OWN_QUEUE = "chaos-webhooks"
-OLD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-NEW_SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 WORKER_ENV = {
     "FARM_WEBHOOK_DISPATCH": "1",
     "FARM_WEBHOOK_SECRET": f"{OLD_SECRET} {NEW_SECRET}",  # mid-rotation: both sign
     "FARM_WEBHOOK_ALLOW": "127.0.0.1",
     "FARM_WEBHOOK_RETRY_SCHEDULE": "0.5,0.5,0.5,0.5,0.5",
 }
-
-
-class Receiver:
-    """A real HTTP server on a free loopback port: answers the statuses queued in ``answers``
-    (then 200) and keeps each request it got, verified or not."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.got: list[dict[str, Any]] = []
-        self.answers: list[int] = []
-        self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    def start(self) -> Receiver:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                verified = {}
-                for name, secret in (("old", OLD_SECRET), ("new", NEW_SECRET)):
-                    try:
-                        Webhook(secret).verify(body, headers)
-                        verified[name] = True
-                    except Exception:  # noqa: BLE001 - recorded: the test asserts on it
-                        verified[name] = False
-                with receiver._lock:
-                    status = receiver.answers.pop(0) if receiver.answers else 200
-                    receiver.got.append({"headers": headers, "body": json.loads(body), "verified": verified,
-                                         "status": status})  # fmt: skip
-                self.send_response(status)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def wait_for(self, count: int, timeout: float = 60) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if len(self.got) >= count:
-                    return list(self.got)
-            time.sleep(0.05)
-        raise AssertionError(f"{len(self.got)} deliveries in {timeout} s, expected {count}: {self.got}")
 
 
 @pytest.fixture(autouse=True)
