@@ -180,7 +180,7 @@ class FarmSettings(BaseSettings):
                 key = b""
             if not key:
                 raise ValueError("FARM_WEBHOOK_SECRET: each secret is 'whsec_' followed by base64 of random bytes "
-                                 f"(`farm webhooks secret` makes one); secret {n} of {len(value)} is not")
+                                 f"(`farm webhooks --new-secret` makes one); secret {n} of {len(value)} is not")
         return value
 
     @field_validator("webhook_retry_schedule", mode="before")

@@ -202,3 +202,27 @@ def _kill(pid: int) -> None:
             child.kill()
         except psutil.Error:
             pass
+
+
+def test_the_cli_submits_with_a_webhook_and_lists_its_deliveries(hook_worker, receiver) -> None:
+    import os
+    import subprocess
+    import sys
+
+    farm = [sys.executable, "-m", "mediafarm.workers.cli"]
+    env = {**os.environ, "FARM_WEBHOOK_ALLOW": "127.0.0.1"}
+    bad = subprocess.run([*farm, "submit", "chaos", "--queue", OWN_QUEUE, "--webhook", "file:///etc/passwd"],
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "must be an http or https URL" in bad.stdout + bad.stderr
+    sent = subprocess.run([*farm, "submit", "chaos", "--queue", OWN_QUEUE, "--webhook", receiver.url,
+                           "--webhook-events", "start,completed", "--wait"],
+                          env=env, capture_output=True, text=True, timeout=90)  # fmt: skip
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    (done,) = [g for g in receiver.wait_for(2) if g["body"]["type"] == "job.completed"]
+    job_id = done["body"]["data"]["id"]
+    deadline = time.monotonic() + 10
+    while len(_log(job_id)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shown = subprocess.run([*farm, "webhooks", job_id], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("delivered") == 2 and "job.start" in shown.stdout and "job.completed" in shown.stdout
