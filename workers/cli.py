@@ -46,7 +46,7 @@ from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wai
 from mediafarm.workers.retention import WrongBackend, expired, expired_uploads, remove
 
 # Imported by the worker side only (the `worker` extra): a producer's install has none of them.
-WORKER_PACKAGES = ("psutil", "prometheus_client")
+WORKER_PACKAGES = ("psutil", "prometheus_client", "standardwebhooks")
 # Imported by the HTTP gateway only (the `gateway` extra).
 GATEWAY_PACKAGES = ("fastapi", "starlette", "uvicorn", "sse_starlette", "python_multipart")
 

@@ -33,6 +33,8 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
+from standardwebhooks import Webhook
+
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks.webhooks import Outbox, refused_address
 
@@ -49,8 +51,6 @@ USER_AGENT = "mediafarm-webhooks/1"
 def signature(secrets: Sequence[str], msg_id: str, timestamp: int, body: str) -> str:
     """The ``webhook-signature`` header: one ``v1,<base64>`` per secret, space-separated (the
     Standard Webhooks rule for several signatures, which a rotation needs)."""
-    from standardwebhooks import Webhook
-
     when = datetime.fromtimestamp(timestamp, tz=timezone.utc)
     return " ".join(Webhook(secret).sign(msg_id, when, body) for secret in secrets)
 
