@@ -129,7 +129,7 @@ def refused_address(host: str, address: str, allow: Sequence[str]) -> str:
                 return ""
         except ValueError:
             continue  # a host name of the list
-    for kind in ("loopback", "link_local", "private", "multicast", "reserved", "unspecified"):
+    for kind in ("loopback", "link_local", "unspecified", "multicast", "reserved", "private"):
         if getattr(ip, f"is_{kind}"):
             what = kind.replace("_", "-")
             return (f"{host} is a {what} address ({ip}); the farm posts only to public addresses "
