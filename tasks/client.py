@@ -189,21 +189,24 @@ def _checked(part: Part) -> dict[str, Any]:
 
 
 def send_plan(
-    plan: Plan, queue: str | None = None, *, priority: int = DEFAULT_PRIORITY, tenant: str | None = None
+    plan: Plan, queue: str | None = None, *, priority: int = DEFAULT_PRIORITY, tenant: str | None = None,
+    webhook: str | None = None, webhook_events: Iterable[str] | str | None = None,
 ) -> PipelineHandle:
     """Check every job of ``plan``, store the plan, send it as one chord; the handle of the fan-in job.
 
     ``queue`` sends every job of the plan there (a worker consuming it runs them all); by default
     each goes to its family's queue. Nothing is sent if a job's fields do not fit its family, or if
     admission control refuses one of its jobs (``Overloaded``, as :func:`submit`). ``priority``
-    and ``tenant``: as for :func:`submit`, for every job of the plan.
+    and ``tenant``: as for :func:`submit`, for every job of the plan; ``webhook`` and
+    ``webhook_events`` as for :func:`submit`, the fan-in job's (the pipeline's end is its end).
     What a plan is, and why its chord survives the farm's kills: ``tasks.plan``.
     """
     priority = checked_priority(priority)
+    hook = webhooks.checked(webhook, webhook_events, get_settings().webhook_allow)
     jobs = [_job(registry.get(p.family), queue, p.fields) for p in (*plan.parts, plan.then)]
     admitted = admission.admit(jobs, job_id=plan.then.job_id, tenant=tenant, app=app)
     try:
-        return _send_plan(plan, queue, priority)
+        return _send_plan(plan, queue, priority, hook)
     except BaseException:
         admitted.release(app.backend.client)
         raise

@@ -12,21 +12,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mediafarm.config.settings import FarmSettings, get_settings
+from mediafarm.config.settings import FarmSettings
 from mediafarm.workers import webhook_dispatch
 from tests.gateway.conftest import TOKEN
-from tests.support.webhooks import NEW_SECRET, Receiver
+from tests.support.webhooks import NEW_SECRET, Receiver, loopback_allowed  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("FARM_WEBHOOK_ALLOW", "127.0.0.1")
-    get_settings.cache_clear()
-    yield
-    monkeypatch.undo()
-    get_settings.cache_clear()
 
 
 @pytest.fixture()

@@ -16,11 +16,10 @@ from typing import Any
 import psutil
 import pytest
 
-from mediafarm.config.settings import get_settings
 from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.workers.embedded import free_port
-from tests.support.webhooks import NEW_SECRET, OLD_SECRET, Receiver
+from tests.support.webhooks import NEW_SECRET, OLD_SECRET, Receiver, loopback_allowed  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -34,13 +33,8 @@ WORKER_ENV = {
 
 
 @pytest.fixture(autouse=True)
-def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The producer side (this process) allows loopback receivers, as the workers do."""
-    monkeypatch.setenv("FARM_WEBHOOK_ALLOW", "127.0.0.1")
-    get_settings.cache_clear()
-    yield
-    monkeypatch.undo()
-    get_settings.cache_clear()
+def _loopback(loopback_allowed: None) -> None:
+    """Every test here submits to a loopback receiver."""
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +220,22 @@ def test_the_cli_submits_with_a_webhook_and_lists_its_deliveries(hook_worker, re
     shown = subprocess.run([*farm, "webhooks", job_id], env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("delivered") == 2 and "job.start" in shown.stdout and "job.completed" in shown.stdout
+
+
+def test_a_pipelines_webhook_is_its_fan_in_jobs(hook_worker, receiver) -> None:
+    import uuid
+
+    from mediafarm.tasks.client import send_plan
+    from mediafarm.tasks.plan import Part, Plan
+
+    fan_in = f"hooked-plan-{uuid.uuid4().hex[:8]}"
+    plan = Plan(parts=(Part("toy", f"{fan_in}.a", {"text": "a"}, "first"),
+                       Part("toy", f"{fan_in}.b", {"text": "b"}, "second")),
+                then=Part("toy", fan_in, {"text": "join"}, "join"))  # fmt: skip
+    job = send_plan(plan, OWN_QUEUE, webhook=receiver.url, webhook_events=["start", "completed"])
+    job.wait(timeout=60)
+    got = receiver.wait_for(2)
+    assert [(g["body"]["type"], g["body"]["data"]["id"]) for g in got] == [("job.start", fan_in),
+                                                                          ("job.completed", fan_in)]
+    time.sleep(1.0)
+    assert len(receiver.got) == 2  # the parts post nothing

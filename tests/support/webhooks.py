@@ -8,10 +8,13 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from standardwebhooks import Webhook
 
+from mediafarm.config.settings import get_settings
 from mediafarm.workers.embedded import free_port
 
 OLD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -76,3 +79,13 @@ class Receiver:
                     return list(self.got)
             time.sleep(0.05)
         raise AssertionError(f"{len(self.got)} deliveries in {timeout} s, expected {count}: {self.got}")
+
+
+@pytest.fixture()
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process (a producer, the gateway's thread) allows loopback receivers, as the tests' workers do."""
+    monkeypatch.setenv("FARM_WEBHOOK_ALLOW", "127.0.0.1")
+    get_settings.cache_clear()
+    yield
+    monkeypatch.undo()
+    get_settings.cache_clear()
