@@ -278,7 +278,8 @@ class JobEvents:
     def wants(self, event: str) -> bool:
         return event in self.webhook.events
 
-    def _put(self, kind: str, suffix: str, data: dict[str, Any], *, final: bool = False, coalesce: bool = False) -> None:
+    def _put(self, kind: str, suffix: str, data: dict[str, Any], *, final: bool = False,
+             coalesce: bool = False) -> None:  # fmt: skip
         links = data.pop("links", None) or job_links(self.base_url, self.job_id)
         body = {"type": f"job.{kind}", "timestamp": _iso(time.time()),
                 "data": {"id": self.job_id, "family": self.family, **data, "links": links}}  # fmt: skip

@@ -29,6 +29,7 @@ WORKER_ENV = {
     "FARM_WEBHOOK_SECRET": f"{OLD_SECRET} {NEW_SECRET}",  # mid-rotation: both sign
     "FARM_WEBHOOK_ALLOW": "127.0.0.1",
     "FARM_WEBHOOK_RETRY_SCHEDULE": "0.5,0.5,0.5,0.5,0.5",
+    "FARM_WEBHOOK_PROGRESS_S": "0.5",
 }
 
 
@@ -239,3 +240,19 @@ def test_a_pipelines_webhook_is_its_fan_in_jobs(hook_worker, receiver) -> None:
                                                                           ("job.completed", fan_in)]
     time.sleep(1.0)
     assert len(receiver.got) == 2  # the parts post nothing
+
+
+def test_progress_comes_at_most_every_progress_s_and_before_the_end(hook_worker, receiver) -> None:
+    from datetime import datetime
+
+    job = submit("toy", queue=OWN_QUEUE, text="one two three four five six seven", word_pause=0.3,
+                 webhook=receiver.url, webhook_events=["progress", "completed"])  # fmt: skip
+    job.wait(timeout=60)
+    receiver.wait_for(3)
+    time.sleep(1.0)
+    got = [g["body"] for g in receiver.got]
+    assert got[-1]["type"] == "job.completed" and {b["type"] for b in got[:-1]} == {"job.progress"}
+    fractions = [b["data"]["progress"]["fraction"] for b in got[:-1]]
+    assert fractions == sorted(fractions) and 0 < fractions[0] < 1
+    stamps = [datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() for b in got[:-1]]
+    assert all(b - a >= 0.45 for a, b in zip(stamps, stamps[1:])), stamps  # FARM_WEBHOOK_PROGRESS_S=0.5
