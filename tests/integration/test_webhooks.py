@@ -256,3 +256,13 @@ def test_progress_comes_at_most_every_progress_s_and_before_the_end(hook_worker,
     assert fractions == sorted(fractions) and 0 < fractions[0] < 1
     stamps = [datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() for b in got[:-1]]
     assert all(b - a >= 0.45 for a, b in zip(stamps, stamps[1:])), stamps  # FARM_WEBHOOK_PROGRESS_S=0.5
+
+
+def test_a_job_cancelled_while_it_runs_posts_completed_revoked(hook_worker, receiver) -> None:
+    job = submit("toy", queue=OWN_QUEUE, text="a b c d e f g h i j", word_pause=0.5, webhook=receiver.url,
+                 webhook_events=["start", "completed"])  # fmt: skip
+    (start,) = receiver.wait_for(1)
+    job.cancel()
+    start, done = receiver.wait_for(2)
+    assert (start["body"]["type"], done["body"]["type"]) == ("job.start", "job.completed")
+    assert done["body"]["data"]["state"] == "REVOKED" and job.state() == "REVOKED"

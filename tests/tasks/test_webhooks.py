@@ -110,3 +110,18 @@ def test_the_dispatcher_tries_until_the_schedule_ends_and_refuses_a_name_that_re
         assert tried["result"] == "gave-up" and "loopback" in tried["error"] and len(receiver.got) == 4
     finally:
         receiver.stop()
+
+
+def test_a_410_drops_the_jobs_pending_events(client) -> None:
+    receiver = Receiver().start()
+    receiver.answers = [410]
+    try:
+        dispatcher = Dispatcher(client, FarmSettings(webhook_secret=[NEW_SECRET], webhook_allow=["127.0.0.1"]))
+        events = JobEvents(client, "job-d", "toy", JobWebhook(receiver.url, ("start", "completed")))
+        events.attempt_began("stream")
+        events.completed("SUCCESS", {"variant": "stream"})
+        assert dispatcher.once() and not dispatcher.once()  # the 410 took the completed event with it
+        assert [g["status"] for g in receiver.got] == [410]
+        assert [t["result"] for t in Outbox(client).tries("job-d")] == ["gone"] and Outbox(client).pending("job-d") == []
+    finally:
+        receiver.stop()
