@@ -6,6 +6,8 @@ about the farm depends on an undocumented Celery default.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import os
 from pathlib import Path
@@ -100,6 +102,22 @@ class FarmSettings(BaseSettings):
             yet wholly sent); a line past it is answered ``busy`` (docs/gateway.md, rooms).
         room_linger_s: Seconds a dropped room connection's unfinished lines wait for the client to
             connect again and send them again before they are cancelled.
+        webhook_secret: The farm's webhook signing secrets (Standard Webhooks: ``whsec_`` + base64),
+            separated by spaces. Each delivery is signed by every one, so during a rotation the old
+            and the new sign at once and a receiver that knows either verifies (docs/operating.md,
+            Webhooks). Only the webhook dispatcher (every worker starts one) needs it.
+        webhook_allow: Hosts and networks (CIDR) a webhook may be posted to although they are
+            loopback, link-local or private, comma-separated; empty: public addresses only.
+        webhook_retry_schedule: Seconds between a failed try of a webhook event and the next,
+            comma-separated: the job's ``completed`` event is tried once, then once after each
+            (the default, Standard Webhooks' reference schedule, spans about 27.6 h); every other
+            event only after the first two, so a dead receiver does not hold up the final event.
+        webhook_progress_s: A job's ``progress`` webhook events come at most this often.
+        webhook_senders: Deliveries one webhook dispatcher makes at once (a slow receiver holds one).
+        webhook_dispatch: Does ``farm worker`` start a webhook dispatcher beside itself (off: deliver
+            with ``farm webhooks serve`` elsewhere)?
+        public_url: The gateway's address as webhook receivers reach it (``https://farm.example``):
+            the base of the links in a webhook's payload; empty: the links are relative paths.
     """
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
@@ -134,6 +152,43 @@ class FarmSettings(BaseSettings):
     upload_max_count: int = Field(100, ge=1)
     room_max_lines: int = Field(8, ge=1, le=1000)
     room_linger_s: float = Field(10.0, ge=0, le=3600)
+    webhook_secret: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_retry_schedule: Annotated[list[float], NoDecode] = Field(
+        default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0]
+    )
+    webhook_progress_s: float = Field(30.0, gt=0)
+    webhook_senders: int = Field(4, ge=1, le=64)
+    webhook_dispatch: bool = True
+    public_url: str = ""
+
+    @field_validator("webhook_secret", mode="before")
+    @classmethod
+    def _split_spaces(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.split()
+        return value
+
+    @field_validator("webhook_secret", mode="after")
+    @classmethod
+    def _whsec(cls, value: list[str]) -> list[str]:
+        for n, secret in enumerate(value, 1):
+            body = secret.removeprefix("whsec_")
+            try:
+                key = base64.b64decode(body + "==", validate=False) if secret.startswith("whsec_") else b""
+            except (ValueError, binascii.Error):
+                key = b""
+            if not key:
+                raise ValueError("FARM_WEBHOOK_SECRET: each secret is 'whsec_' followed by base64 of random bytes "
+                                 f"(`farm webhooks --new-secret` makes one); secret {n} of {len(value)} is not")
+        return value
+
+    @field_validator("webhook_retry_schedule", mode="before")
+    @classmethod
+    def _split_schedule(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
 
     @field_validator("handback_grace", mode="after")
     @classmethod
@@ -152,7 +207,7 @@ class FarmSettings(BaseSettings):
             return [p.strip() for p in value.split(os.pathsep) if p.strip()]
         return value
 
-    @field_validator("api_tokens", "cors_origins", mode="before")
+    @field_validator("api_tokens", "cors_origins", "webhook_allow", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         # Comma-separated: tokens and origins hold no commas, while origins hold colons.

@@ -36,6 +36,7 @@ from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.handles import JobHandle, PipelineHandle
+from mediafarm.tasks.webhooks import Outbox
 
 # An Idempotency-Key becomes the job's id, so it must be one a URL path and a storage folder hold.
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
@@ -103,6 +104,21 @@ async def json_body(request: Request) -> Any:
         raise HTTPException(422, f"the body is not JSON: {exc}") from None
 
 
+def webhook_options(
+    x_webhook: Annotated[
+        str | None,
+        Header(description="A URL the farm posts the job's events to, signed (Standard Webhooks; docs/operating.md)"),
+    ] = None,
+    x_webhook_events: Annotated[
+        str | None,
+        Header(description="Which events, comma-separated: start, progress, attempt, completed (default: completed)"),
+    ] = None,
+) -> dict[str, Any]:
+    """A job's webhook, from its request's headers, as ``submit``'s keywords (it checks them:
+    a bad URL is an InvalidRequest, a 422)."""
+    return {"webhook": x_webhook, "webhook_events": x_webhook_events}
+
+
 def overloaded(exc: Overloaded) -> HTTPException:
     """The answer to a job admission control refused: 429 with Retry-After in whole seconds."""
     return HTTPException(429, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
@@ -112,6 +128,7 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
     async def submit_job(
         request: Request,
         who: Annotated[Caller, Depends(caller)],
+        hook: Annotated[dict[str, Any], Depends(webhook_options)],
         idempotency_key: Annotated[
             str | None,
             Header(
@@ -135,7 +152,7 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
             intake = prepare(spec, body, who.owner, request.app.state.uploads, config.input_roots)
             for upload in intake.uploads:  # before the job exists, so gc never sees it without them
                 request.app.state.uploads.attach(upload, job_id)
-            return submit(spec.name, job_id=job_id, priority=x_priority, tenant=who.owner, **intake.fields)
+            return submit(spec.name, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **intake.fields)
 
         try:
             job = await anyio.to_thread.run_sync(send)
@@ -187,6 +204,15 @@ async def cancel_job(job_id: str) -> dict[str, Any]:
     job = await _job(job_id)
     await anyio.to_thread.run_sync(job.cancel)
     return {"id": job.id, "cancel": "requested", "links": {"self": job_url(job.id)}}
+
+
+@router.get("/{job_id}/webhooks", summary="A job's webhook deliveries: each try, its status and latency")
+async def job_webhooks(job_id: str) -> dict[str, Any]:
+    job = await _job(job_id)
+    outbox = Outbox(celery_app.backend.client)
+    tries, pending = await anyio.to_thread.run_sync(lambda: (outbox.tries(job.id), outbox.pending(job.id)))
+    return {"id": job.id, "tries": tries,
+            "pending": [{"id": e["id"], "type": e["type"], "tries": e.get("tries", 0)} for e in pending]}  # fmt: skip
 
 
 @router.get(

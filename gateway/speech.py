@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, job_url, json_body, overloaded
+from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, job_url, json_body, overloaded, webhook_options
 from mediafarm.gateway.openai_models import SPEECH, UnknownModel, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
@@ -93,6 +93,7 @@ def _in_openai_words(message: str) -> str:
 async def speech(
     request: Request,
     who: Annotated[Caller, Depends(caller)],
+    hook: Annotated[dict[str, Any], Depends(webhook_options)],
     idempotency_key: Annotated[
         str | None,
         Header(description="The job's id: sent again, the same key streams the same job's audio again from its start"),
@@ -123,7 +124,7 @@ async def speech(
     job_id = idempotency_key or str(uuid.uuid4())
     try:
         job = await anyio.to_thread.run_sync(
-            lambda: submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **fields)
+            lambda: submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **fields)
         )
     except Overloaded as exc:
         raise overloaded(exc) from None

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from mediafarm.gateway.events import describe_failure
 from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
-from mediafarm.gateway.jobs import job_url, overloaded
+from mediafarm.gateway.jobs import job_url, overloaded, webhook_options
 from mediafarm.gateway.multipart import BadMultipart, FilePart, read_multipart
 from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
@@ -129,7 +129,10 @@ def _in_openai_words(message: str) -> str:
     responses={404: {"description": "unknown model"}, 413: {"description": "larger than FARM_UPLOAD_MAX_MB"},
                422: {"description": "a field does not fit, or the file holds no audio"}},
 )  # fmt: skip
-async def transcriptions(request: Request, who: Annotated[Caller, Depends(caller)]) -> Response:
+async def transcriptions(
+    request: Request, who: Annotated[Caller, Depends(caller)],
+    hook: Annotated[dict[str, Any], Depends(webhook_options)],
+) -> Response:
     store: UploadStore = request.app.state.uploads
     config: GatewayConfig = request.app.state.config
     upload, raw = await _receive(request, store, who.owner)
@@ -139,7 +142,7 @@ async def transcriptions(request: Request, who: Annotated[Caller, Depends(caller
             model = resolve(TRANSCRIPTION, form.model)
         except UnknownModel as exc:
             raise HTTPException(404, str(exc)) from None
-        job = await anyio.to_thread.run_sync(_send, form, model.ladder, upload, who.owner, store, config)
+        job = await anyio.to_thread.run_sync(_send, form, model.ladder, upload, who.owner, store, config, hook)
         envelope = await _wait(request, job, config.poll_interval)
         answer = await anyio.to_thread.run_sync(_answer, form, envelope, job, config)
     finally:
@@ -152,7 +155,7 @@ async def transcriptions(request: Request, who: Annotated[Caller, Depends(caller
 
 
 def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: str, store: UploadStore,
-          config: GatewayConfig) -> JobHandle:  # fmt: skip
+          config: GatewayConfig, hook: dict[str, Any]) -> JobHandle:  # fmt: skip
     spec = families.get(TRANSCRIPTION)
     body: dict[str, Any] = {"media": UPLOAD_PREFIX + upload.id, "formats": ["srt", "vtt"]}
     if form.language:
@@ -161,7 +164,7 @@ def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: st
         body["ladder"] = ladder
     try:
         intake = prepare(spec, body, owner, store, config.input_roots)
-        job = submit(spec.name, tenant=owner, **intake.fields)
+        job = submit(spec.name, tenant=owner, **hook, **intake.fields)
         store.attach(upload, job.id)
         return job
     except Overloaded as exc:

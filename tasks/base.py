@@ -48,6 +48,8 @@ from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.languages import LanguageCheck
 from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome
+from mediafarm.tasks.webhooks import HEADER as WEBHOOK_HEADER
+from mediafarm.tasks.webhooks import JobEvents, Webhook
 
 logger = get_task_logger("mediafarm.task")
 
@@ -104,6 +106,9 @@ class FarmTask(Task):
             logger.info("job %s cancelled: family %s, rung %s: %s", self.request.id, self.spec.name,
                         exc.rung or "-", exc)  # fmt: skip
             self._store_revoked(str(exc))
+            events = self._webhook_events()
+            if events is not None:
+                events.completed("REVOKED", failure=str(exc))
             raise Ignore() from exc
         except FarmError as exc:
             if isinstance(exc, PermanentFailure):
@@ -120,6 +125,28 @@ class FarmTask(Task):
             # retry), which may wait out a broker outage. A soft limit firing there would turn a
             # finished job into a FAILURE of SoftTimeLimitExceeded (found by the chaos suite).
             soft_time_limit.disarm()
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        """The job's state is stored (Celery calls this after it, never for a retry or an Ignore):
+        its ``completed`` webhook event goes in the outbox now, so a receiver reading the job sees it ended."""
+        if status not in ("SUCCESS", "FAILURE"):
+            return
+        events = self._webhook_events()
+        if events is None:
+            return
+        if status == "SUCCESS":
+            events.completed(status, retval if isinstance(retval, Mapping) else None)
+        else:
+            events.completed(status, failure=f"{type(retval).__name__}: {retval}")
+
+    def _webhook_events(self) -> JobEvents | None:
+        """This delivery's webhook events, if its job asked for a webhook (its message's header)."""
+        hook = Webhook.from_header(getattr(self.request, WEBHOOK_HEADER, None))
+        if hook is None:
+            return None
+        settings = get_settings()
+        return JobEvents(self.backend.client, self.request.id, self.spec.name, hook, base_url=settings.public_url,
+                         progress_s=settings.webhook_progress_s)  # fmt: skip
 
     def _store_revoked(self, reason: str) -> None:
         """Store the cancelled job as REVOKED, as Celery stores one revoked before it ran, so that
@@ -151,7 +178,9 @@ class FarmTask(Task):
             ladder = families.ladder_for(spec, ladder_name)
             ttl = int(self.app.conf.result_expires)
             store = ArtifactStore(settings.storage_dir, request.id)
-            channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event)
+            events = self._webhook_events()
+            channel = JobChannel(self.backend.client, request.id, ttl, self._progress_event,
+                                 on_progress=events.progress if events is not None else None)  # fmt: skip
             resuming = Resuming(spec, store, fields)
             # Before anything runs: a job whose language no rung handles is rejected here.
             languages = LanguageCheck.of(spec, ladder, fields, settings.models_dir)
@@ -162,6 +191,8 @@ class FarmTask(Task):
                     # but for the checkpoint it resumes from.
                     store.clear()
                     channel.reset()
+                if events is not None:  # into the outbox only: the dispatcher posts (tasks.webhooks)
+                    events.attempt_began(rung.name)
                 liveness.beat()
                 ctx = EngineContext(request.id, attempt, index, rung.name, rung.device, store,
                                     settings.models_dir, channel, redis=self.backend.client,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery import chord, group
@@ -22,7 +22,7 @@ from mediafarm.config.priorities import DEFAULT_PRIORITY, checked_priority, wire
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import admission
 from mediafarm.tasks import families as registry
-from mediafarm.tasks import keys
+from mediafarm.tasks import keys, webhooks
 from mediafarm.tasks.app import app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, folder_name
 from mediafarm.tasks.errors import InvalidRequest, Overloaded
@@ -45,6 +45,8 @@ def submit(
     job_id: str | None = None,
     priority: int = DEFAULT_PRIORITY,
     tenant: str | None = None,
+    webhook: str | None = None,
+    webhook_events: Iterable[str] | str | None = None,
     **fields: Any,
 ) -> JobHandle:
     """Send a job of ``family`` with its request fields as keywords (JSON-safe).
@@ -61,6 +63,12 @@ def submit(
     ``priority``: 0..9, higher runs first, default 4 (``config.priorities``: how each broker
     honours it). ``tenant``: who submits (the gateway passes its caller), for the per-tenant limit.
 
+    ``webhook``: an http(s) URL the farm posts the job's events to, signed (``tasks.webhooks``;
+    docs/operating.md, Webhooks); ``webhook_events``: which, of ``start``, ``progress``,
+    ``attempt``, ``completed`` (default: ``completed``). InvalidRequest for a URL that is not
+    http(s) with a host, or names a loopback or private address FARM_WEBHOOK_ALLOW does not list.
+    A pipeline's webhook is its fan-in job's: its events are the pipeline's.
+
     Admission control (``tasks.admission``) may refuse the job before anything is sent: it raises
     ``Overloaded`` (with ``retry_after``) when the family's queues hold their limit, the tenant has
     its limit waiting, or a pool that would run it is short of memory. A job id already accepted
@@ -71,6 +79,7 @@ def submit(
     """
     spec = registry.get(family)
     priority = checked_priority(priority)
+    hook = webhooks.checked(webhook, webhook_events, get_settings().webhook_allow)
     request = spec.parse_request(fields)
     kwargs = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     as_pipeline = getattr(request, "as_pipeline", None)
@@ -81,7 +90,7 @@ def submit(
             ArtifactStore(get_settings().storage_dir, job_id)
         except UnsafeArtifactName as exc:
             raise ValueError(str(exc)) from None
-        fingerprint = json.dumps({"family": spec.name, "fields": kwargs}, sort_keys=True)
+        fingerprint = json.dumps({"family": spec.name, "fields": kwargs, **_hooked(hook)}, sort_keys=True)
         key = keys.submitted(job_id)
         first = client.get(key)
         if first is None:
@@ -115,12 +124,12 @@ def submit(
         if plan is not None:
             # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
             # handle is the fan-in job's. Admitted above, with its parts.
-            return _send_plan(plan, queue, priority)
+            return _send_plan(plan, queue, priority, hook)
         # Explicit None: the worker's limits rule. Otherwise Celery stamps the limits of a task
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
             spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
-            soft_time_limit=None, time_limit=None, priority=_wire(priority),
+            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook),
         )  # fmt: skip
     except BaseException:
         try:
@@ -130,6 +139,16 @@ def submit(
             admitted.release(client)
         raise
     return JobHandle(id=async_result.id, family=spec.name)
+
+
+def _hooked(hook: webhooks.Webhook | None) -> dict[str, Any]:
+    """The webhook in a submit's fingerprint: none adds nothing (fingerprints from before stay valid)."""
+    return {} if hook is None else {"webhook": hook.to_header()}
+
+
+def _headers(hook: webhooks.Webhook | None) -> dict[str, Any] | None:
+    """The job message's custom headers: its webhook (``tasks.webhooks.HEADER``), if any."""
+    return None if hook is None else {webhooks.HEADER: hook.to_header()}
 
 
 def _wire(priority: int) -> int:
@@ -170,27 +189,30 @@ def _checked(part: Part) -> dict[str, Any]:
 
 
 def send_plan(
-    plan: Plan, queue: str | None = None, *, priority: int = DEFAULT_PRIORITY, tenant: str | None = None
+    plan: Plan, queue: str | None = None, *, priority: int = DEFAULT_PRIORITY, tenant: str | None = None,
+    webhook: str | None = None, webhook_events: Iterable[str] | str | None = None,
 ) -> PipelineHandle:
     """Check every job of ``plan``, store the plan, send it as one chord; the handle of the fan-in job.
 
     ``queue`` sends every job of the plan there (a worker consuming it runs them all); by default
     each goes to its family's queue. Nothing is sent if a job's fields do not fit its family, or if
     admission control refuses one of its jobs (``Overloaded``, as :func:`submit`). ``priority``
-    and ``tenant``: as for :func:`submit`, for every job of the plan.
+    and ``tenant``: as for :func:`submit`, for every job of the plan; ``webhook`` and
+    ``webhook_events`` as for :func:`submit`, the fan-in job's (the pipeline's end is its end).
     What a plan is, and why its chord survives the farm's kills: ``tasks.plan``.
     """
     priority = checked_priority(priority)
+    hook = webhooks.checked(webhook, webhook_events, get_settings().webhook_allow)
     jobs = [_job(registry.get(p.family), queue, p.fields) for p in (*plan.parts, plan.then)]
     admitted = admission.admit(jobs, job_id=plan.then.job_id, tenant=tenant, app=app)
     try:
-        return _send_plan(plan, queue, priority)
+        return _send_plan(plan, queue, priority, hook)
     except BaseException:
         admitted.release(app.backend.client)
         raise
 
 
-def _send_plan(plan: Plan, queue: str | None, priority: int) -> PipelineHandle:
+def _send_plan(plan: Plan, queue: str | None, priority: int, hook: webhooks.Webhook | None = None) -> PipelineHandle:
     if not plan.parts:
         raise InvalidRequest(f"pipeline {plan.then.job_id}: a plan needs at least one part")
     ids = [p.job_id for p in (*plan.parts, plan.then)]
@@ -207,7 +229,7 @@ def _send_plan(plan: Plan, queue: str | None, priority: int) -> PipelineHandle:
     *header, (then_fields, then) = checked
     ttl = int(app.conf.result_expires)
     app.backend.client.set(keys.pipeline_plan(then.job_id), json.dumps(plan.to_json()), ex=ttl)
-    body = signature(then_fields, then, immutable=True)
+    body = signature(then_fields, then, immutable=True, **({"headers": _headers(hook)} if hook else {}))
     parts = group([signature(f, p) for f, p in header], app=app)
     chord(parts, body, app=app).apply_async(task_id=then.job_id)
     return PipelineHandle(id=then.job_id, family=then.family)

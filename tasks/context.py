@@ -53,9 +53,11 @@ class JobChannel:
     """
 
     def __init__(
-        self, client: Any, job_id: str, ttl: int, send_event: Callable[..., None] | None = None
+        self, client: Any, job_id: str, ttl: int, send_event: Callable[..., None] | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.client, self.job_id, self.ttl, self.send_event = client, job_id, ttl, send_event
+        self.on_progress = on_progress  # the job's webhook (``tasks.webhooks.JobEvents.progress``)
         self._last_write = 0.0
         self._last_cancel_check = 0.0
         self._cancelled = False
@@ -68,6 +70,8 @@ class JobChannel:
         self._last_write = now
         try:
             self.client.set(keys.progress(self.job_id), json.dumps(progress.to_json()), ex=self.ttl)
+            if self.on_progress is not None:
+                self.on_progress(progress.to_json())
             if self.send_event is not None:
                 self.send_event("task-progress", fraction=progress.fraction, stage=progress.stage,
                                 media_seconds=progress.media_seconds)  # fmt: skip

@@ -16,7 +16,8 @@ PREFIX = "mediafarm"
 FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
-     "refused", "pressure", "heartbeat", "tenant", "room-lease"}
+     "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
+     "webhook-log"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -141,6 +142,32 @@ def tenant_jobs(family: str, tenant: str) -> str:
     sorted set, member the job id, score its submit time; pruned of started and ended jobs as
     admission control reads it, and expires a day after its last job was added."""
     return f"{PREFIX}:tenant:{family}:{tenant}"
+
+
+def webhook_outbox(job_id: str) -> str:
+    """A job's webhook events not yet delivered (``tasks.webhooks.Outbox``): a list of JSON
+    events, oldest first. Expires three days after its last event was added (the retry schedule
+    fits), not with the result."""
+    return f"{PREFIX}:webhook:{job_id}"
+
+
+def webhook_seen(job_id: str) -> str:
+    """The ids of every webhook event ever put in a job's outbox (a set), so a redelivered job does
+    not post an event twice. Expires with the outbox."""
+    return f"{PREFIX}:webhook-seen:{job_id}"
+
+
+def webhook_due() -> str:
+    """The jobs with a webhook event to deliver: a sorted set, member the job id, score the Redis
+    server's time its oldest event may be tried next (a dispatcher's lease moves it past the try).
+    No TTL: a job leaves it when its outbox is empty."""
+    return f"{PREFIX}:webhook-due"
+
+
+def webhook_log(job_id: str) -> str:
+    """A job's webhook delivery log: a list of JSON tries (event, try, status, latency, result),
+    oldest first, the newest 500 kept. Expires with the outbox."""
+    return f"{PREFIX}:webhook-log:{job_id}"
 
 
 def every_key() -> str:

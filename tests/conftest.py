@@ -44,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # that misbehave on purpose) and the toy family that proves the seam.
     os.environ["FARM_FAMILY_MODULES"] = os.pathsep.join(["tests.support.chaos", "tests.support.toy"])
     os.environ.pop("FARM_POOL", None)
+    # Every worker starts a webhook dispatcher, which would post any test's events with its own
+    # settings: only the webhook tests' workers run one (tests/integration/test_webhooks.py).
+    os.environ["FARM_WEBHOOK_DISPATCH"] = "0"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

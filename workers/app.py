@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import foreign, guards, handback, logs, pressure
+from mediafarm.workers import foreign, guards, handback, logs, pressure, webhook_dispatch
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -28,5 +28,7 @@ pressure.install(app)
 handback.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
 foreign.install(app)
+# Each worker starts a webhook dispatcher beside it, a process of its own (``workers.webhook_dispatch``).
+webhook_dispatch.install(app)
 # A pipeline ended by a refused or cancelled part is logged as such, not as an error (``workers.logs``).
 logs.install()

@@ -40,12 +40,13 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families
 from mediafarm.tasks.errors import JobFailed, Overloaded
 from mediafarm.workers.embedded import EmbeddedRedis
+from mediafarm.workers import webhook_commands
 from mediafarm.workers.family_commands import mount
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
 from mediafarm.workers.retention import WrongBackend, expired, expired_uploads, remove
 
 # Imported by the worker side only (the `worker` extra): a producer's install has none of them.
-WORKER_PACKAGES = ("psutil", "prometheus_client")
+WORKER_PACKAGES = ("psutil", "prometheus_client", "standardwebhooks")
 # Imported by the HTTP gateway only (the `gateway` extra).
 GATEWAY_PACKAGES = ("fastapi", "starlette", "uvicorn", "sse_starlette", "python_multipart")
 
@@ -356,6 +357,10 @@ def submit(
     timeout: Annotated[float, typer.Option(help="Seconds to wait")] = 600.0,
     queue: Annotated[str | None, typer.Option(help="Queue override, e.g. gpu0.vad")] = None,
     priority: Annotated[int, typer.Option(min=0, max=9, help="0-9, higher runs first")] = 4,
+    webhook: Annotated[str | None, typer.Option(help="A URL the farm posts the job's events to, signed")] = None,
+    webhook_events: Annotated[
+        str | None, typer.Option(help="Which events, comma-separated: start, progress, attempt, completed (default)")
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder to download the job's artifacts to, or a file (speech.wav) for the one top-level "
@@ -390,7 +395,8 @@ def submit(
             # A relative path means the caller's working directory, not the worker's.
             path = spec.cli_argument_is_path
             fields[spec.cli_argument] = str(Path(argument).absolute()) if path else argument
-        job = submit_job(family, queue=queue, priority=priority, **fields)
+        job = submit_job(family, queue=queue, priority=priority, webhook=webhook, webhook_events=webhook_events,
+                         **fields)  # fmt: skip
     except Overloaded as exc:
         _fail(f"the farm refused the job: {exc}", code=EXIT_OVERLOADED)
     except ValueError as exc:
@@ -464,6 +470,9 @@ def cancel(job_id: str) -> None:
 
     handle(job_id).cancel()
     console.print(f"{job_id}: cancel requested")
+
+
+cli.command(name="webhooks")(webhook_commands.webhooks)
 
 
 @cli.command(name="families")

@@ -40,7 +40,7 @@ from mediafarm.tasks import families, liveness
 from mediafarm.tasks.breaker import count_kill
 from mediafarm.tasks.history import record_kill
 from mediafarm.tasks.records import KillRecord, Outcome
-from mediafarm.workers import fork_gate, gpu_hygiene
+from mediafarm.workers import fork_gate, gpu_hygiene, webhook_dispatch
 from mediafarm.workers.logs import killed_by_watchdog
 from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
 
@@ -325,11 +325,14 @@ class MemoryWatchdog(bootsteps.StartStopStep):
 
     @staticmethod
     def _children(me: psutil.Process, known: dict[int, psutil.Process]) -> list[psutil.Process]:
-        """The worker's children, each as the same psutil.Process from poll to poll (``known``,
-        pruned to the living), so a pid reused by a new child is a new process to psutil."""
+        """The worker's pool children, each as the same psutil.Process from poll to poll (``known``,
+        pruned to the living), so a pid reused by a new child is a new process to psutil. The
+        webhook dispatcher is a child too, but no pool child: not watched."""
+        helpers = webhook_dispatch.dispatcher_pids()
         pids = child_pids(me.pid)
         if pids is None:
-            return me.children()
+            return [c for c in me.children() if c.pid not in helpers]
+        pids -= helpers
         for pid in list(known):
             if pid not in pids:
                 del known[pid]

@@ -65,8 +65,11 @@ def test_a_pending_fork_lets_no_new_holder_in_and_holds_nest() -> None:
 def test_the_worker_main_process_starts_no_thread_but_through_the_gate() -> None:
     # Any future thread of workers/ must come through start_thread (and do its work inside held()).
     offenders = []
+    # The webhook dispatcher's threads run in its own process (``python -m``, started by the worker
+    # with subprocess), which forks no pool child; the worker's main process starts no thread there.
+    own_process = {"webhook_dispatch.py"}
     for path in sorted((REPO / "workers").glob("*.py")):
-        if path.name == "fork_gate.py":
+        if path.name == "fork_gate.py" or path.name in own_process:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
