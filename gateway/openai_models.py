@@ -148,7 +148,7 @@ def listing(records: Sequence[WorkerCapability]) -> dict[str, Any]:
     return {"object": "list", "data": data, "farm": farm}
 
 
-@router.get("/models", summary="The ladders and rungs the live workers can run now, and OpenAI's aliases (OpenAI's list)")
+@router.get("/models", summary="The ladders and rungs live workers can run now, and OpenAI's aliases (OpenAI's list)")
 async def list_models(who: Annotated[Any, Depends(caller)]) -> dict[str, Any]:
     records = await anyio.to_thread.run_sync(capability.live, celery_app.backend.client)
     return listing(records)

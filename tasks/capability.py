@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mediafarm.config.ladders import Ladder
+from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.tasks import keys
-from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.family import EngineSpec, FamilySpec
 
 # A worker writes its record this often; a record not rewritten for STALE_S is a dead worker's.
 INTERVAL_S = 5.0
@@ -80,7 +80,8 @@ class WorkerCapability:
 
     def to_json(self) -> str:
         return json.dumps({"node": self.node, "pool": self.pool, "queues": list(self.queues),
-                           "left_out": dict(self.left_out), "served": list(self.served), "rungs": self.rungs, "at": self.at})  # fmt: skip
+                           "left_out": dict(self.left_out), "served": list(self.served), "rungs": self.rungs,
+                           "at": self.at})  # fmt: skip
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> WorkerCapability:
@@ -106,15 +107,23 @@ def served_families(queues: Iterable[str], family_queues: Mapping[str, str]) -> 
     return tuple(f for f in family_queues if f in found)
 
 
-def judge_rungs(specs: Iterable[FamilySpec], ladders_of: Any, models_dir: Path | None) -> dict[str, dict[str, dict[str, str]]]:
+def judge_rungs(
+    specs: Iterable[FamilySpec], ladders_of: Any, models_dir: Path | None
+) -> dict[str, dict[str, dict[str, str]]]:
     """Family -> ladder -> rung -> why this process cannot run it ('' if it can), by each engine's
     own check. ``ladders_of``: a family's spec -> every ladder of it (``families.ladders_of``)."""
     out: dict[str, dict[str, dict[str, str]]] = {}
+    missing: dict[tuple[str, ...], str | None] = {}  # packages looked up once per judgment: find_spec scans sys.path
+
+    def why_not(engine: EngineSpec, rung: Rung) -> str:
+        if engine.needs not in missing:
+            missing[engine.needs] = engine.missing()
+        return missing[engine.needs] or engine.unavailable(rung, models_dir, packages_checked=True) or ""
+
     for spec in specs:
         ladders: list[Ladder] = ladders_of(spec)
         out[spec.name] = {
-            ladder.name: {r.name: spec.engines[r.engine].unavailable(r, models_dir) or "" for r in ladder.rungs}
-            for ladder in ladders
+            ladder.name: {r.name: why_not(spec.engines[r.engine], r) for r in ladder.rungs} for ladder in ladders
         }
     return out
 
@@ -190,7 +199,9 @@ def live(client: Any) -> list[WorkerCapability]:
     return sorted(out, key=lambda r: r.node)
 
 
-def can_run_any(records: Iterable[WorkerCapability], family: str, ladder: str, rungs: Iterable[str]) -> list[WorkerCapability]:
+def can_run_any(
+    records: Iterable[WorkerCapability], family: str, ladder: str, rungs: Iterable[str]
+) -> list[WorkerCapability]:
     """The workers of ``records`` that consume a queue of ``family`` and can run one of ``rungs``
     of its ladder ``ladder``."""
     wanted = tuple(rungs)

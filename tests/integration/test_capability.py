@@ -28,6 +28,7 @@ import redis
 
 from mediafarm.tasks import capability
 from mediafarm.tasks.app import app
+from mediafarm.tasks.capability import WorkerCapability
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.workers.launch import stop_worker
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
@@ -71,7 +72,7 @@ def client(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
 
 
-def record_of(client: redis.Redis, node: str, timeout: float = 2 * capability.INTERVAL_S) -> capability.WorkerCapability:
+def record_of(client: redis.Redis, node: str, timeout: float = 2 * capability.INTERVAL_S) -> WorkerCapability:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = [r for r in capability.live(client) if r.node == node]
@@ -90,7 +91,8 @@ def test_a_worker_that_can_run_no_rung_of_a_family_does_not_consume_its_queue(un
     queues = consumed(unable.node)
     assert "weighted" not in queues and BY_HAND in queues, queues
     log = unable.log.read_text()
-    assert "not consuming queue weighted: weighted: no rung runnable: model 'weighted.bin' is not in the models dir" in log
+    said = "not consuming queue weighted: weighted: no rung runnable: model 'weighted.bin' is not in the models dir"
+    assert said in log
     mine = record_of(client, unable.node)
     assert mine.pool == "weights-absent" and mine.served == () and "weighted" not in mine.queues
     assert mine.left_out["weighted"].startswith("weighted: no rung runnable: model 'weighted.bin'")
@@ -116,7 +118,8 @@ def test_a_job_put_by_hand_before_an_incapable_worker_goes_back_once_and_runs_wh
         sent_back.reason)  # fmt: skip
     time.sleep(2)  # it waits in its family's queue, which no live worker can run
     assert len(history(client, job_id)) == 1 and app.AsyncResult(job_id).state != "SUCCESS"
-    able = start_worker("weights-here", concurrency=1, queues=["weighted", "gpu7.subtitle"], env=worker_env(models_with))
+    able = start_worker("weights-here", concurrency=1, queues=["weighted", "gpu7.subtitle"],
+                        env=worker_env(models_with))  # fmt: skip
     envelope = app.AsyncResult(job_id).get(timeout=60)
     assert envelope["variant"] == "from-file" and envelope["output"] == {"text": "routed", "weights_bytes": 64}
     assert [(a["outcome"], a["worker"]) for a in envelope["attempts"]] == [("rerouted", unable.node), ("ok", able.node)]
@@ -127,7 +130,8 @@ def test_a_job_put_by_hand_before_an_incapable_worker_goes_back_once_and_runs_wh
     assert workers[able.node]["rungs"]["weighted"]["weighted"] == {"from-file": ""}
     assert workers[able.node]["served"] == ["subtitle", "weighted"]
     assert "weighted" in workers[unable.node]["left_out"] and workers[unable.node]["served"] == []
-    assert able.node in shown["pools"]["weights-here"]["workers"] and unable.node in shown["pools"]["weights-absent"]["workers"]
+    assert able.node in shown["pools"]["weights-here"]["workers"]
+    assert unable.node in shown["pools"]["weights-absent"]["workers"]
     table = farm_pools(as_json=False)
     assert "weights-absent" in table and "no rung runnable" in table
     # And the gateway's /v1/models, over real HTTP: tiny.en and pocketsphinx run on the pool with

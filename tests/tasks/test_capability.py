@@ -60,7 +60,8 @@ def record(node: str, *, runs: bool, queues: tuple[str, ...] = ("weighted",), at
 
 def test_a_record_says_what_runs_only_for_families_whose_queues_it_consumes() -> None:
     able, unable = record("a@h", runs=True), record("b@h", runs=False)
-    assert able.runnable("weighted") == {"weighted": ("from-file",)} and able.can_run("weighted", "weighted", "from-file")
+    assert able.runnable("weighted") == {"weighted": ("from-file",)}
+    assert able.can_run("weighted", "weighted", "from-file")
     assert unable.runnable("weighted") == {} and not unable.can_run("weighted", "weighted", "from-file")
     again = WorkerCapability.from_json(able.to_json())
     assert again == able
@@ -107,7 +108,8 @@ def sent_back(times: int) -> list[Attempt]:
 
 def test_a_job_no_worker_can_run_is_sent_back_once_to_wait_then_fails_naming_why() -> None:
     first = decision([], [record("b@h", runs=False)])
-    assert first.queue == "weighted" and "to wait for a worker that can run it (live workers that can: none)" in first.reason
+    assert first.queue == "weighted"
+    assert "to wait for a worker that can run it (live workers that can: none)" in first.reason
     assert "on b@h (from-file: model 'weighted.bin' is not in the models dir)" in first.reason
     with pytest.raises(NoRungLeft, match="no live worker advertises any rung of it"):
         decision(sent_back(1), [record("b@h", runs=False)])
@@ -138,7 +140,8 @@ def test_run_ladder_sends_the_job_back_without_spending_a_rung(log: AttemptLog, 
     assert current_rung(attempts) == 0  # the rung is not spent: the next worker runs it
     # Where the weights are, the same ladder runs at once, the hook never asked.
     (tmp_path / weighted.WEIGHTS).write_bytes(b"w")
-    job = LadderRun(f"{log.job_id}-2", LADDER, weighted.FAMILY.engines, AttemptLog(log.client, f"{log.job_id}-2", 60),
-                    worker="a@h", fresh=True, models_dir=tmp_path, reroute=lambda *a: pytest.fail("not asked"))  # fmt: skip
+    other = AttemptLog(log.client, f"{log.job_id}-2", 60)
+    job = LadderRun(other.job_id, LADDER, weighted.FAMILY.engines, other, worker="a@h", fresh=True,
+                    models_dir=tmp_path, reroute=lambda *a: pytest.fail("not asked"))  # fmt: skip
     assert run_ladder(job, lambda *a: ({"text": "hi", "weights_bytes": 1}, ())).variant == "from-file"
-    log.client.delete(keys.history(f"{log.job_id}-2"))
+    log.client.delete(keys.history(other.job_id))
