@@ -42,10 +42,10 @@ from mediafarm.tasks import attribution
 from mediafarm.tasks.breaker import RungGuard
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, owed, owed_note
+from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, owed_note
 from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
-from mediafarm.tasks.reroute import Reroute, rerouted_attempt
+from mediafarm.tasks.reroute import Reroute, none_runs_here, rerouted_attempt
 
 
 def settle_open_attempts(
@@ -280,15 +280,6 @@ class LadderRun:
     reroute: Callable[[dict[str, str], list[Attempt]], Reroute] | None = None
 
 
-def none_runs_here(job: LadderRun, index: int, attempts: list[Attempt]) -> dict[str, str] | None:
-    """Each rung the job has left (those from ``index`` on, and those owed a try) -> why it cannot
-    run on this worker; None if one of them can (or none is left)."""
-    left = [*owed(attempts, index), *range(index, len(job.ladder.rungs))]
-    rungs = [job.ladder.rungs[i] for i in left]
-    why = {r.name: job.engines[r.engine].unavailable(r, job.models_dir) or "" for r in rungs}
-    return why if why and all(why.values()) else None
-
-
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     """Run the job on its current rung. Returns the result envelope, or a RetryRequest.
 
@@ -320,7 +311,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             # Running the same input on the same rung again would only repeat the outcome.
             raise recorded_end(attempts[-1])
     index = current_rung(attempts)
-    if job.reroute is not None and (why_not_here := none_runs_here(job, index, attempts)) is not None:
+    if job.reroute is not None and (why_not_here := none_runs_here(ladder, job.engines, job.models_dir, index, attempts)) is not None:
         sent = job.reroute(why_not_here, attempts)  # or NoRungLeft
         at = min(index, len(ladder.rungs) - 1)
         attempts.append(rerouted_attempt(at, ladder.rungs[at].name, sent.reason, retries, worker))

@@ -25,10 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from mediafarm.config.ladders import Ladder
 from mediafarm.tasks import attribution
 from mediafarm.tasks.capability import WorkerCapability, can_run_any, family_of_queue
 from mediafarm.tasks.errors import NoRungLeft
+from mediafarm.tasks.family import EngineSpec
+from mediafarm.tasks.ladder_choice import owed
 from mediafarm.tasks.records import Attempt, Outcome
 
 MAX_REROUTES = 2
@@ -83,6 +87,19 @@ def decide(
     else:
         cause = f"after {sent_back} times sent back it came again to a worker that cannot run it (able: {who})"
     raise NoRungLeft(f"no rung left of the {ladder} ladder runs on {node} ({here}), {cause}")
+
+
+def none_runs_here(ladder: Ladder, engines: Mapping[str, EngineSpec], models_dir: Path | None, index: int,
+                   attempts: Sequence[Attempt]) -> dict[str, str] | None:  # fmt: skip
+    """Each rung the job has left (from ``index``, rungs passed, on, and those owed a try) -> why it
+    cannot run on this worker; None if one of them can (or none is left)."""
+    why: dict[str, str] = {}
+    for i in [*owed(attempts, index), *range(index, len(ladder.rungs))]:
+        rung = ladder.rungs[i]
+        why[rung.name] = engines[rung.engine].unavailable(rung, models_dir) or ""
+        if not why[rung.name]:
+            return None  # the common case, at the first rung: one check
+    return why or None
 
 
 def rerouted_attempt(rung: int, variant: str, reason: str, retries: int, worker: str) -> Attempt:
