@@ -99,6 +99,16 @@ def test_a_worker_that_can_run_no_rung_of_a_family_does_not_consume_its_queue(un
     assert "is not in the models dir" in mine.rungs["weighted"]["weighted"]["from-file"]
 
 
+def test_a_worker_left_with_no_queue_of_its_own_still_runs_and_says_so(start_worker, models_without, client) -> None:
+    worker = start_worker("weights-absent", concurrency=1, queues=["weighted"], env=worker_env(models_without))
+    try:
+        assert "weighted" not in consumed(worker.node)
+        assert "this worker consumes no queue" in worker.log.read_text()
+        assert record_of(client, worker.node).queues == ()
+    finally:
+        stop_worker(worker.process)
+
+
 def history(client: redis.Redis, job_id: str) -> list:
     return AttemptLog(client, job_id, ttl=60).read()[0]
 
