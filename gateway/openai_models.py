@@ -5,13 +5,14 @@ A model is a ladder of the family (its own, named after the family, or one decla
 ``FARM_CONFIG_FILE``) or a rung of the family's own ladder, which the job then runs from that rung
 down (``tasks.families.ladder_for``). OpenAI's own names are aliases of the family's own ladder:
 ``tts-1`` and ``tts-1-hd`` of ``tts``, ``whisper-1`` of ``subtitle``, so clients written for
-OpenAI work unchanged and get the farm's best rung with its fallbacks.
+OpenAI work unchanged and get the farm's best rung with its fallbacks. ``GET /v1/models`` lists
+only what the live workers say they can run (``tasks.capability``), not what is declared.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -21,16 +22,14 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from mediafarm.gateway.security import caller
-from mediafarm.tasks import families
+from mediafarm.tasks import capability, families
 from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.capability import WorkerCapability
 from mediafarm.tasks.family import FamilySpec
 
 SPEECH, TRANSCRIPTION = "tts", "subtitle"
 ALIASES: dict[str, str] = {"tts-1": SPEECH, "tts-1-hd": SPEECH, "whisper-1": TRANSCRIPTION}
 OWNER = "mediafarm"
-# Asking every worker which queues it takes is a broadcast with a timeout: its answer is kept this long.
-QUEUES_TTL_S = 10.0
-QUEUES_TIMEOUT_S = 1.0
 # OpenAI's ``created``: when these names came to be, here when this gateway started.
 CREATED = int(time.time())
 
@@ -110,27 +109,46 @@ def resolve(family: str, model: str) -> Model:
     return found
 
 
-_queues: dict[str, Any] = {"at": -1e9, "queues": None}
+def capable_rungs(records: Sequence[WorkerCapability], family: str) -> dict[tuple[str, str], list[str]]:
+    """(ladder, rung) -> the pools of the live workers that take the family's jobs and can run it."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for record in records:
+        for ladder, rungs in record.runnable(family).items():
+            for name in rungs:
+                found.setdefault((ladder, name), set()).add(record.pool)
+    return {key: sorted(pools) for key, pools in found.items()}
 
 
-def consumed_queues() -> set[str] | None:
-    """The queues some live worker takes (asked by broadcast, kept QUEUES_TTL_S); None if no
-    worker answered. Blocking: call it in a worker thread."""
-    now = time.monotonic()
-    if now - _queues["at"] > QUEUES_TTL_S:
-        replies = celery_app.control.inspect(timeout=QUEUES_TIMEOUT_S).active_queues() or {}
-        queues = {q["name"] for per_worker in replies.values() for q in per_worker}
-        _queues.update(at=now, queues=queues or None)
-    return _queues["queues"]
-
-
-@router.get("/models", summary="The ladders and rungs this farm can run now, and OpenAI's aliases (OpenAI's list)")
-async def list_models(who: Annotated[Any, Depends(caller)]) -> dict[str, Any]:
-    queues = await anyio.to_thread.run_sync(consumed_queues)
+def listing(records: Sequence[WorkerCapability]) -> dict[str, Any]:
+    """OpenAI's model list of what the live workers can run (``records``): a ladder or alias when
+    a worker can run one of its rungs, a rung's name when a worker can run that rung. Each entry's
+    ``farm`` says which of its rungs run (``rungs``, in order), on which pools, and which of them
+    no live worker can run (``unavailable``). With no live worker the list is empty and says so."""
     data = []
     for name in (SPEECH, TRANSCRIPTION):
         spec = families.load().get(name)
-        if spec is None or not queues or spec.queue not in queues:
-            continue  # no worker takes the family's jobs: nothing of it runs now
-        data += [m.to_json(CREATED) for m in models_of(spec)]
-    return {"object": "list", "data": data}
+        if spec is None:
+            continue
+        able = capable_rungs(records, spec.name)
+        own, named = families.ladder_for(spec).name, {lad.name for lad in families.ladders_of(spec)}
+        for model in models_of(spec):
+            ladder = model.ladder if model.ladder in named else own  # a rung's name runs the own ladder from it
+            runs = [r for r in model.rungs if (ladder, r) in able]
+            if not runs or (model.id == model.rungs[0] and model.id not in runs):
+                continue  # nothing of it runs now, or the rung it names does not
+            entry = model.to_json(CREATED)
+            entry["farm"].update(rungs=runs, pools={r: able[(ladder, r)] for r in runs})
+            if len(runs) < len(model.rungs):
+                entry["farm"]["unavailable"] = [r for r in model.rungs if r not in runs]
+            data.append(entry)
+    farm: dict[str, Any] = {"live_workers": len(records)}
+    if not records:
+        farm["note"] = ("no live worker has said what it can run (none is running, or none reaches this "
+                        "gateway's Redis): no model runs now; a job sent waits in its queue for one")  # fmt: skip
+    return {"object": "list", "data": data, "farm": farm}
+
+
+@router.get("/models", summary="The ladders and rungs live workers can run now, and OpenAI's aliases (OpenAI's list)")
+async def list_models(who: Annotated[Any, Depends(caller)]) -> dict[str, Any]:
+    records = await anyio.to_thread.run_sync(capability.live, celery_app.backend.client)
+    return listing(records)

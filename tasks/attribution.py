@@ -26,6 +26,8 @@ evidence at hand there, and its record says how (``Attempt.counted``, ``Attempt.
                                             timeout, or lost its broker) while it ran: the job runs again on the same rung
     settled_elsewhere  any          no      its process was paused or cut off while the job went on elsewhere: a limit
                                             that fired as it woke measured the pause, not the rung
+    rerouted           rerouted     no      it reached a worker that can run none of its rungs left, and went back to be
+                                            routed to one that can (``tasks.reroute``): nothing ran
 
 A memory-pressure reading and an open breaker are no failures at all: the rung is skipped with no
 attempt spent (``skipped``) and nothing is judged. A record without ``counted`` (written before this
@@ -68,6 +70,7 @@ CAUSES = {
         Cause("worker_died", False, "its worker died under it, repeatedly: not the rung's doing"),
         Cause("worker_lost", False, "its worker died, paused or lost its broker: not the rung's doing"),
         Cause("settled_elsewhere", False, "its worker was paused or cut off while the job went on elsewhere"),
+        Cause("rerouted", False, "it reached a worker that cannot run it and was sent back: nothing ran"),
     )
 }
 

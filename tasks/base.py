@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Rung
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families, liveness, soft_time_limit
+from mediafarm.tasks import capability, families, liveness, reroute, soft_time_limit
 from mediafarm.tasks.admission import pool_under_pressure
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.breaker import ladder_identity, pool_breakers
@@ -226,6 +226,7 @@ class FarmTask(Task):
                 ),
                 resume=resuming.offer if spec.resume is not None else None,
                 language=languages.why_not if languages is not None else None,
+                reroute=partial(_reroute, spec, ladder, request.hostname or "", self.backend.client),
             )
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
@@ -259,7 +260,9 @@ class FarmTask(Task):
             # Celery's retry sends this delivery's custom headers on unless given others: keep them.
             header = {str(retries): why for retries, why in unwritten.items()}
             options["headers"] = {**(request.headers or {}), UNWRITTEN_HEADER: header}
-        raise self.retry(exc=outcome.exc, countdown=settings.retry_delay, **options)
+        if outcome.queue is not None:
+            logger.warning("job %s: %s", request.id, outcome.reason)
+        raise self.retry(exc=outcome.exc, countdown=settings.retry_delay, queue=outcome.queue, **options)
 
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:
@@ -313,6 +316,16 @@ class Resuming:
     def ended(self) -> None:
         if self.store is not None:
             self.store.remove()
+
+
+def _reroute(spec: FamilySpec, ladder: Any, node: str, client: Any, why_not_here: dict[str, str],
+             attempts: list[Any]) -> reroute.Reroute:  # fmt: skip
+    """Where a job this worker can run no rung of goes (``tasks.reroute``), by the live capability
+    records; a ladder started from one of its rungs is named in them as the family's own."""
+    named = {one.name for one in families.ladders_of(spec)}
+    recorded = ladder.name if ladder.name in named else families.ladder_for(spec).name
+    return reroute.decide(node=node, family=spec.name, family_queue=spec.queue, ladder=recorded,
+                          why_not_here=why_not_here, attempts=attempts, records=capability.live(client))  # fmt: skip
 
 
 def _unwritten(request: Any) -> dict[int, str]:

@@ -3,6 +3,7 @@
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
     stalled (silent past the stall timeout)           → same rung once; a second stall there → next rung
     rung unavailable on this pool                     → next rung, no attempt spent
+    no rung left runs on this worker at all           → sent back to be routed again, bounded (``tasks.reroute``)
     rung's breaker open, or memory pressure (new job) → next rung, no attempt spent (``tasks.breaker``)
     permanent failure (bad input)                     → FAILURE now, no retry
     cancelled by the producer                         → REVOKED now, no retry
@@ -44,6 +45,7 @@ from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, owed_note
 from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
+from mediafarm.tasks.reroute import Reroute, none_runs_here, rerouted_attempt
 
 
 def settle_open_attempts(
@@ -139,10 +141,12 @@ def same_rung_retries(attempts: list[Attempt]) -> int:
 
 @dataclass(frozen=True)
 class RetryRequest:
-    """The job must run again (on the next rung, or the same one); raised through Celery's retry."""
+    """The job must run again (on the next rung, or the same one); raised through Celery's retry.
+    ``queue``: where the retry goes; None: the queue this delivery came from."""
 
     reason: str
     exc: Exception
+    queue: str | None = None
 
 
 def _peak_rss_reset() -> None:
@@ -253,6 +257,9 @@ class LadderRun:
         language: Why a rung cannot handle the job's language (``tasks.languages.LanguageCheck``),
             or None if it can: such a rung is skipped as unavailable, no attempt spent. None:
             the job's language is not known, or its family's rungs declare none.
+        reroute: Asked when no rung the job has left can run on this worker, with each such rung
+            and why not, and the history: where to send the job back to (``tasks.reroute.decide``),
+            or NoRungLeft. None: such a job's rungs are marked unavailable one by one, as ever.
     """
 
     job_id: str
@@ -270,6 +277,7 @@ class LadderRun:
     guard: RungGuard | None = None
     resume: Callable[[Rung], tuple[dict[str, Any] | None, str]] | None = None
     language: Callable[[Rung], str | None] | None = None
+    reroute: Callable[[dict[str, str], list[Attempt]], Reroute] | None = None
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -303,6 +311,13 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             # Running the same input on the same rung again would only repeat the outcome.
             raise recorded_end(attempts[-1])
     index = current_rung(attempts)
+    if job.reroute is not None and (why_not_here := none_runs_here(ladder, job.engines, job.models_dir, index, attempts)) is not None:
+        sent = job.reroute(why_not_here, attempts)  # or NoRungLeft
+        at = min(index, len(ladder.rungs) - 1)
+        attempts.append(rerouted_attempt(at, ladder.rungs[at].name, sent.reason, retries, worker))
+        if log.append(attempts[-1], result_key) < 0:
+            raise StaleAttempt("job already succeeded elsewhere before this worker could send it back")
+        return RetryRequest(sent.reason, RungUnavailable(sent.reason), queue=sent.queue)
     fallback = fallbacks(ladder, job.engines)
     # index: rungs passed; at: the rung to run now, index itself or a rung skipped by choice
     # earlier that is owed one try before a fallback or the end (tasks.ladder_choice).

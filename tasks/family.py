@@ -141,10 +141,11 @@ class EngineSpec:
                 return f"package {module!r} is not installed on this pool{install}"
         return None
 
-    def unavailable(self, rung: Rung, models_dir: Path | None = None) -> str | None:
+    def unavailable(self, rung: Rung, models_dir: Path | None = None, *, packages_checked: bool = False) -> str | None:
         """Why this pool cannot run ``rung`` at all, or None if it can. With ``models_dir``, the
-        rung's weights (``weights``) must be there too."""
-        missing = self.missing()
+        rung's weights (``weights``) must be there too. ``packages_checked``: the caller has just
+        found ``missing()`` None (a judge of many rungs of one engine looks packages up once)."""
+        missing = None if packages_checked else self.missing()
         if missing:
             return missing
         if rung.device == "cuda" and not _gpu_visible():

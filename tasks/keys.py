@@ -17,7 +17,7 @@ FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
-     "webhook-log"}
+     "webhook-log", "capability"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -135,6 +135,16 @@ def heartbeats() -> str:
     value the Redis server's time of its last beat (so hosts' clocks do not matter). A worker
     removes its field as it stops; a dead worker's field stays until an hour after its last beat."""
     return f"{PREFIX}:heartbeat"
+
+
+def capabilities() -> str:
+    """What each live worker can run (``tasks.capability``): a hash, field the worker's node name,
+    value JSON (its pool, the queues it consumes and leaves out, the rungs of each family it can run
+    and why not the others, the Redis server's time of the write). Rewritten by each worker every
+    few seconds (``workers.capability``) and removed as it stops; a reader ignores a field older
+    than ``capability.STALE_S``, and a field an hour old is dropped. The hash expires an hour after
+    its last write."""
+    return f"{PREFIX}:capability"
 
 
 def tenant_jobs(family: str, tenant: str) -> str:

@@ -26,7 +26,7 @@ from mediafarm.tasks.records import Attempt, Outcome
 
 # Outcomes after which a skipped rung is still owed its one try: the try was cut short by no fault
 # of the rung (the same rung runs again for those anyway).
-_STILL_OWED = frozenset({Outcome.SKIPPED, Outcome.TRANSIENT, Outcome.WORKER_LOST})
+_STILL_OWED = frozenset({Outcome.SKIPPED, Outcome.TRANSIENT, Outcome.WORKER_LOST, Outcome.REROUTED})
 
 
 def is_fallback(rung: Rung, engines: Mapping[str, EngineSpec]) -> bool:

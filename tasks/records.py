@@ -43,6 +43,9 @@ class Outcome(StrEnum):
     # The watchdog killed a child silent past its family's stall timeout (``tasks.liveness``): the
     # same rung runs once more; a second stall on that rung moves the job down (``tasks.downgrade``).
     STALLED = "stalled"
+    # Not run: no rung it had left runs on this worker, and the job was sent back to be routed to
+    # one that can (``tasks.reroute``). No rung spent.
+    REROUTED = "rerouted"
 
     @property
     def moves_down(self) -> bool:

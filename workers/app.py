@@ -3,10 +3,11 @@
 It is the farm's one app (``mediafarm.tasks.app``, which producers import as it is) with the
 worker side wired in: the guards (configuration check, memory watchdog, child set-up:
 ``workers.guards``), the metered request class, which counts a finished job's frame counters
-in the worker's main process (``workers.metrics``), the pool's memory reading for admission
-control (``workers.pressure``), and the router that sends farm tasks left on
+in the worker's main process (``workers.metrics``), its capability (``workers.capability``: it
+consumes only the queues of families it can run, and says in Redis what it can run), the pool's
+memory reading for admission control (``workers.pressure``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
-(``workers.foreign``). A worker started on the plain app imports this module too (the plain app
+(``workers.foreign``), and the webhook dispatcher it starts beside it (``workers.webhook_dispatch``). A worker started on the plain app imports this module too (the plain app
 names it in Celery's ``imports``, which only a worker reads).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import foreign, guards, handback, logs, pressure, webhook_dispatch
+from mediafarm.workers import capability, foreign, guards, handback, logs, pressure, webhook_dispatch
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -24,6 +25,8 @@ FarmTask.Request = MeteredRequest
 guards.install(app)
 # Each worker publishes its pool's memory reading, which admission control reads (``workers.pressure``).
 pressure.install(app)
+# Each worker leaves out the queues of families it can run no rung of, and says what it can run.
+capability.install(app)
 # Each Redis worker beats; a peer silent past the grace has its jobs handed back (``workers.handback``).
 handback.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import typer
+from redis.exceptions import RedisError
 from rich.console import Console
 from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as ProgressBar
@@ -501,6 +502,30 @@ def list_families() -> None:
                       policy_cell(ladder), resume, spec.description)  # fmt: skip
     console.print(table)
     print_open_breakers(console)
+
+
+@cli.command()
+def pools(as_json: Annotated[bool, typer.Option("--json", help="The pools and live records as JSON")] = False) -> None:
+    """The declared pools, their live workers, and what each can run now (the records the workers
+    keep in Redis: the queues they consume and leave out, the rungs they can run and why not others)."""
+    _need_broker()
+    from mediafarm.config.pools import get_pools
+    from mediafarm.tasks import capability
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.pools_view import pools_json, print_pools
+
+    try:
+        declared = get_pools()
+    except ConfigFileError as exc:
+        _fail(str(exc))
+    try:
+        records = capability.live(app.backend.client)
+    except RedisError as exc:
+        _fail(f"cannot read the workers' records from the result backend's Redis: {exc}", code=1)
+    if as_json:
+        print(pools_json(declared, records))
+    else:
+        print_pools(console, declared, records)
 
 
 @cli.command()

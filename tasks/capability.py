@@ -1,0 +1,208 @@
+"""What each live worker can run: the capability record, how it is judged, written and read.
+
+A worker judges, for each family whose queues its pool names, every rung of every ladder of that
+family with the rung's own check (``EngineSpec.unavailable``: the engine's packages installed, a
+GPU for a ``cuda`` rung, the weights in ``FARM_MODELS_DIR``), leaves out the queues of a family of
+which it can run no rung, and publishes the lot in the broker's Redis (``keys.capabilities``) every
+few seconds (``workers.capability``), so that a weights folder added or a package removed shows
+within one beat, and a dead worker's record lapses :data:`STALE_S` after its last write. Readers
+(``farm pools``, the gateway's ``/v1/models``, a job that reached a worker that cannot run it)
+take the cluster's capability from the live records, never from the declared ladders.
+
+The record keeps rungs by family, ladder and rung name, as the operator declares them, with the
+reason a rung cannot run here (empty: it runs); routing by capability (a queue per family and
+capability) can be built on the same record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mediafarm.config.ladders import Ladder, Rung
+from mediafarm.tasks import keys
+from mediafarm.tasks.family import EngineSpec, FamilySpec
+
+# A worker writes its record this often; a record not rewritten for STALE_S is a dead worker's.
+INTERVAL_S = 5.0
+STALE_S = 3 * INTERVAL_S
+# A field this old is removed by the next writer (a worker killed without its stop step).
+FORGET_AFTER_S = 3600
+_GPU_QUEUE = re.compile(r"^gpu\d+\.")
+
+# Family -> ladder -> rung -> why the rung cannot run ('' : it runs).
+Rungs = Mapping[str, Mapping[str, Mapping[str, str]]]
+
+
+@dataclass(frozen=True)
+class WorkerCapability:
+    """One worker's record.
+
+    Attributes:
+        node: The worker's node name (``cpu@host``).
+        pool: Its pool.
+        queues: The queues it consumes.
+        left_out: Queue -> why the worker does not consume it (a family of which it can run no rung).
+        served: The families whose jobs reach it: one of its queues is the family's own or a
+            GPU-affinity queue of it (``gpu<N>.<queue>``).
+        rungs: Family -> ladder -> rung -> why the rung cannot run on this worker, '' if it can; the
+            families whose queues the pool names (consumed or left out).
+        at: The Redis server's time of the write (readers compare it with the server's clock,
+            so hosts' clocks do not matter); 0 before it is written.
+    """
+
+    node: str
+    pool: str
+    queues: tuple[str, ...]
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    served: tuple[str, ...] = ()
+    rungs: Rungs = field(default_factory=dict)
+    at: float = 0.0
+
+    def runnable(self, family: str) -> dict[str, tuple[str, ...]]:
+        """Ladder -> the rungs of it this worker can run, for a family whose queue it consumes
+        (empty if it consumes none of the family's queues)."""
+        if not self.serves(family):
+            return {}
+        ladders = self.rungs.get(family, {})
+        return {name: tuple(r for r, why in rungs.items() if not why) for name, rungs in ladders.items()}
+
+    def can_run(self, family: str, ladder: str, rung: str) -> bool:
+        return rung in self.runnable(family).get(ladder, ())
+
+    def serves(self, family: str) -> bool:
+        """Does it consume a queue of the family (its own, or a GPU-affinity one)?"""
+        return family in self.served
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node, "pool": self.pool, "queues": list(self.queues),
+                           "left_out": dict(self.left_out), "served": list(self.served), "rungs": self.rungs,
+                           "at": self.at})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WorkerCapability:
+        data = json.loads(raw)
+        rungs = {f: {lad: {r: str(w) for r, w in rs.items()} for lad, rs in ls.items()}
+                 for f, ls in dict(data.get("rungs") or {}).items()}  # fmt: skip
+        return cls(str(data["node"]), str(data["pool"]), tuple(data.get("queues") or ()),
+                   dict(data.get("left_out") or {}), tuple(data.get("served") or ()), rungs,
+                   float(data.get("at") or 0))  # fmt: skip
+
+
+def family_of_queue(queue: str, family_queues: Mapping[str, str]) -> str | None:
+    """The family whose jobs ``queue`` carries (``family_queues``: family -> its queue): its own
+    queue or ``gpu<N>.<queue>``; None for a queue of no family (an operator's own, whose jobs may
+    be of any family)."""
+    own = _GPU_QUEUE.sub("", queue)
+    return next((family for family, q in family_queues.items() if q == own), None)
+
+
+def served_families(queues: Iterable[str], family_queues: Mapping[str, str]) -> tuple[str, ...]:
+    """The families whose queues are among ``queues``, in registry order."""
+    found = {family_of_queue(q, family_queues) for q in queues}
+    return tuple(f for f in family_queues if f in found)
+
+
+def judge_rungs(
+    specs: Iterable[FamilySpec], ladders_of: Any, models_dir: Path | None
+) -> dict[str, dict[str, dict[str, str]]]:
+    """Family -> ladder -> rung -> why this process cannot run it ('' if it can), by each engine's
+    own check. ``ladders_of``: a family's spec -> every ladder of it (``families.ladders_of``)."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    missing: dict[tuple[str, ...], str | None] = {}  # packages looked up once per judgment: find_spec scans sys.path
+
+    def why_not(engine: EngineSpec, rung: Rung) -> str:
+        if engine.needs not in missing:
+            missing[engine.needs] = engine.missing()
+        return missing[engine.needs] or engine.unavailable(rung, models_dir, packages_checked=True) or ""
+
+    for spec in specs:
+        ladders: list[Ladder] = ladders_of(spec)
+        out[spec.name] = {
+            ladder.name: {r.name: why_not(spec.engines[r.engine], r) for r in ladder.rungs} for ladder in ladders
+        }
+    return out
+
+
+def why_none_runs(ladders: Mapping[str, Mapping[str, str]]) -> str | None:
+    """Why no rung of a family runs here (its rungs' distinct reasons), or None if one does."""
+    reasons = [why for rungs in ladders.values() for why in rungs.values()]
+    if not reasons or not all(reasons):
+        return None
+    return "no rung runnable: " + "; ".join(dict.fromkeys(reasons))
+
+
+def left_out_queues(queues: Sequence[str], rungs: Rungs, family_queues: Mapping[str, str]) -> dict[str, str]:
+    """Queue -> why a worker that can run ``rungs`` leaves it out: each queue of a family of which
+    it can run no rung. A queue of no family is kept: its jobs may be of any family, and a job that
+    reaches a worker that cannot run it goes back to be routed again (``tasks.reroute``)."""
+    out = {}
+    for queue in queues:
+        family = family_of_queue(queue, family_queues)
+        why = why_none_runs(rungs.get(family, {})) if family is not None else None
+        if why:
+            out[queue] = f"{family}: {why}"
+    return out
+
+
+# KEYS[1]: the capability hash. ARGV[1]: the node, ARGV[2]: its record as JSON without its time,
+# ARGV[3]: seconds after which any field is dropped. Writes the record with the server's time
+# (``"at"`` appended inside the JSON object) and drops fields older than ARGV[3]; returns the time.
+_ADVERTISE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local record = cjson.decode(ARGV[2])
+record['at'] = now
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, other = pcall(cjson.decode, all[i + 1])
+  if not ok or type(other) ~= 'table' or now - (tonumber(other['at']) or 0) > tonumber(ARGV[3]) then
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return tostring(now)
+"""
+
+
+def advertise(client: Any, record: WorkerCapability) -> float:
+    """Write ``record`` (its time the Redis server's now); the time written."""
+    return float(client.eval(_ADVERTISE, 1, keys.capabilities(), record.node, record.to_json(), FORGET_AFTER_S))
+
+
+def forget(client: Any, node: str) -> None:
+    """Remove a worker's record (it stops: what it could run is gone with it)."""
+    client.hdel(keys.capabilities(), node)
+
+
+def live(client: Any) -> list[WorkerCapability]:
+    """The records of the workers that wrote within :data:`STALE_S` (by the Redis server's clock),
+    by node name; unreadable ones left out."""
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.hvals(keys.capabilities())
+    (seconds, micros), raws = pipe.execute()
+    now = seconds + micros / 1e6
+    out = []
+    for raw in raws:
+        try:
+            record = WorkerCapability.from_json(raw)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if now - record.at <= STALE_S:
+            out.append(record)
+    return sorted(out, key=lambda r: r.node)
+
+
+def can_run_any(
+    records: Iterable[WorkerCapability], family: str, ladder: str, rungs: Iterable[str]
+) -> list[WorkerCapability]:
+    """The workers of ``records`` that consume a queue of ``family`` and can run one of ``rungs``
+    of its ladder ``ladder``."""
+    wanted = tuple(rungs)
+    return [r for r in records if any(r.can_run(family, ladder, name) for name in wanted)]

@@ -1,0 +1,103 @@
+"""The worker's capability: which family queues it leaves out, and the record it keeps in Redis.
+
+As the worker is set up, before its consumer starts, each rung of each family whose queues the
+pool names is judged (``tasks.capability.judge_rungs``); the queue of a family of which no rung
+can run here is left out (Celery's own ``deselect``, as ``-X`` does), with one log line naming the
+queue and why, so such a worker never takes those jobs. A thread of the main process then writes
+the worker's record every ``capability.INTERVAL_S``, judged afresh each time (a model folder added,
+a package removed, shows within one beat); the queues consumed stay those chosen at start. The
+record goes as the worker stops. The main process judges without importing any engine
+(``EngineSpec.missing`` looks packages up, ``importlib.util.find_spec``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import redis
+from celery import bootsteps
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks import capability, families
+from mediafarm.workers import fork_gate
+
+log = logging.getLogger("mediafarm.capability")
+
+
+def family_queues() -> dict[str, str]:
+    return {name: spec.queue for name, spec in families.load().items()}
+
+
+def judge(queues: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, dict[str, dict[str, str]]]]:
+    """(the families whose queues are among ``queues``, their rungs judged on this process)."""
+    served = capability.served_families(queues, family_queues())
+    specs = [families.get(name) for name in served]
+    return served, capability.judge_rungs(specs, families.ladders_of, get_settings().models_dir)
+
+
+class CapabilityStep(bootsteps.StartStopStep):
+    """Leaves out the queues of families this worker cannot run, and keeps its record in Redis."""
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self._stop = threading.Event()
+        self._client: Any = None
+        self._node = ""
+        queues = worker.app.amqp.queues
+        configured = tuple(queues.consume_from)
+        served, rungs = judge(configured)
+        self.left_out = capability.left_out_queues(configured, rungs, family_queues())
+        for queue, why in self.left_out.items():
+            log.warning("not consuming queue %s: %s", queue, why)
+        if self.left_out:
+            queues.deselect(list(self.left_out))
+        self.queues = tuple(q for q in configured if q not in self.left_out)
+        if not self.queues:
+            log.warning("this worker consumes no queue: it can run no rung of any family its pool names")
+        # Served: the families whose queues it still consumes; judged again at each beat.
+        self.configured = configured
+        self.served = tuple(f for f in served if any(capability.family_of_queue(q, family_queues()) == f
+                                                      for q in self.queues))  # fmt: skip
+
+    def record(self, node: str) -> capability.WorkerCapability:
+        _, rungs = judge(self.configured)
+        return capability.WorkerCapability(node, get_settings().pool, self.queues, self.left_out, self.served, rungs)
+
+    def start(self, worker: Any) -> None:
+        self._node = worker.hostname
+        settings = get_settings()
+        self._client = redis.Redis.from_url(settings.backend_url, socket_timeout=2, socket_connect_timeout=2)
+        fork_gate.start_thread(self._run, "farm-capability", ())
+
+    def stop(self, worker: Any) -> None:
+        self._stop.set()
+        if self._client is not None:
+            try:
+                capability.forget(self._client, self._node)
+            except Exception:  # noqa: BLE001 - a Redis away at shutdown: the record lapses in STALE_S
+                pass
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            with fork_gate.held():  # a Redis call and maybe a log line: not across a fork
+                try:
+                    capability.advertise(self._client, self.record(self._node))
+                    failing = False
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    if not failing:
+                        log.warning("could not publish this worker's capability: %s", exc)
+                    failing = True
+                except Exception:  # a bug: its traceback, once until a record goes out
+                    if not failing:
+                        log.warning("could not publish this worker's capability", exc_info=True)
+                    failing = True
+            self._stop.wait(capability.INTERVAL_S)
+
+
+def install(app: Any) -> None:
+    app.steps["worker"].add(CapabilityStep)

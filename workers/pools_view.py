@@ -1,0 +1,72 @@
+"""What ``farm pools`` shows: each declared pool, its live workers, and what each can run now.
+
+Read from the live capability records (``tasks.capability``), never from the declared ladders:
+a worker that cannot run a rung says why, and a queue it leaves out says so too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from mediafarm.config.pools import Pool, expand_queues
+from mediafarm.tasks import families
+from mediafarm.tasks.capability import WorkerCapability
+
+NO_WORKER = ("no live worker has said what it can run (none is running, or none reaches this Redis): "
+             "no job of any family runs now; jobs sent wait in their queues")  # fmt: skip
+
+
+def runs_cell(record: WorkerCapability) -> str:
+    """``family: rung, rung`` per family it takes, the rungs it can run across the family's ladders."""
+    lines = []
+    for family in record.served:
+        names = dict.fromkeys(r for rungs in record.runnable(family).values() for r in rungs)
+        lines.append(f"{family}: {', '.join(names) or 'nothing'}")
+    return "\n".join(lines)
+
+
+def not_runs_cell(record: WorkerCapability) -> str:
+    """``family/ladder/rung: why`` for each rung of a family it takes that it cannot run."""
+    return "\n".join(
+        f"{family}/{ladder}/{rung}: {why}"
+        for family in record.served for ladder, rungs in record.rungs.get(family, {}).items()
+        for rung, why in rungs.items() if why
+    )  # fmt: skip
+
+
+def pools_table(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -> Table:
+    table = Table("pool", "queues declared", "worker", "consumes", "can run", "cannot run", "queues left out",
+                  title="pools and what their live workers can run")  # fmt: skip
+    default = families.default_queues()
+    for name in [*pools, *sorted({r.pool for r in records} - set(pools))]:
+        pool = pools.get(name)
+        declared = ", ".join(expand_queues(pool.queues, default)) if pool else "(not declared here)"
+        mine = [r for r in records if r.pool == name]
+        if not mine:
+            table.add_row(name, declared, "[dim]no live worker[/]", "", "", "", "")
+        for r in mine:
+            left = "\n".join(f"{q}: {why}" for q, why in r.left_out.items())
+            table.add_row(name, declared, r.node, ", ".join(r.queues), runs_cell(r), not_runs_cell(r), left)
+    return table
+
+
+def pools_json(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -> str:
+    out: dict[str, Any] = {
+        "pools": {name: {"queues": list(expand_queues(p.queues, families.default_queues())),
+                         "workers": [r.node for r in records if r.pool == name]} for name, p in pools.items()},
+        "workers": [json.loads(r.to_json()) for r in records],
+    }  # fmt: skip
+    if not records:
+        out["note"] = NO_WORKER
+    return json.dumps(out, indent=2)
+
+
+def print_pools(console: Console, pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -> None:
+    console.print(pools_table(pools, records))
+    if not records:
+        console.print(f"[yellow]{NO_WORKER}[/]", highlight=False)
