@@ -5,6 +5,7 @@ Run from the repository root::
 
     .venv/bin/python -m bench.heldout_tune
     .venv/bin/python -m bench.heldout_tune --settings rung,beam1 --rounds 1
+    .venv/bin/python -m bench.heldout_tune --half heldout --settings rung,beam5   # report, after choosing
 
 Each setting is the ``whisper-tiny`` rung's params with some changed (beam, the longest window,
 the fitted encoder, batching), run through the farm's engine in this process
@@ -93,6 +94,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mediafarm-peers",
                     help="the corpus (made once, reused) and the models folder")  # fmt: skip
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--half", choices=("tuning", "heldout"), default="tuning",
+                    help="heldout: the settings already chosen, measured where they are reported")  # fmt: skip
     args = ap.parse_args()
     names = args.settings.split(",")
     unknown = [n for n in names if n not in SETTINGS]
@@ -103,14 +106,15 @@ def main() -> None:
     from tests.support.heldout_corpus import corpus
     from tests.support.subtitle_tracks import word_errors, words_in_silence
 
-    made = corpus(args.workdir / "heldout-corpus", halves=("tuning",))
+    made = corpus(args.workdir / "heldout-corpus", halves=(args.half,))
+    tracks = getattr(made, args.half)
     models = linked_models(args.workdir)
     bare = bare_pipelines(tiny_model())
     contenders = {BARE: bare[BARE], PIPELINE: bare[PIPELINE], **{n: run_setting(n, models) for n in names}}
     for run in contenders.values():  # model loads and first calls, not counted
-        run(str(made.tuning[0].path))
+        run(str(tracks[0].path))
     per_track: dict[str, dict[str, Any]] = {n: {} for n in contenders}
-    for track in made.tuning:
+    for track in tracks:
         for name, run in contenders.items():
             cpu, wall, out = [], [], None
             for _ in range(args.rounds):
@@ -138,12 +142,12 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:<42} {r['wer']:>6.3f} {r['errors']:>7} {r['ref_words']:>6} {r['words_in_silence']:>10} "
               f"{r['cpu_s']:>7.1f} {r['cpu_vs_pipeline']:>14.2f} {r['wall_s']:>7.1f}")  # fmt: skip
-    print(f"\npicked on the tuning half: {picked}")
+    print(f"\npicked by the rule on the {args.half} half: {picked}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({
         "command": " ".join([".venv/bin/python", "-m", "bench.heldout_tune", *sys.argv[1:]]),
         "settings": {n: {"params": SETTINGS[n][0], "fitted_window_s": SETTINGS[n][1]} for n in names},
-        "voices": made.voices, "tracks": [t.name for t in made.tuning], "rows": rows, "per_track": per_track,
+        "half": args.half, "voices": made.voices, "tracks": [t.name for t in tracks], "rows": rows, "per_track": per_track,
         "picked": picked, "load_average": os.getloadavg(),
     }, indent=1))  # fmt: skip
     print(f"wrote {args.results}")

@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mediafarm-peers")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--show", type=int, default=12, help="windows listed where the engine loses most")
+    ap.add_argument("--tracks", type=int, default=None, help="only the half's first N tracks (a quick look)")
     args = ap.parse_args()
 
     from bench.peers_subtitle import BARE, PIPELINE, bare_pipelines, engine_words, linked_models, tiny_model
@@ -184,7 +185,7 @@ def main() -> None:
     from tests.support.heldout_corpus import corpus
 
     made = corpus(args.workdir / "heldout-corpus", halves=(args.half,))
-    tracks = getattr(made, args.half)
+    tracks = getattr(made, args.half)[: args.tracks]
     models = linked_models(args.workdir)
     rung = next(r for r in FAMILY.ladder if r.name == "whisper-tiny")
     params = WhisperParams(**rung.params)

@@ -357,6 +357,7 @@ def main() -> None:
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         ap.error(f"unknown family {unknown}; known: {', '.join(FAMILIES)}")
+    args.workdir = args.workdir.resolve()  # Redis and the worker run elsewhere: a relative folder would move
     args.workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results = {}
