@@ -177,6 +177,9 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--show", type=int, default=12, help="windows listed where the engine loses most")
     ap.add_argument("--tracks", type=int, default=None, help="only the half's first N tracks (a quick look)")
+    ap.add_argument("--names", default=None, help="only these tracks of the half, comma-separated (heldout-08,...)")
+    ap.add_argument("--peer", choices=("transcribe", "batched"), default=None,
+                    help="the bare pipeline to compare with (default: both run, the lower WER is the best)")
     args = ap.parse_args()
 
     from bench.peers_subtitle import BARE, PIPELINE, bare_pipelines, engine_words, linked_models, tiny_model
@@ -185,7 +188,8 @@ def main() -> None:
     from tests.support.heldout_corpus import corpus
 
     made = corpus(args.workdir / "heldout-corpus", halves=(args.half,))
-    tracks = getattr(made, args.half)[: args.tracks]
+    tracks = [t for t in getattr(made, args.half) if args.names is None or t.name in args.names.split(",")]
+    tracks = tracks[: args.tracks]
     models = linked_models(args.workdir)
     rung = next(r for r in FAMILY.ladder if r.name == "whisper-tiny")
     params = WhisperParams(**rung.params)
@@ -193,9 +197,9 @@ def main() -> None:
     bare = bare_pipelines(bare_model)
     stages = Stages()
     engine = "farm engine (whisper-tiny rung)"
-    contenders: dict[str, Callable[[str], Words]] = {
-        engine: lambda path: engine_words(models, path, params), BARE: bare[BARE], PIPELINE: bare[PIPELINE],
-    }  # fmt: skip
+    peers = {"transcribe": [BARE], "batched": [PIPELINE], None: [BARE, PIPELINE]}[args.peer]
+    contenders: dict[str, Callable[[str], Words]] = {engine: lambda path: engine_words(models, path, params),
+                                                     **{p: bare[p] for p in peers}}  # fmt: skip
     for run in contenders.values():  # model loads, first calls
         run(str(tracks[0].path))
     # The decoder timed in both models: the engine's (cached by the recogniser) and the peers'.
@@ -226,7 +230,7 @@ def main() -> None:
             errs = sum(s["errors"] for s in cell["sentences"])
             print(f"{track.name} {name:<42} errors {errs:>3}/{len(track.words):<4} CPU {total:.2f} s", flush=True)
     wer = {n: sum(s["errors"] for c in r["tracks"].values() for s in c["sentences"]) for n, r in results.items()}
-    best = min((BARE, PIPELINE), key=lambda n: wer[n])
+    best = min(peers, key=lambda n: wer[n])
     report = compare_windows(results[engine]["tracks"], results[best]["tracks"], tracks)
     summary = {
         "half": args.half, "voices": made.voices, "best_bare": best, "errors": wer,
