@@ -319,7 +319,9 @@ class JobEvents:
         if not self.wants("progress") or now - self._progress_at < self.progress_s:
             return
         self._progress_at = now
-        self._put("progress", f"progress_{time.time():.3f}", {"state": "STARTED", "progress": progress},
+        # Each progress event its own id (the outbox keeps every id it has seen): two reports in
+        # one millisecond had the same one, and the newer was dropped as seen.
+        self._put("progress", f"progress_{time.time_ns()}", {"state": "STARTED", "progress": progress},
                   coalesce=True)  # fmt: skip
 
     def completed(self, state: str, envelope: Mapping[str, Any] | None = None, failure: str = "") -> None:
