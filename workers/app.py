@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import foreign, guards, handback, logs, pressure
+from mediafarm.workers import drain, foreign, guards, handback, logs, pressure
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -26,6 +26,8 @@ guards.install(app)
 pressure.install(app)
 # Each Redis worker beats; a peer silent past the grace has its jobs handed back (``workers.handback``).
 handback.install(app)
+# `farm drain` and SIGTERM stop taking jobs, wait FARM_DRAIN_SECONDS, hand back the rest (``workers.drain``).
+drain.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
 foreign.install(app)
 # A pipeline ended by a refused or cancelled part is logged as such, not as an error (``workers.logs``).

@@ -466,6 +466,33 @@ def cancel(job_id: str) -> None:
     console.print(f"{job_id}: cancel requested")
 
 
+@cli.command()
+def drain(
+    worker: Annotated[str, typer.Argument(help="The worker's node name (cpu@host), or the part before @ if one worker has it")],
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the worker has stopped")] = False,
+) -> None:
+    """Drain a worker: it takes no new job, gives its running jobs FARM_DRAIN_SECONDS to end, hands
+    the rest back to their queues (checkpoints kept, they resume elsewhere) and exits 0."""
+    _need_broker()
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.drain_request import NoSuchWorker, find_worker, request_drain, wait_gone
+
+    try:
+        node = find_worker(app, worker)
+        answer = request_drain(app, node)
+    except NoSuchWorker as exc:
+        _fail(str(exc))
+    running = ", ".join(answer["running"]) or "none"
+    said = "already draining" if answer["already"] else "draining"
+    console.print(f"{node}: {said}; running jobs: {running}; hands back what still runs in {answer['left_s']:g} s",
+                  highlight=False)  # fmt: skip
+    if wait:
+        # Its deadline, then the handback and the stop: a few seconds.
+        if not wait_gone(app, node, timeout=float(answer["left_s"]) + 60):
+            _fail(f"{node} still answers {answer['left_s']:g} s + 60 s after the drain began", code=1)
+        console.print(f"{node}: stopped")
+
+
 @cli.command(name="families")
 def list_families() -> None:
     """The job families this farm knows: task name, queue, ladder (with the languages each rung
