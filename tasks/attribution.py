@@ -24,9 +24,9 @@ evidence at hand there, and its record says how (``Attempt.counted``, ``Attempt.
     worker_died        killed       no      its worker died under it more often than the same-rung budget allows
     worker_lost        worker_lost  no      its worker died (or was paused past the handback grace or the visibility
                                             timeout, or lost its broker) while it ran: the job runs again on the same rung
-    drained            worker_lost  no      its worker was drained (``farm drain``, SIGTERM) and the deadline passed: handed
-                                            back (the drain's record, ``workers.drain``), the same rung runs again; not
-                                            counted among the job's lost workers either
+    drained            worker_lost  no      its worker was drained (``farm drain``, SIGTERM) past the deadline: handed back
+                                            (the drain's record, ``workers.drain``), the same rung runs again; not counted
+                                            among the job's lost workers either
     settled_elsewhere  any          no      its process was paused or cut off while the job went on elsewhere: a limit
                                             that fired as it woke measured the pause, not the rung
 

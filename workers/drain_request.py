@@ -25,7 +25,9 @@ def find_worker(app: Any, name: str, timeout: float = 1.0) -> str:
     """The node ``name`` means: a full node name (``cpu@host``), or the part before ``@`` when one
     worker alone has it."""
     nodes = answering(app, timeout)
-    matches = [n for n in nodes if n == name] or ([n for n in nodes if n.split("@", 1)[0] == name] if "@" not in name else [])
+    matches = [n for n in nodes if n == name]
+    if not matches and "@" not in name:
+        matches = [n for n in nodes if n.split("@", 1)[0] == name]
     if len(matches) == 1:
         return matches[0]
     known = ", ".join(nodes) or "none"
