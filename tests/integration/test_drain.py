@@ -42,6 +42,7 @@ SENTENCES = ("The quick brown fox jumps over the lazy dog.", "Please leave the p
 # Past the length below which a text starts over: ~2,500 characters, 25 chunks of about 0.3 s each.
 LONG = " ".join(SENTENCES[i % 4] for i in range(SHORT_TEXT_CHARS // 40 + 6))
 DEADLINE_S = 2.0
+COUNTDOWN_S = 25
 
 
 def running_attempt(job: JobHandle, timeout: float = 60) -> dict[str, Any]:
@@ -147,17 +148,21 @@ def test_a_message_held_for_later_goes_back_the_moment_the_drain_begins(start_wo
     busy = submit("chaos", queue=queue, ladder="chaos", plan={"sleep": 6})
     running_attempt(busy)
     # A countdown, as FARM_RETRY_DELAY gives a retry: the worker holds the message unstarted.
-    held = app.send_task("farm.test.chaos", kwargs={"ladder": "chaos"}, queue=queue, countdown=12)
+    sent = time.monotonic()
+    held = app.send_task("farm.test.chaos", kwargs={"ladder": "chaos"}, queue=queue, countdown=COUNTDOWN_S)
     inspect = app.control.inspect([worker.node], timeout=2)
     deadline = time.monotonic() + 20
     while not (inspect.scheduled() or {}).get(worker.node):
         assert time.monotonic() < deadline, "the worker never took the held message"
         time.sleep(0.1)
     assert queued(queue) == 0
+    # Still held when the drain begins: its countdown far from over (a message whose time has come
+    # is given to the pool, and waits for the busy child as a job that runs).
+    assert time.monotonic() - sent < COUNTDOWN_S - 5
     os.kill(worker.main_pid(), signal.SIGTERM)
     deadline = time.monotonic() + 2
     while queued(queue) != 1:
-        assert time.monotonic() < deadline, "the held message did not go back at once"
+        assert time.monotonic() < deadline, f"the held message did not go back at once:\n{worker.log_tail(6000)}"
         time.sleep(0.05)
     assert worker.process.poll() is None  # still draining: the busy job runs on
     assert worker.process.wait(30) == 0
