@@ -65,6 +65,12 @@ class FarmSettings(BaseSettings):
             children work, so only a dead, paused or cut-off worker is passed over.
         soft_shutdown_timeout: Seconds a cold-shutting-down worker waits for running jobs before
             handing their messages back to the queue (Celery's ``worker_soft_shutdown_timeout``).
+        drain_seconds: Seconds a draining worker (``farm drain``, SIGTERM: ``workers.drain``) lets its
+            running jobs go on before it hands them back to their queue, checkpoints kept. Default
+            300: under the cluster autoscaler's 10-minute limit on a pod's termination, leaving the
+            rest of the pod's grace period for the handback and the exit.
+        drain_on_sigterm: SIGTERM drains the worker (what an orchestrator's stop expects: bounded,
+            exit 0); false gives Celery's warm shutdown back (it waits for running jobs without end).
         retry_delay: Seconds before a job that lost a rung runs again (Celery's per-task default
             is 180 s, far too long for a downgrade).
         transient_retries: Same-rung retries allowed for errors that are nobody's fault
@@ -133,6 +139,8 @@ class FarmSettings(BaseSettings):
     restore_interval: int = 10
     handback_grace: float = Field(30.0, ge=0)
     soft_shutdown_timeout: float = 60.0
+    drain_seconds: float = Field(300.0, ge=0)
+    drain_on_sigterm: bool = True
     retry_delay: float = 0.0
     transient_retries: int = 2
     watchdog_interval: float = 0.05

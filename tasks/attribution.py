@@ -24,6 +24,9 @@ evidence at hand there, and its record says how (``Attempt.counted``, ``Attempt.
     worker_died        killed       no      its worker died under it more often than the same-rung budget allows
     worker_lost        worker_lost  no      its worker died (or was paused past the handback grace or the visibility
                                             timeout, or lost its broker) while it ran: the job runs again on the same rung
+    drained            worker_lost  no      its worker was drained (``farm drain``, SIGTERM) past the deadline: handed back
+                                            (the drain's record, ``workers.drain``), the same rung runs again; not counted
+                                            among the job's lost workers either
     settled_elsewhere  any          no      its process was paused or cut off while the job went on elsewhere: a limit
                                             that fired as it woke measured the pause, not the rung
     rerouted           rerouted     no      it reached a worker that can run none of its rungs left, and went back to be
@@ -69,13 +72,16 @@ CAUSES = {
         Cause("unknown_kill", False, "SIGKILLed, cause unknown (no watchdog record, no OOM-kill count): not counted"),
         Cause("worker_died", False, "its worker died under it, repeatedly: not the rung's doing"),
         Cause("worker_lost", False, "its worker died, paused or lost its broker: not the rung's doing"),
+        Cause("drained", False, "its worker was drained and the deadline passed: handed back, not the rung's doing"),
         Cause("settled_elsewhere", False, "its worker was paused or cut off while the job went on elsewhere"),
         Cause("rerouted", False, "it reached a worker that cannot run it and was sent back: nothing ran"),
     )
 }
 
 _RAISED = {Outcome.OOM: "out_of_memory", Outcome.CUDA_OOM: "cuda_oom", Outcome.TIMEOUT: "time_limit"}
-_WATCHDOG = {Outcome.KILLED: "watchdog_cap", Outcome.TIMEOUT: "hard_time_limit"}
+# Outcomes of the records the worker's main process writes before it ends a child: the watchdog's,
+# and the drain's handback (``workers.drain``), which alone writes ``worker_lost``.
+_WATCHDOG = {Outcome.KILLED: "watchdog_cap", Outcome.TIMEOUT: "hard_time_limit", Outcome.WORKER_LOST: "drained"}
 
 
 def judge(attempt: Attempt, cause: str) -> None:
@@ -89,8 +95,8 @@ def raised(outcome: Outcome) -> str:
 
 
 def killed_by_watchdog(kill: KillRecord) -> str | None:
-    """The cause of a kill the farm's watchdog recorded; None for a kill it made for another reason
-    (not one of the table's: the caller judges it)."""
+    """The cause of a kill the farm recorded (its watchdog, or a drain handing the job back); None for
+    a kill it made for another reason (not one of the table's: the caller judges it)."""
     return _WATCHDOG.get(kill.outcome)
 
 

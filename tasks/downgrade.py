@@ -87,7 +87,8 @@ def settle_open_attempts(
             att.outcome, att.reason = lost_child_cause(att.oom_counts)
             attribution.judge(att, attribution.lost_child(att.outcome, att.reason))
         else:
-            lost_before = sum(1 for a in attempts[:i] if a.outcome == Outcome.WORKER_LOST)
+            # A drained attempt was handed back on purpose: no sign of a worker that keeps dying.
+            lost_before = sum(1 for a in attempts[:i] if a.outcome == Outcome.WORKER_LOST and a.cause != "drained")
             if lost_before >= transient_budget:
                 att.outcome = Outcome.KILLED
                 att.reason = f"its worker died {lost_before + 1} times while running this job"

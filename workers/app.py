@@ -7,7 +7,8 @@ in the worker's main process (``workers.metrics``), its capability (``workers.ca
 consumes only the queues of families it can run, and says in Redis what it can run), the pool's
 memory reading for admission control (``workers.pressure``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
-(``workers.foreign``), and the webhook dispatcher it starts beside it (``workers.webhook_dispatch``). A worker started on the plain app imports this module too (the plain app
+(``workers.foreign``), the drain (``workers.drain``), and the webhook dispatcher it starts beside it
+(``workers.webhook_dispatch``). A worker started on the plain app imports this module too (the plain app
 names it in Celery's ``imports``, which only a worker reads).
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import capability, foreign, guards, handback, logs, pressure, webhook_dispatch
+from mediafarm.workers import capability, drain, foreign, guards, handback, logs, pressure, webhook_dispatch
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -29,6 +30,8 @@ pressure.install(app)
 capability.install(app)
 # Each Redis worker beats; a peer silent past the grace has its jobs handed back (``workers.handback``).
 handback.install(app)
+# `farm drain` and SIGTERM stop taking jobs, wait FARM_DRAIN_SECONDS, hand back the rest (``workers.drain``).
+drain.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.
 foreign.install(app)
 # Each worker starts a webhook dispatcher beside it, a process of its own (``workers.webhook_dispatch``).

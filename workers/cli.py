@@ -61,6 +61,9 @@ def _sample() -> Path:
     return Path(str(files("mediafarm.tasks.media") / "samples" / "speech.ogg"))
 
 
+# The drain deadline of `farm up`'s worker, under the 30 s stop_worker gives it before a kill.
+LOCAL_DRAIN_SECONDS = 20
+
 # `farm submit`'s exit status when admission control refused the job (EX_TEMPFAIL of sysexits.h:
 # try again later); 1 is a job that failed, 2 a mistake in the command.
 EXIT_OVERLOADED = 75
@@ -267,8 +270,11 @@ class LocalFarm:
         self.pool = get_pool(get_settings().pool)
         self.logfile = None if not quiet else stack.enter_context(tempfile.TemporaryFile())
         name = f"{self.pool.name}-local-{os.getpid()}"
+        # Stopped by SIGTERM, which drains it: its deadline ends before stop_worker's kill, so a job
+        # still running is handed back with its checkpoint rather than killed (unless one is given).
+        env = {"FARM_DRAIN_SECONDS": str(LOCAL_DRAIN_SECONDS), **os.environ}
         self.process = spawn_worker(
-            self.pool, concurrency=concurrency, loglevel=loglevel, logfile=self.logfile, node=f"{name}@%h"
+            self.pool, env=env, concurrency=concurrency, loglevel=loglevel, logfile=self.logfile, node=f"{name}@%h"
         )
         stack.callback(stop_worker, self.process)
         self.node = f"{name}@{socket.gethostname()}"
@@ -310,7 +316,8 @@ def up(
         try:
             code = farm.process.wait()
         except KeyboardInterrupt:
-            console.print("stopping the worker (finishing running jobs; Ctrl-C again to kill it) ...")
+            console.print(f"stopping the worker (draining: running jobs get {LOCAL_DRAIN_SECONDS} s, then go back "
+                          "to their queue; Ctrl-C again to kill it) ...")
             code = None
     if code:
         _fail(f"the worker exited with code {code}; farm stopped", code=1)
@@ -474,6 +481,35 @@ def cancel(job_id: str) -> None:
 
 
 cli.command(name="webhooks")(webhook_commands.webhooks)
+
+
+@cli.command()
+def drain(
+    worker: Annotated[
+        str, typer.Argument(help="The worker's node name (cpu@host), or the part before @ if one worker has it")
+    ],
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the worker has stopped")] = False,
+) -> None:
+    """Drain a worker: it takes no new job, gives its running jobs FARM_DRAIN_SECONDS to end, hands
+    the rest back to their queues (checkpoints kept, they resume elsewhere) and exits 0."""
+    _need_broker()
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.drain_request import NoSuchWorker, find_worker, request_drain, wait_gone
+
+    try:
+        node = find_worker(app, worker)
+        answer = request_drain(app, node)
+    except NoSuchWorker as exc:
+        _fail(str(exc))
+    running = ", ".join(answer["running"]) or "none"
+    said = "already draining" if answer["already"] else "draining"
+    console.print(f"{node}: {said}; running jobs: {running}; hands back what still runs in {answer['left_s']:g} s",
+                  highlight=False)  # fmt: skip
+    if wait:
+        # Its deadline, then the handback and the stop: a few seconds.
+        if not wait_gone(app, node, timeout=float(answer["left_s"]) + 60):
+            _fail(f"{node} still answers {answer['left_s']:g} s + 60 s after the drain began", code=1)
+        console.print(f"{node}: stopped")
 
 
 @cli.command(name="families")

@@ -116,7 +116,7 @@ def wait_ready(app: Any, node: str, process: subprocess.Popen[bytes] | None = No
 
 
 def stop_worker(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    """Warm shutdown (SIGTERM: finish the running job), then SIGKILL if it will not stop.
+    """SIGTERM (the worker drains: ``workers.drain``), then SIGKILL if it has not stopped in ``timeout``.
 
     A second Ctrl-C while waiting skips the wait; the worker is never left running behind us.
     """

@@ -51,6 +51,17 @@ def test_a_dead_or_paused_worker_never_counts() -> None:
     assert settled(open_attempt(), retries=0, before=lost) == (Outcome.KILLED, False, "worker_died")
 
 
+def test_a_drained_attempt_is_lost_by_choice_not_a_dying_worker() -> None:
+    # The drain's record (workers.drain), written before it ended the child: the same rung again.
+    record = KillRecord(pid=42, worker="cpu@a", at=1300.0, outcome=Outcome.WORKER_LOST, reason="handed back by the drain")
+    attempt = open_attempt()
+    assert settled(attempt, record, retries=0) == (Outcome.WORKER_LOST, False, "drained")
+    assert attempt.reason == "handed back by the drain" and attempt.duration == 300.0
+    # Drained twice, then its worker dies: still the first real loss, not past the budget of two.
+    drained = [Attempt(0, "big", Outcome.WORKER_LOST, cause="drained") for _ in range(2)]
+    assert settled(open_attempt(), retries=0, before=drained) == (Outcome.WORKER_LOST, False, "worker_lost")
+
+
 @pytest.mark.parametrize(
     ("raised", "outcome", "cause"),
     [
