@@ -182,6 +182,17 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def artifacts_match(client: httpx.Client, view: dict) -> list[str]:
+    """Every artifact of the job over HTTP, checked against the sha256 its result records."""
+    names = []
+    for artifact in view["result"].get("artifacts", []):
+        body = client.get(view["links"]["artifacts"][artifact["name"]])
+        assert body.status_code == 200, body.text
+        assert sha256(body.content) == artifact["sha256"], artifact["name"]
+        names.append(artifact["name"])
+    return names
+
+
 def wait_job(client: httpx.Client, job_id: str, timeout: float = 300) -> dict:
     """The job's view once it has ended (SUCCESS or FAILURE)."""
     deadline = time.monotonic() + timeout
