@@ -15,7 +15,9 @@
 # (scripts/cluster/standins.sh); Grafana has none and is left out then.
 # Each published port is the Compose default when free, else a free one (kept until `down`).
 # Environment: FARM_CLUSTER_PROJECT (mediafarm), FARM_CLUSTER_STATE (state and image storage),
-# FARM_CLUSTER_TIMEOUT (seconds to wait for health, 600), FARM_API_TOKENS (generated if unset).
+# FARM_CLUSTER_TIMEOUT (seconds to wait for health, 600), FARM_API_TOKENS (generated if unset),
+# FARM_CLUSTER_COMPOSE_FILES (compose files added to docker-compose.yml, colon-separated, from the
+# repo root: the cluster tests' tests/cluster/compose.test.yml).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -98,6 +100,8 @@ load_env() {
 }
 
 COMPOSE=("$STATE/venv/bin/podman-compose" --no-ansi -p "$PROJECT" -f "$COMPOSE_FILE")
+IFS=: read -r -a EXTRA_FILES <<<"${FARM_CLUSTER_COMPOSE_FILES:-}"
+for f in "${EXTRA_FILES[@]}"; do [ -z "$f" ] || COMPOSE+=(-f "$REPO/$f"); done
 compose() { "${COMPOSE[@]}" "$@"; }
 
 # "service image build(0/1)" for every service of the default profile, from the compose file itself.

@@ -96,7 +96,9 @@ def script_env() -> dict[str, str]:
     """The session's FARM_* settings point at the tests' own Redis: none of them goes to the cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_") or k.startswith("FARM_CLUSTER_")}
     # Flower's API on its loopback port, without a password (the tests ask it for the workers).
-    return env | {"FARM_CLUSTER_PROJECT": PROJECT, "FLOWER_UNAUTHENTICATED_API": "true"}
+    # The test-only chaos family in the gateway and worker (compose.test.yml), for the memory-limit test.
+    return env | {"FARM_CLUSTER_PROJECT": PROJECT, "FLOWER_UNAUTHENTICATED_API": "true",
+                  "FARM_CLUSTER_COMPOSE_FILES": "tests/cluster/compose.test.yml"}  # fmt: skip
 
 
 def podman_env() -> dict[str, str]:

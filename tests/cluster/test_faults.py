@@ -2,7 +2,9 @@
 (its append-only file keeps them); a worker stopped the way Compose stops it (SIGQUIT, the grace
 period): its running job goes back to the queue at once and resumes from its checkpoint when the
 worker is back; a worker killed outright (SIGKILL) and brought back by its restart policy: its job
-goes back within the handback grace and resumes from its checkpoint."""
+goes back within the handback grace and resumes from its checkpoint; a job past the worker
+container's memory limit: the kernel kills the child, the job finishes on its next rung, and the
+container stays up."""
 
 from __future__ import annotations
 
@@ -145,6 +147,31 @@ def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluste
     assert later and later[-1]["outcome"] == "ok", done["attempts"]
     resumed = later[-1].get("resumed_from")
     assert resumed and resumed["position"] > 0, done["attempts"]
+
+
+def test_a_job_past_the_container_s_memory_limit_goes_down_its_ladder(cluster: Cluster, client: httpx.Client) -> None:
+    """The chaos family's hungry rung writes 1.5 GiB (tests/cluster/chaos.toml), under the pool's
+    2 GiB child cap, in a worker container limited to 1 GiB: the kernel's cgroup OOM killer, not the
+    farm's watchdog, kills the child. The farm tells it from an outside kill by the cgroup's OOM-kill
+    count, the job finishes on the next rung, and the worker container is the same one, not restarted.
+    (The limit is lowered on the running container, ``podman update``, for this test alone: the
+    other tests' jobs keep docker-compose.yml's mem_limit.)"""
+    worker = cluster.container("worker-cpu")
+    before = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}}", worker).stdout.split()
+    cluster.podman("update", "--memory", "1g", worker)
+    try:
+        view = wait_job(client, client.post("/v1/jobs/chaos", json={"ladder": "cluster_oom"}).json()["id"])
+    finally:
+        cluster.podman("update", "--memory", compose_service("worker-cpu")["mem_limit"], worker)
+    assert view["state"] == "SUCCESS" and view["result"]["variant"] == "frugal", json.dumps(view, indent=1)[-3000:]
+    hungry, frugal = view["attempts"]
+    assert (hungry["variant"], hungry["outcome"], hungry["cause"], hungry["counted"]) == (
+        "hungry", "oom", "kernel_oom", True), view["attempts"]  # fmt: skip
+    assert "OOM" in hungry["reason"] and (hungry["peak_rss_mb"] or 0) < 2048, view["attempts"]
+    assert (frugal["variant"], frugal["outcome"]) == ("frugal", "ok"), view["attempts"]
+    after = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}}", worker).stdout.split()
+    assert after == before, (before, after)  # the worker's main process was never the one killed
+    assert cluster.podman("inspect", "-f", "{{.State.Status}}", worker).stdout.strip() == "running"
 
 
 def wait_recognising(client: httpx.Client, job_id: str, seconds: float, timeout: float = 300) -> dict:
