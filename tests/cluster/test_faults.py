@@ -191,8 +191,9 @@ def wait_recognising(client: httpx.Client, job_id: str, seconds: float, timeout:
 
 def test_a_worker_killed_outright_is_restarted_and_its_job_resumes(cluster: Cluster, client: httpx.Client) -> None:
     """SIGKILL of the worker container's main process, from the host, as the kernel or a crash
-    would end it. (``podman kill`` is an operator's stop to podman: no restart policy brings the
-    container back after it, found on podman 4.3; hence the signal to the process.) The
+    would end it. (``podman kill``, with any ``--signal``, is an operator's stop to podman: libpod's
+    Kill marks the container StoppedByUser, and no restart policy brings such a container back;
+    hence the signal to the process.) The
     restart policy brings the same container back, under the same hostname and so the same node
     name: no peer sees that node silent, and the new worker hands back what its predecessor left
     open (``tasks.handback``) at once, not after the 2 h visibility timeout."""
