@@ -123,7 +123,7 @@ def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluste
     """SIGQUIT (stop_signal): Celery's soft shutdown gives the job FARM_SOFT_SHUTDOWN_TIMEOUT (60 s),
     then its message goes straight back to the queue, not after the 2 h visibility timeout. Back
     up, the worker takes it again and resumes from the job's last checkpoint."""
-    media = long_speech(cluster.media / "twelve-minutes.wav", 12)
+    media = long_speech(cluster.media / "twenty-minutes.wav", 20)
     job_id = f"cluster-stop-{uuid.uuid4().hex[:8]}"
     sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},
                        headers={"Idempotency-Key": job_id})  # fmt: skip
@@ -232,7 +232,7 @@ def test_two_workers_a_job_on_the_one_stopped_finishes_on_the_other(cluster: Clu
         while cluster.podman("healthcheck", "run", second, check=False).returncode != 0:
             assert time.monotonic() < deadline, cluster.logs("worker-cpu", 2)[-3000:]
             time.sleep(3)
-        media = long_speech(cluster.media / "twelve-minutes-b.wav", 12)
+        media = long_speech(cluster.media / "twenty-minutes-b.wav", 20)
         job_id = f"cluster-scale-{uuid.uuid4().hex[:8]}"
         sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},
                            headers={"Idempotency-Key": job_id})  # fmt: skip
