@@ -135,12 +135,14 @@ def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluste
     # a bare `podman stop` kills it after 10 s, and the job then waits out the visibility timeout.)
     grace = grace_seconds(compose_service("worker-cpu")["stop_grace_period"])
     stopped = cluster.podman("stop", "-t", str(grace), worker, timeout=grace + 60)
-    assert stopped.returncode == 0
-    # Back in its queue as soon as the worker has gone (Celery's cold shutdown restores it).
-    view = client.get(f"/v1/jobs/{job_id}").json()
-    assert view["state"] != "SUCCESS", "the job ended within the soft shutdown: make its media longer"
-    assert queued(cluster, "subtitle") == 1, (queued(cluster, "subtitle"), view["attempts"])
-    cluster.podman("start", worker)
+    try:
+        assert stopped.returncode == 0
+        # Back in its queue as soon as the worker has gone (Celery's cold shutdown restores it).
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        assert view["state"] != "SUCCESS", "the job ended within the soft shutdown: make its media longer"
+        assert queued(cluster, "subtitle") == 1, (queued(cluster, "subtitle"), view["attempts"])
+    finally:
+        cluster.podman("start", worker)  # the later tests need it, whatever this one found
     done = wait_job(client, job_id, timeout=900)
     assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
     first, *later = done["attempts"]
