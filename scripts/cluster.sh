@@ -15,7 +15,9 @@
 # (scripts/cluster/standins.sh); Grafana has none and is left out then.
 # Each published port is the Compose default when free, else a free one (kept until `down`).
 # Environment: FARM_CLUSTER_PROJECT (mediafarm), FARM_CLUSTER_STATE (state and image storage),
-# FARM_CLUSTER_TIMEOUT (seconds to wait for health, 600), FARM_API_TOKENS (generated if unset).
+# FARM_CLUSTER_TIMEOUT (seconds to wait for health, 600), FARM_API_TOKENS (generated if unset),
+# FARM_CLUSTER_COMPOSE_FILES (compose files added to docker-compose.yml, colon-separated, from the
+# repo root: the cluster tests' tests/cluster/compose.test.yml).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -65,19 +67,29 @@ install_missing() {
 }
 
 # Ports, token and project, written once by `up` and read back by every command until `down`.
+# Under the build lock, and never a port another project's file holds: two projects brought up at
+# once (the lead's and CI's) each find the other's ports free before either has bound them.
 write_env() {
   [ -f "$ENVFILE" ] && return 0
   "$STATE/venv/bin/python" - "$ENVFILE" <<'PY'
-import os, secrets, socket, sys
+import os, pathlib, secrets, socket, sys
+
+target = pathlib.Path(sys.argv[1])
+taken = {int(v) for f in target.parent.glob("*.env") if f != target
+         for k, _, v in (line.partition("=") for line in f.read_text().splitlines())
+         if k.endswith("_PORT") and v.isdigit()}
 
 def free(default: int) -> int:
-    for port in (default, 0):
+    for port in (default, *[0] * 100):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return s.getsockname()[1]
+            if s.getsockname()[1] not in taken:
+                taken.add(s.getsockname()[1])
+                return s.getsockname()[1]
+    sys.exit("no free port found")
 
 ports = {"FARM_REDIS_PORT": 6379, "FARM_FLOWER_PORT": 5555, "FARM_GATEWAY_PORT": 8000,
          "FARM_PROMETHEUS_PORT": 9090, "FARM_GRAFANA_PORT": 3000}
@@ -98,6 +110,8 @@ load_env() {
 }
 
 COMPOSE=("$STATE/venv/bin/podman-compose" --no-ansi -p "$PROJECT" -f "$COMPOSE_FILE")
+IFS=: read -r -a EXTRA_FILES <<<"${FARM_CLUSTER_COMPOSE_FILES:-}"
+for f in "${EXTRA_FILES[@]}"; do [ -z "$f" ] || COMPOSE+=(-f "$REPO/$f"); done
 compose() { "${COMPOSE[@]}" "$@"; }
 
 # "service image build(0/1)" for every service of the default profile, from the compose file itself.

@@ -20,6 +20,12 @@ A live worker that sees a peer silent past ``FARM_HANDBACK_GRACE`` hands that pe
    shutdown (``restore_unacked``, by tag) can find it again, and its late ack cannot remove the
    new delivery's entry.
 
+A worker brought back under its own node name (a container's restart policy after a SIGKILL
+keeps its hostname) beats again before any peer sees it silent past the grace, and no peer may be
+there at all: as it starts it hands back what its predecessor under that name left open
+(``predecessor``: the name's beat is in the hash, never forgotten by a clean stop, and no live
+process renews it), the jobs whose attempts began before it started.
+
 The two steps may lie on two Redis servers (a result backend apart from the broker). A handback
 cut between them leaves the message in ``unacked``, where the visibility timeout still finds it.
 """
@@ -90,6 +96,21 @@ def forget(client: Any, node: str) -> None:
     client.hdel(keys.heartbeats(), node)
 
 
+def last_beat(client: Any, node: str) -> float | None:
+    """``node``'s last beat as the hash keeps it (None: it never beat, or stopped cleanly)."""
+    return beat(client, "")[1].get(node)
+
+
+def predecessor(client: Any, node: str, before: float | None) -> float | None:
+    """Seconds since a dead predecessor under ``node`` last beat, or None. ``before``: its beat
+    read (``last_beat``) a few beats' time earlier, before this process beat under that name; a
+    beat since then is a live process of the same name (a duplicate node name), not a dead one."""
+    if before is None:
+        return None
+    now, beats = beat(client, "")
+    return now - before if beats.get(node) == before else None
+
+
 def silent(now: float, beats: dict[str, float], grace: float, me: str) -> dict[str, float]:
     """Workers other than ``me`` silent for more than ``grace`` seconds, with their silence."""
     return {node: now - at for node, at in beats.items() if node != me and now - at > grace}
@@ -105,8 +126,10 @@ class Handback:
         self.ttl, self.transient_budget = ttl, transient_budget
         self._move: Any = None
 
-    def run(self, dead: dict[str, float]) -> list[str]:
-        """Hand back what the ``dead`` workers (node → seconds silent) hold; the job ids handed back."""
+    def run(self, dead: dict[str, float], started_before: float | None = None) -> list[str]:
+        """Hand back what the ``dead`` workers (node → seconds silent) hold; the job ids handed back.
+        ``started_before``: only attempts that began before then (a worker handing back its own
+        predecessor's jobs under the same node name, not the ones it runs itself)."""
         client = self.channel.client
         handed = []
         for tag, raw in client.hgetall(self.channel.unacked_key).items():
@@ -116,13 +139,13 @@ class Handback:
                 job_id, retries = str(headers["id"]), int(headers.get("retries") or 0)
             except (ValueError, KeyError, TypeError):
                 continue  # not a Celery message of protocol 2: not the farm's to judge
-            if self._hand_back(job_id, retries, dead, _text(tag), raw, message, exchange, routing_key):
+            if self._hand_back(job_id, retries, dead, _text(tag), raw, message, exchange, routing_key, started_before):
                 handed.append(job_id)
         return handed
 
     def _hand_back(
         self, job_id: str, retries: int, dead: dict[str, float], tag: str, raw: Any, message: dict[str, Any],
-        exchange: str, routing_key: str,
+        exchange: str, routing_key: str, started_before: float | None = None,
     ) -> bool:
         attempt_log = AttemptLog(self.backend, job_id, self.ttl)
         attempts, _ = attempt_log.read()
@@ -131,6 +154,8 @@ class Handback:
         newest = attempts[-1]
         # The message of that very attempt: a retry of the same job carries a higher count.
         if newest.outcome is not None or newest.worker not in dead or newest.retries != retries:
+            return False
+        if started_before is not None and newest.started >= started_before:
             return False
         settle_open_attempts(attempts, None, retries, self.transient_budget)
         silence = dead[newest.worker]

@@ -144,11 +144,13 @@ def start_worker(session_dir: Path) -> Iterator[Callable[..., WorkerHandle]]:
         queues: list[str] | None = None,
         env: dict[str, str] | None = None,
         include: tuple[str, ...] = (),
+        node: str | None = None,
     ) -> WorkerHandle:
+        """``node``: the node name of a worker started before (a restart under the same name)."""
         import socket
 
-        name = f"{pool}-t{uuid.uuid4().hex[:6]}"
-        node = f"{name}@{socket.gethostname()}"
+        name = node.split("@", 1)[0] if node else f"{pool}-t{uuid.uuid4().hex[:6]}"
+        node = node or f"{name}@{socket.gethostname()}"
         log = session_dir / f"{name}.log"
         full_env = {**os.environ, "FARM_POOL": pool, **(env or {})}
         with log.open("wb") as fh:

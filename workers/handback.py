@@ -7,6 +7,11 @@ queue at once rather than after the visibility timeout. The main process beats w
 work, so a worker merely busy, however long its jobs, is never passed over; the grace is several
 beats long so a slow beat or two (a loaded host, a Redis failover) is not silence.
 
+A worker started under a node name whose beat is still in the hash (its predecessor under that
+name died: a container brought back by its restart policy keeps its hostname) waits a few beats
+without beating; if no other process renewed that beat, it hands back the jobs its predecessor left
+open before it beats itself (``tasks.handback.predecessor``).
+
 RabbitMQ redelivers a dead consumer's messages itself: there the step does nothing.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import redis
@@ -31,6 +37,8 @@ INTERVAL_S = 1.0
 # A peer is looked for this long after it fell silent; a job of its found later (its attempt's
 # record came late) waits for the visibility timeout as before.
 LOOK_FOR_S = 120.0
+# A live process beating under this node name renews its beat within this long.
+PREDECESSOR_WAIT_S = 3 * INTERVAL_S
 
 
 class HandbackStep(bootsteps.StartStopStep):
@@ -50,6 +58,7 @@ class HandbackStep(bootsteps.StartStopStep):
             return
         settings = get_settings()
         self._node = worker.hostname
+        self._started = time.time()
         self._client = redis.Redis.from_url(settings.backend_url, socket_timeout=1, socket_connect_timeout=1)
         fork_gate.start_thread(self._run, "farm-handback", (worker.app,))
 
@@ -67,6 +76,10 @@ class HandbackStep(bootsteps.StartStopStep):
         connection = Connection(settings.broker_url, transport_options=options)
         worker: handback.Handback | None = None
         failing = False
+        try:
+            self._hand_back_predecessor(app, connection)
+        except Exception:  # noqa: BLE001 - a Redis away at start: its jobs wait for the visibility timeout
+            log.warning("handback of a predecessor's jobs failed", exc_info=True)
         while not self._stop.is_set():
             with fork_gate.held():  # one beat, and at most one handback: Redis calls and log lines
                 try:
@@ -94,6 +107,26 @@ class HandbackStep(bootsteps.StartStopStep):
                         log.warning("heartbeat or handback failed", exc_info=True)
                     failing = True
             self._stop.wait(INTERVAL_S)
+
+
+    def _hand_back_predecessor(self, app: Any, connection: Any) -> None:
+        """The jobs a dead predecessor under this node name left open, back to their queue."""
+        settings = get_settings()
+        with fork_gate.held():
+            before = handback.last_beat(self._client, self._node)
+        if before is None or self._stop.wait(PREDECESSOR_WAIT_S):
+            return
+        with fork_gate.held():
+            silence = handback.predecessor(self._client, self._node, before)
+            if silence is None:
+                log.warning("another live worker beats as %s: its jobs are not handed back", self._node)
+                return
+            handed = handback.Handback(
+                self._client, connection.default_channel, app.backend.get_key_for_task,
+                int(app.conf.result_expires), settings.transient_retries,
+            ).run({self._node: silence}, started_before=self._started)  # fmt: skip
+            log.warning("%s started after a predecessor of its name died (silent %.0f s): %d job(s) handed back",
+                        self._node, silence, len(handed))  # fmt: skip
 
 
 def install(app: Any) -> None:

@@ -96,7 +96,9 @@ def script_env() -> dict[str, str]:
     """The session's FARM_* settings point at the tests' own Redis: none of them goes to the cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_") or k.startswith("FARM_CLUSTER_")}
     # Flower's API on its loopback port, without a password (the tests ask it for the workers).
-    return env | {"FARM_CLUSTER_PROJECT": PROJECT, "FLOWER_UNAUTHENTICATED_API": "true"}
+    # The test-only chaos family in the gateway and worker (compose.test.yml), for the memory-limit test.
+    return env | {"FARM_CLUSTER_PROJECT": PROJECT, "FLOWER_UNAUTHENTICATED_API": "true",
+                  "FARM_CLUSTER_COMPOSE_FILES": "tests/cluster/compose.test.yml"}  # fmt: skip
 
 
 def podman_env() -> dict[str, str]:
@@ -180,6 +182,17 @@ def place_test_models(models: Path) -> list[Path]:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def artifacts_match(client: httpx.Client, view: dict) -> list[str]:
+    """Every artifact of the job over HTTP, checked against the sha256 its result records."""
+    names = []
+    for artifact in view["result"].get("artifacts", []):
+        body = client.get(view["links"]["artifacts"][artifact["name"]])
+        assert body.status_code == 200, body.text
+        assert sha256(body.content) == artifact["sha256"], artifact["name"]
+        names.append(artifact["name"])
+    return names
 
 
 def wait_job(client: httpx.Client, job_id: str, timeout: float = 300) -> dict:

@@ -1,12 +1,17 @@
 """Faults on the cluster's containers themselves: Redis restarted under queued and running jobs
-(its append-only file keeps them), and a worker stopped the way Compose stops it (SIGQUIT, the
-grace period): its running job goes back to the queue at once and resumes from its checkpoint when
-the worker is back."""
+(its append-only file keeps them); a worker stopped the way Compose stops it (SIGQUIT, the grace
+period): its running job goes back to the queue at once and resumes from its checkpoint when the
+worker is back; a worker killed outright (SIGKILL) and brought back by its restart policy: its job
+goes back within the handback grace and resumes from its checkpoint; a job past the worker
+container's memory limit: the kernel kills the child, the job finishes on its next rung, and the
+container stays up."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +24,7 @@ import soundfile as sf
 import yaml
 
 from mediafarm.workers.cli import _sample
-from tests.cluster.conftest import Cluster, wait_job
+from tests.cluster.conftest import Cluster, artifacts_match, wait_job
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
@@ -130,18 +135,92 @@ def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluste
     # a bare `podman stop` kills it after 10 s, and the job then waits out the visibility timeout.)
     grace = grace_seconds(compose_service("worker-cpu")["stop_grace_period"])
     stopped = cluster.podman("stop", "-t", str(grace), worker, timeout=grace + 60)
-    assert stopped.returncode == 0
-    # Back in its queue as soon as the worker has gone (Celery's cold shutdown restores it).
-    view = client.get(f"/v1/jobs/{job_id}").json()
-    assert view["state"] != "SUCCESS", "the job ended within the soft shutdown: make its media longer"
-    assert queued(cluster, "subtitle") == 1, (queued(cluster, "subtitle"), view["attempts"])
-    cluster.podman("start", worker)
+    try:
+        assert stopped.returncode == 0
+        # Back in its queue as soon as the worker has gone (Celery's cold shutdown restores it).
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        assert view["state"] != "SUCCESS", "the job ended within the soft shutdown: make its media longer"
+        assert queued(cluster, "subtitle") == 1, (queued(cluster, "subtitle"), view["attempts"])
+    finally:
+        cluster.podman("start", worker)  # the later tests need it, whatever this one found
     done = wait_job(client, job_id, timeout=900)
     assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
     first, *later = done["attempts"]
     assert later and later[-1]["outcome"] == "ok", done["attempts"]
     resumed = later[-1].get("resumed_from")
     assert resumed and resumed["position"] > 0, done["attempts"]
+
+
+def test_a_job_past_the_container_s_memory_limit_goes_down_its_ladder(cluster: Cluster, client: httpx.Client) -> None:
+    """The chaos family's hungry rung writes 1.5 GiB (tests/cluster/chaos.toml), under the pool's
+    2 GiB child cap, in a worker container limited to 1 GiB: the kernel's cgroup OOM killer, not the
+    farm's watchdog, kills the child. The farm tells it from an outside kill by the cgroup's OOM-kill
+    count, the job finishes on the next rung, and the worker container is the same one, not restarted.
+    (The limit is lowered on the running container, ``podman update``, for this test alone: the
+    other tests' jobs keep docker-compose.yml's mem_limit.)"""
+    worker = cluster.container("worker-cpu")
+    before = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}}", worker).stdout.split()
+    cluster.podman("update", "--memory", "1g", worker)
+    try:
+        view = wait_job(client, client.post("/v1/jobs/chaos", json={"ladder": "cluster_oom"}).json()["id"])
+    finally:
+        cluster.podman("update", "--memory", compose_service("worker-cpu")["mem_limit"], worker)
+    assert view["state"] == "SUCCESS" and view["result"]["variant"] == "frugal", json.dumps(view, indent=1)[-3000:]
+    hungry, frugal = view["attempts"]
+    assert (hungry["variant"], hungry["outcome"], hungry["cause"], hungry["counted"]) == (
+        "hungry", "oom", "kernel_oom", True), view["attempts"]  # fmt: skip
+    assert "OOM" in hungry["reason"] and (hungry["peak_rss_mb"] or 0) < 2048, view["attempts"]
+    assert (frugal["variant"], frugal["outcome"]) == ("frugal", "ok"), view["attempts"]
+    after = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}}", worker).stdout.split()
+    assert after == before, (before, after)  # the worker's main process was never the one killed
+    assert cluster.podman("inspect", "-f", "{{.State.Status}}", worker).stdout.strip() == "running"
+
+
+def wait_recognising(client: httpx.Client, job_id: str, seconds: float, timeout: float = 300) -> dict:
+    """The job's view once its recogniser has run ``seconds`` past its first window (a checkpoint
+    is written every FARM_CHECKPOINT_INTERVAL, 5 s)."""
+    deadline, since = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        assert view.get("state") not in {"SUCCESS", "FAILURE"}, "the job ended before the kill: make its media longer"
+        if (view.get("progress") or {}).get("stage") == "recognise":
+            since = since or time.monotonic()
+            if time.monotonic() - since >= seconds:
+                return view
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} never recognised for {seconds} s: {view}")
+
+
+def test_a_worker_killed_outright_is_restarted_and_its_job_resumes(cluster: Cluster, client: httpx.Client) -> None:
+    """SIGKILL of the worker container's main process, from the host, as the kernel or a crash
+    would end it. (``podman kill``, with any ``--signal``, is an operator's stop to podman: libpod's
+    Kill marks the container StoppedByUser, and no restart policy brings such a container back;
+    hence the signal to the process.) The
+    restart policy brings the same container back, under the same hostname and so the same node
+    name: no peer sees that node silent, and the new worker hands back what its predecessor left
+    open (``tasks.handback``) at once, not after the 2 h visibility timeout."""
+    media = long_speech(cluster.media / "ten-minutes-kill.wav", 10)
+    job_id = f"cluster-kill-{uuid.uuid4().hex[:8]}"
+    sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},
+                       headers={"Idempotency-Key": job_id})  # fmt: skip
+    assert sent.status_code == 202, sent.text
+    wait_recognising(client, job_id, seconds=12)
+    worker = cluster.container("worker-cpu")
+    before = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}} {{.State.Pid}}", worker).stdout.split()
+    os.kill(int(before[2]), signal.SIGKILL)
+    killed = time.time()
+    done = wait_job(client, job_id, timeout=900)
+    assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
+    after = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}}", worker).stdout.split()
+    assert after == [before[0], str(int(before[1]) + 1)], (before, after)  # the same container, restarted once
+    ran = [a for a in done["attempts"] if a["outcome"] != "unavailable"]
+    lost, resumed = ran[-2], ran[-1]
+    assert (lost["outcome"], lost["cause"], lost["counted"]) == ("worker_lost", "worker_lost", False), ran
+    assert "handed back" in lost["reason"] and lost["rung"] == resumed["rung"], ran  # the same rung again
+    assert resumed["outcome"] == "ok" and resumed["resumed_from"]["position"] > 0, ran
+    # Within the handback grace (30 s) of the worker's return, not after the visibility timeout.
+    assert resumed["started"] - killed < 120, (resumed["started"] - killed, ran)
+    assert artifacts_match(client, done)
 
 
 def test_two_workers_a_job_on_the_one_stopped_finishes_on_the_other(cluster: Cluster, client: httpx.Client) -> None:

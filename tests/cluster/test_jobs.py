@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from mediafarm.workers.cli import _sample
-from tests.cluster.conftest import Cluster, sha256, wait_job
+from tests.cluster.conftest import Cluster, artifacts_match, wait_job
 from tests.support.camera import make_numbered
 
 pytestmark = pytest.mark.cluster
@@ -48,17 +48,6 @@ def succeeded(client: httpx.Client, answer: httpx.Response, timeout: float = 300
     view = wait_job(client, answer.json()["id"], timeout)
     assert view["state"] == "SUCCESS", json.dumps(view, indent=1)[-3000:]
     return view
-
-
-def artifacts_match(client: httpx.Client, view: dict) -> list[str]:
-    """Every artifact of the job over HTTP, checked against the sha256 its result records."""
-    names = []
-    for artifact in view["result"].get("artifacts", []):
-        body = client.get(view["links"]["artifacts"][artifact["name"]])
-        assert body.status_code == 200, body.text
-        assert sha256(body.content) == artifact["sha256"], artifact["name"]
-        names.append(artifact["name"])
-    return names
 
 
 def test_vad_runs_silero_without_torch(client: httpx.Client, speech: str) -> None:

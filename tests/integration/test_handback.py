@@ -91,6 +91,34 @@ def assert_no_copy_left(queue: str, jobs: list[JobHandle]) -> None:
         time.sleep(0.1)
 
 
+def test_a_worker_restarted_under_its_own_name_runs_its_predecessor_s_job_again(start_worker) -> None:
+    """As a container's restart policy does after a SIGKILL: the same node name comes back, beating
+    before any peer sees it silent for the 30 s grace. Its predecessor's job runs again at once.
+    (First in this module: the pair's 5 s grace would hand the job back too, had it started.)"""
+    queue = f"chaos-restart-{uuid.uuid4().hex[:6]}"
+    victim = start_worker("chaos", concurrency=1, queues=[queue])
+    job = send(queue, sleep=30)
+    open_attempts([job])
+    os.killpg(victim.process.pid, signal.SIGKILL)
+    killed = time.time()
+    victim.process.wait(10)
+    again = start_worker("chaos", concurrency=1, queues=[queue], node=victim.node)
+    rerun = rerun_started(job, timeout=25 - (time.time() - killed))
+    assert rerun["started"] - killed < 25, rerun  # well inside the 30 s grace: no peer handed it back
+    lost, ok = job.wait(timeout=60)["attempts"]
+    assert (lost["outcome"], ok["outcome"]) == ("worker_lost", "ok") and ok["worker"] == victim.node
+    assert "handed back" in lost["reason"] and "1 job(s) handed back" in again.log_tail(20000)
+
+
+def rerun_started(job: JobHandle, timeout: float) -> dict[str, Any]:
+    """The job's second attempt once it has begun (AssertionError past ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while len(attempts := job.attempts()) < 2:
+        assert time.monotonic() < deadline, f"job {job.id} did not run again within {timeout:.0f} s: {attempts}"
+        time.sleep(0.05)
+    return attempts[1]
+
+
 def test_a_worker_merely_busy_past_the_grace_keeps_its_job(pair) -> None:
     # A job twice the grace long: its worker's main process beats all along, so nobody takes it.
     job = send(pair["queue"], sleep=2 * GRACE)

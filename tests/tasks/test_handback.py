@@ -138,3 +138,32 @@ def test_the_grace_is_off_or_well_above_the_heartbeat() -> None:
     assert FarmSettings().handback_grace == 30
     with pytest.raises(ValueError, match="FARM_HANDBACK_GRACE must be 0"):
         FarmSettings(handback_grace=2)
+
+
+def test_a_worker_restarted_under_its_own_name_takes_back_only_its_predecessor_s_jobs(held) -> None:
+    """A container's restart policy brings a SIGKILLed worker back under the same node name: no
+    peer sees that name silent, so the new process hands back what its predecessor left open."""
+    attempt = open_attempt(held["log"])
+    worker = handback.Handback(held["client"], held["channel"], result_key, 60, 2)
+    # An attempt the new process began itself (after it started) is its own, not handed back.
+    assert worker.run({DEAD: 5.0}, started_before=attempt.started) == []
+    assert queued(held) == []
+    assert worker.run({DEAD: 5.0}, started_before=attempt.started + 1) == [held["job_id"]]
+    (copy,) = queued(held)
+    assert copy["headers"]["id"] == held["job_id"]
+
+
+def test_a_predecessor_is_a_name_whose_beat_nobody_renews(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    node = f"cpu-{uuid.uuid4().hex[:6]}@h"
+    try:
+        assert handback.last_beat(client, node) is None  # never beat, or stopped cleanly: none
+        assert handback.predecessor(client, node, None) is None
+        now, _ = handback.beat(client, "")
+        client.hset(keys.heartbeats(), node, now - 12)  # died 12 s ago, its field left
+        before = handback.last_beat(client, node)
+        assert handback.predecessor(client, node, before) == pytest.approx(12, abs=1)
+        handback.beat(client, node)  # a live process of the same name beat meanwhile
+        assert handback.predecessor(client, node, before) is None
+    finally:
+        client.hdel(keys.heartbeats(), node)
