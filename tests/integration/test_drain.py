@@ -145,9 +145,9 @@ def test_a_message_held_for_later_goes_back_the_moment_the_drain_begins(start_wo
     queue = "chaos-drain-held"
     env = {"FARM_DRAIN_SECONDS": "30"}
     worker = start_worker("chaos", concurrency=1, queues=[queue], env=env)
-    busy = submit("chaos", queue=queue, ladder="chaos", plan={"sleep": 6})
-    running_attempt(busy)
-    # A countdown, as FARM_RETRY_DELAY gives a retry: the worker holds the message unstarted.
+    # A countdown, as FARM_RETRY_DELAY gives a retry: the worker holds the message unstarted. Sent
+    # first: with the one child busy, the worker's prefetch slot is taken and the message stays in
+    # the queue until the busy job ends (seen in CI), so it would never be held during the drain.
     sent = time.monotonic()
     held = app.send_task("farm.test.chaos", kwargs={"ladder": "chaos"}, queue=queue, countdown=COUNTDOWN_S)
     inspect = app.control.inspect([worker.node], timeout=2)
@@ -155,6 +155,8 @@ def test_a_message_held_for_later_goes_back_the_moment_the_drain_begins(start_wo
     while not (inspect.scheduled() or {}).get(worker.node):
         assert time.monotonic() < deadline, "the worker never took the held message"
         time.sleep(0.1)
+    busy = submit("chaos", queue=queue, ladder="chaos", plan={"sleep": 6})
+    running_attempt(busy)
     assert queued(queue) == 0
     # Still held when the drain begins: its countdown far from over (a message whose time has come
     # is given to the pool, and waits for the busy child as a job that runs).
