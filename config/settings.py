@@ -191,13 +191,6 @@ class FarmSettings(BaseSettings):
                                  f"(`farm webhooks --new-secret` makes one); secret {n} of {len(value)} is not")
         return value
 
-    @field_validator("webhook_retry_schedule", mode="before")
-    @classmethod
-    def _split_schedule(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [p.strip() for p in value.split(",") if p.strip()]
-        return value
-
     @field_validator("handback_grace", mode="after")
     @classmethod
     def _above_the_heartbeat(cls, value: float) -> float:
@@ -215,10 +208,10 @@ class FarmSettings(BaseSettings):
             return [p.strip() for p in value.split(os.pathsep) if p.strip()]
         return value
 
-    @field_validator("api_tokens", "cors_origins", "webhook_allow", mode="before")
+    @field_validator("api_tokens", "cors_origins", "webhook_allow", "webhook_retry_schedule", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
-        # Comma-separated: tokens and origins hold no commas, while origins hold colons.
+        # Comma-separated: tokens, origins and delays hold no commas, while origins hold colons.
         if isinstance(value, str):
             return [p.strip() for p in value.split(",") if p.strip()]
         return value
