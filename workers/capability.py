@@ -32,11 +32,10 @@ def family_queues() -> dict[str, str]:
     return {name: spec.queue for name, spec in families.load().items()}
 
 
-def judge(queues: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, dict[str, dict[str, str]]]]:
-    """(the families whose queues are among ``queues``, their rungs judged on this process)."""
-    served = capability.served_families(queues, family_queues())
-    specs = [families.get(name) for name in served]
-    return served, capability.judge_rungs(specs, families.ladders_of, get_settings().models_dir)
+def judge(queues: tuple[str, ...]) -> dict[str, dict[str, dict[str, str]]]:
+    """The rungs of the families whose queues are among ``queues``, judged on this process."""
+    specs = [families.get(name) for name in capability.served_families(queues, family_queues())]
+    return capability.judge_rungs(specs, families.ladders_of, get_settings().models_dir)
 
 
 class CapabilityStep(bootsteps.StartStopStep):
@@ -49,7 +48,7 @@ class CapabilityStep(bootsteps.StartStopStep):
         self._node = ""
         queues = worker.app.amqp.queues
         configured = tuple(queues.consume_from)
-        served, rungs = judge(configured)
+        rungs = judge(configured)
         self.left_out = capability.left_out_queues(configured, rungs, family_queues())
         for queue, why in self.left_out.items():
             log.warning("not consuming queue %s: %s", queue, why)
@@ -60,11 +59,10 @@ class CapabilityStep(bootsteps.StartStopStep):
             log.warning("this worker consumes no queue: it can run no rung of any family its pool names")
         # Served: the families whose queues it still consumes; judged again at each beat.
         self.configured = configured
-        self.served = tuple(f for f in served if any(capability.family_of_queue(q, family_queues()) == f
-                                                      for q in self.queues))  # fmt: skip
+        self.served = capability.served_families(self.queues, family_queues())
 
     def record(self, node: str) -> capability.WorkerCapability:
-        _, rungs = judge(self.configured)
+        rungs = judge(self.configured)
         return capability.WorkerCapability(node, get_settings().pool, self.queues, self.left_out, self.served, rungs)
 
     def start(self, worker: Any) -> None:
