@@ -29,6 +29,17 @@ def gpu_queue(gpu: int, family: str) -> str:
     return f"gpu{gpu}.{family}"
 
 
+# Between a family's queue and a pool's name in the pool's own queue of that family (``subtitle@gpu0``).
+POOL_QUEUE_SEP = "@"
+
+
+def pool_queue(pool: str, family_queue: str) -> str:
+    """The queue of one family that only ``pool``'s workers consume, e.g. ``subtitle@gpu0``: a job
+    routed to the pool whose workers run the best rung of its ladder goes there (``tasks.routing``).
+    Every worker adds its pool's queue of each family whose queue it consumes (``workers.capability``)."""
+    return f"{family_queue}{POOL_QUEUE_SEP}{pool}"
+
+
 def expand_queues(patterns: Sequence[str], family_queues: Sequence[str]) -> tuple[str, ...]:
     """Queue names with ``*`` and ``gpu<N>.*`` replaced by the given family queues, order kept."""
     out: list[str] = []
@@ -83,6 +94,8 @@ class Pool:
     def __post_init__(self) -> None:
         if not self.queues:
             raise ConfigFileError(f"pool {self.name!r} consumes no queue")
+        if POOL_QUEUE_SEP in self.name:
+            raise ConfigFileError(f"pool {self.name!r}: a pool's name has no {POOL_QUEUE_SEP!r} (it ends its queues' names)")
         if self.concurrency < 1:
             raise ConfigFileError(f"pool {self.name!r}: concurrency must be >= 1")
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:

@@ -83,6 +83,14 @@ class FarmSettings(BaseSettings):
         gateway_metrics_open: Serve the gateway's ``GET /metrics`` without a bearer token even when
             FARM_API_TOKENS is set (a scraper on a private network); by default it asks for one.
         pool: The pool (``config.pools``) this worker process serves; sets its caps.
+        routing: Route each job to the pool whose live workers run the best rung of its ladder
+            (``tasks.routing``): at submit, to that pool's own queue of the family; at a delivery,
+            to another pool's queue when the next rung is that pool's best (a GPU job killed for
+            memory whose next rung is the CPU pool's). Off: every job goes to its family's queue
+            and runs its whole ladder on whichever worker takes it.
+        route_spill_depth: Jobs waiting in the best pool's queue at which a new job starts lower,
+            on the first pool down the ladder whose queue holds fewer (and a job about to move
+            stays where it is); 0: never, every job waits for the best pool.
         family_modules: Modules that declare job families beyond the built-in ones (a plugin's,
             a test's), each with a module-level ``FAMILY``; separated like PATH. Every process of
             a farm (workers, producers, CLI) must name the same ones.
@@ -147,6 +155,8 @@ class FarmSettings(BaseSettings):
     checkpoint_interval: float = Field(5.0, gt=0)
     config_file: Path | None = None
     pool: str = "cpu"
+    routing: bool = True
+    route_spill_depth: int = Field(4, ge=0)
     metrics_port: int = 0
     gateway_metrics_open: bool = False
     family_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)

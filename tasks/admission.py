@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mediafarm.config.admission import Admission, PoolAdmission, get_admission
-from mediafarm.config.pools import Pool, expand_queues, get_pools, gpu_queue
+from mediafarm.config.pools import Pool, expand_queues, get_pools, gpu_queue, pool_queue
 from mediafarm.config.priorities import redis_lists
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import families as registry
@@ -190,10 +190,11 @@ def queue_under_pressure(queue: str, pools: Mapping[str, Pool], client: Any) -> 
 
 def family_queues(spec: FamilySpec, queue: str | None, pools: Mapping[str, Pool]) -> tuple[str, ...]:
     """The queues whose waiting jobs count as ``spec``'s: the one the job goes to, the family
-    queue, and its GPU affinity queue on every pool with GPUs."""
+    queue, every pool's own queue of it (``tasks.routing``) and its GPU affinity queue on every
+    pool with GPUs."""
     names = [queue or spec.queue, spec.queue]
     for pool in pools.values():
-        names += [gpu_queue(g, spec.queue) for g in pool.gpus]
+        names += [pool_queue(pool.name, spec.queue), *(gpu_queue(g, spec.queue) for g in pool.gpus)]
     return tuple(dict.fromkeys(names))
 
 
@@ -236,25 +237,31 @@ class _Depths:
                 self._cache[queues] = (cached[0], max(0, cached[1] - 1))
 
     def _read(self, queues: tuple[str, ...], app: Any) -> int:
+        return sum(self.each(queues, app).values())
+
+    def each(self, queues: Sequence[str], app: Any) -> dict[str, int]:
+        """Queue -> the jobs waiting in it (every priority list), read now in one round trip on Redis."""
         return self._amqp(queues, app) if get_settings().broker_is_rabbitmq else self._redis_depth(queues)
 
-    def _redis_depth(self, queues: tuple[str, ...]) -> int:
+    def _redis_depth(self, queues: Sequence[str]) -> dict[str, int]:
         pipe = self._broker_redis().pipeline(transaction=False)
         for queue in queues:
             for name in redis_lists(queue):
                 pipe.llen(name)
-        return sum(int(n) for n in pipe.execute())
+        lengths = iter(pipe.execute())
+        return {queue: sum(int(next(lengths)) for _ in redis_lists(queue)) for queue in queues}
 
-    def _amqp(self, queues: tuple[str, ...], app: Any) -> int:
+    def _amqp(self, queues: Sequence[str], app: Any) -> dict[str, int]:
         from kombu.exceptions import OperationalError
 
-        total = 0
+        out = {}
         with app.pool.acquire(block=True) as conn:
             try:
                 for queue in queues:
+                    out[queue] = 0
                     channel = conn.channel()
                     try:
-                        total += channel.queue_declare(queue=queue, passive=True).message_count
+                        out[queue] = channel.queue_declare(queue=queue, passive=True).message_count
                     except conn.channel_errors:
                         pass  # not declared yet (404): nothing waits on it
                     finally:
@@ -264,10 +271,15 @@ class _Depths:
                             pass
             except conn.connection_errors as exc:  # py-amqp's own (CONNECTION_FORCED ...) are no OSError
                 raise OperationalError(f"RabbitMQ: {exc}") from exc
-        return total
+        return out
 
 
 _depths = _Depths()
+
+
+def queue_depths(queues: Sequence[str], app: Any) -> dict[str, int]:
+    """Queue -> the jobs waiting in it now (``tasks.routing`` compares pools' queues by it)."""
+    return _depths.each(queues, app)
 
 
 @dataclass(frozen=True)
@@ -294,7 +306,7 @@ def _refuse(client: Any, family: str, reason: str, message: str, retry_after: fl
     return Overloaded(message, retry_after=retry_after, family=family, reason=reason)
 
 
-def _away() -> tuple[type[BaseException], ...]:
+def away_errors() -> tuple[type[BaseException], ...]:
     """What a read of the broker or the result backend raises while it is away (a restart, a cut)."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -350,7 +362,7 @@ def admit(
         return Admitted()
     pools = get_pools()
     named = [(job[0], job[1], job[2] if len(job) > 2 else None) for job in jobs]
-    away = _away()
+    away = away_errors()
     for spec, queue, ladder_name in named:
         if not _steps_down(spec, ladder_name):
             try:

@@ -75,6 +75,7 @@ CAUSES = {
         Cause("drained", False, "its worker was drained and the deadline passed: handed back, not the rung's doing"),
         Cause("settled_elsewhere", False, "its worker was paused or cut off while the job went on elsewhere"),
         Cause("rerouted", False, "it reached a worker that cannot run it and was sent back: nothing ran"),
+        Cause("moved", False, "its next rung is another pool's, and it was sent to that pool's queue: nothing ran"),
     )
 }
 

@@ -24,8 +24,9 @@ from redis.exceptions import RedisError
 from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Rung
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import capability, families, liveness, reroute, soft_time_limit
-from mediafarm.tasks.admission import pool_under_pressure
+from mediafarm.config.pools import POOL_QUEUE_SEP, pool_queue
+from mediafarm.tasks import capability, families, liveness, reroute, routing, soft_time_limit
+from mediafarm.tasks.admission import pool_under_pressure, queue_depths
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.breaker import ladder_identity, pool_breakers
 from mediafarm.tasks.rung_guard import RungGuard
@@ -227,6 +228,8 @@ class FarmTask(Task):
                 resume=resuming.offer if spec.resume is not None else None,
                 language=languages.why_not if languages is not None else None,
                 reroute=partial(_reroute, spec, ladder, request.hostname or "", self.backend.client),
+                move=_mover(spec, ladder, request, fresh, self.app, languages),
+                route=_route_note(request),
             )
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
@@ -322,10 +325,45 @@ def _reroute(spec: FamilySpec, ladder: Any, node: str, client: Any, why_not_here
              attempts: list[Any]) -> reroute.Reroute:  # fmt: skip
     """Where a job this worker can run no rung of goes (``tasks.reroute``), by the live capability
     records; a ladder started from one of its rungs is named in them as the family's own."""
-    named = {one.name for one in families.ladders_of(spec)}
-    recorded = ladder.name if ladder.name in named else families.ladder_for(spec).name
-    return reroute.decide(node=node, family=spec.name, family_queue=spec.queue, ladder=recorded,
+    return reroute.decide(node=node, family=spec.name, family_queue=spec.queue, ladder=_recorded_ladder(spec, ladder),
                           why_not_here=why_not_here, attempts=attempts, records=capability.live(client))  # fmt: skip
+
+
+def _recorded_ladder(spec: FamilySpec, ladder: Any) -> str:
+    """The ladder's name as the capability records name it: a ladder started from one of a
+    family's rungs is named there as the family's own."""
+    named = {one.name for one in families.ladders_of(spec)}
+    return ladder.name if ladder.name in named else families.ladder_for(spec).name
+
+
+def _mover(spec: FamilySpec, ladder: Any, request: Any, fresh: bool, app: Any, languages: Any) -> Any:
+    """What asks whether this delivery's job goes to another pool (``tasks.routing.move``); None
+    where it runs here without asking: routing off, a job routed to this pool at submit on its
+    first delivery (the hot path reads nothing more), or a queue its producer named (a GPU
+    affinity queue, an operator's own), which is kept."""
+    settings = get_settings()
+    came_from = str((request.delivery_info or {}).get("routing_key") or "")
+    if not settings.routing or not (came_from == spec.queue or came_from.startswith(spec.queue + POOL_QUEUE_SEP)):
+        return None
+    if fresh and came_from == pool_queue(settings.pool, spec.queue):
+        return None
+    client = app.backend.client
+    rungs = [r.name for r in ladder.rungs]
+    why_not = (lambda i: languages.why_not(ladder.rungs[i])) if languages is not None else None
+
+    def move(index: int, attempts: list[Any]) -> routing.Route | None:
+        return routing.move(pool=settings.pool, family=spec.name, family_queue=spec.queue,
+                            ladder=_recorded_ladder(spec, ladder), rungs=rungs, index=index, attempts=attempts,
+                            records=capability.live(client), depths=lambda qs: queue_depths(qs, app),
+                            spill_depth=settings.route_spill_depth, why_not=why_not)  # fmt: skip
+
+    return move
+
+
+def _route_note(request: Any) -> str:
+    """Why the job was sent to the queue it came from (the submit's ``ROUTE_HEADER``), or ''."""
+    note = getattr(request, routing.ROUTE_HEADER, None)
+    return note if isinstance(note, str) else ""
 
 
 def _unwritten(request: Any) -> dict[int, str]:

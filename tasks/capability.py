@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mediafarm.config.ladders import Ladder, Rung
+from mediafarm.config.pools import POOL_QUEUE_SEP
 from mediafarm.tasks import keys
 from mediafarm.tasks.family import EngineSpec, FamilySpec
 
@@ -95,9 +96,9 @@ class WorkerCapability:
 
 def family_of_queue(queue: str, family_queues: Mapping[str, str]) -> str | None:
     """The family whose jobs ``queue`` carries (``family_queues``: family -> its queue): its own
-    queue or ``gpu<N>.<queue>``; None for a queue of no family (an operator's own, whose jobs may
-    be of any family)."""
-    own = _GPU_QUEUE.sub("", queue)
+    queue, ``gpu<N>.<queue>`` or a pool's ``<queue>@<pool>``; None for a queue of no family (an
+    operator's own, whose jobs may be of any family)."""
+    own = _GPU_QUEUE.sub("", queue).split(POOL_QUEUE_SEP, 1)[0]
     return next((family for family, q in family_queues.items() if q == own), None)
 
 

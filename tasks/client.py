@@ -12,6 +12,8 @@ are the wire contract (``FamilySpec.task_name``), for producers that send with a
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -22,7 +24,7 @@ from mediafarm.config.priorities import DEFAULT_PRIORITY, checked_priority, wire
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import admission
 from mediafarm.tasks import families as registry
-from mediafarm.tasks import keys, webhooks
+from mediafarm.tasks import capability, keys, routing, webhooks
 from mediafarm.tasks.app import app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, folder_name
 from mediafarm.tasks.errors import InvalidRequest, Overloaded
@@ -84,6 +86,10 @@ def submit(
     kwargs = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     as_pipeline = getattr(request, "as_pipeline", None)
     client = app.backend.client
+    # A queue the producer names is kept; else the pool that runs the job's best rung (tasks.routing).
+    route = _route(spec, kwargs) if queue is None and not callable(as_pipeline) else None
+    if route is not None:
+        queue = route.queue
     wrote_key = False
     if job_id is not None:
         try:
@@ -129,7 +135,7 @@ def submit(
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
             spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
-            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook),
+            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook, route),
         )  # fmt: skip
     except BaseException:
         try:
@@ -146,9 +152,57 @@ def _hooked(hook: webhooks.Webhook | None) -> dict[str, Any]:
     return {} if hook is None else {"webhook": hook.to_header()}
 
 
-def _headers(hook: webhooks.Webhook | None) -> dict[str, Any] | None:
-    """The job message's custom headers: its webhook (``tasks.webhooks.HEADER``), if any."""
-    return None if hook is None else {webhooks.HEADER: hook.to_header()}
+def _headers(hook: webhooks.Webhook | None, route: routing.Route | None = None) -> dict[str, Any] | None:
+    """The job message's custom headers: its webhook (``tasks.webhooks.HEADER``) and why it goes
+    to its queue (``tasks.routing.ROUTE_HEADER``), if any."""
+    headers = {}
+    if hook is not None:
+        headers[webhooks.HEADER] = hook.to_header()
+    if route is not None:
+        headers[routing.ROUTE_HEADER] = route.reason
+    return headers or None
+
+
+def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> routing.Route | None:
+    """Where a job of ``spec`` with ``fields`` goes by the live capability records
+    (``tasks.routing.choose``); None: its family's queue (routing off, or no live pool advertises
+    a rung of it). A broker away is no reason to fail the submit here: the send below says so."""
+    settings = get_settings()
+    if not settings.routing:
+        return None
+    ladder_name = fields.get(spec.ladder_field) if spec.ladder_field else None
+    try:
+        ladder = registry.ladder_for(spec, ladder_name if isinstance(ladder_name, str) else None)
+    except (KeyError, ValueError):
+        return None  # a ladder the request names that does not exist: the worker rejects it, naming it
+    named = {one.name for one in registry.ladders_of(spec)}
+    recorded = ladder.name if ladder.name in named else registry.ladder_for(spec).name
+    try:
+        records = _live_records()
+        return routing.choose(family=spec.name, family_queue=spec.queue, ladder=recorded,
+                              rungs=[r.name for r in ladder.rungs], records=records,
+                              depths=lambda queues: admission.queue_depths(queues, app),
+                              spill_depth=settings.route_spill_depth)  # fmt: skip
+    except admission.away_errors():
+        return None
+
+
+def _live_records() -> list[capability.WorkerCapability]:
+    """The live capability records, read at most once a second per process (a gateway submitting
+    a burst reads them once)."""
+    now = time.monotonic()
+    cached = _records_cache.get(os.getpid())
+    if cached is None or now - cached[0] >= RECORDS_TTL_S:
+        cached = (now, capability.live(app.backend.client))
+        _records_cache.clear()
+        _records_cache[os.getpid()] = cached
+    return cached[1]
+
+
+# How long a producer reuses the capability records it read; a worker's record lapses after
+# capability.STALE_S, so a second adds little to what routing may be behind by.
+RECORDS_TTL_S = 1.0
+_records_cache: dict[int, tuple[float, list[capability.WorkerCapability]]] = {}
 
 
 def _wire(priority: int) -> int:

@@ -3,6 +3,7 @@
     resource failure (killed, oom, cuda_oom, timeout) → next rung, same job id
     stalled (silent past the stall timeout)           → same rung once; a second stall there → next rung
     rung unavailable on this pool                     → next rung, no attempt spent
+    next rung is another pool's best, or not here     → moved to that pool's queue, no attempt spent (``tasks.routing``)
     no rung left runs on this worker at all           → sent back to be routed again, bounded (``tasks.reroute``)
     rung's breaker open, or memory pressure (new job) → next rung, no attempt spent (``tasks.breaker``)
     permanent failure (bad input)                     → FAILURE now, no retry
@@ -46,6 +47,7 @@ from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, o
 from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
 from mediafarm.tasks.reroute import Reroute, none_runs_here, rerouted_attempt
+from mediafarm.tasks.routing import Route, moved_attempt
 
 
 def settle_open_attempts(
@@ -261,6 +263,11 @@ class LadderRun:
         reroute: Asked when no rung the job has left can run on this worker, with each such rung
             and why not, and the history: where to send the job back to (``tasks.reroute.decide``),
             or NoRungLeft. None: such a job's rungs are marked unavailable one by one, as ever.
+        move: Asked, before anything runs, with the rung the job is at and its history: another
+            pool's queue to send it to (``tasks.routing.move``), or None to run it here. None: it
+            runs here (a job routed to this pool at submit, on its first delivery).
+        route: Why the job was sent to this pool's queue (``tasks.routing.choose``), kept in its
+            first attempt; empty if it was not routed.
     """
 
     job_id: str
@@ -279,6 +286,8 @@ class LadderRun:
     resume: Callable[[Rung], tuple[dict[str, Any] | None, str]] | None = None
     language: Callable[[Rung], str | None] | None = None
     reroute: Callable[[dict[str, str], list[Attempt]], Reroute] | None = None
+    move: Callable[[int, list[Attempt]], Route | None] | None = None
+    route: str = ""
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -312,10 +321,21 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             # Running the same input on the same rung again would only repeat the outcome.
             raise recorded_end(attempts[-1])
     index = current_rung(attempts)
+    first = not attempts  # the job's first record keeps why it was routed where it runs
+    if job.move is not None and index < len(ladder.rungs) and (moved := job.move(index, attempts)) is not None:
+        at = next((i for i, r in enumerate(ladder.rungs) if r.name == moved.rung and i >= index), index)
+        attempts.append(moved_attempt(at, moved.rung, moved.reason, retries, worker))
+        if first:
+            attempts[-1].route = job.route
+        if log.append(attempts[-1], result_key) < 0:
+            raise StaleAttempt("job already succeeded elsewhere before this worker could move it")
+        return RetryRequest(moved.reason, RungUnavailable(moved.reason), queue=moved.queue)
     if job.reroute is not None and (why_not_here := none_runs_here(ladder, job.engines, job.models_dir, index, attempts)) is not None:
         sent = job.reroute(why_not_here, attempts)  # or NoRungLeft
         at = min(index, len(ladder.rungs) - 1)
         attempts.append(rerouted_attempt(at, ladder.rungs[at].name, sent.reason, retries, worker))
+        if first:
+            attempts[-1].route = job.route
         if log.append(attempts[-1], result_key) < 0:
             raise StaleAttempt("job already succeeded elsewhere before this worker could send it back")
         return RetryRequest(sent.reason, RungUnavailable(sent.reason), queue=sent.queue)
@@ -335,13 +355,15 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
                 skipped = guard.skip(at, attempts, answers_below(at, fallback))
         if why_not or skipped:
             outcome = Outcome.UNAVAILABLE if why_not else Outcome.SKIPPED
-            attempts.append(Attempt(at, rung.name, outcome, why_not or skipped or "", retries, worker=worker))
+            attempts.append(Attempt(at, rung.name, outcome, why_not or skipped or "", retries, worker=worker,
+                                    route=job.route if not attempts else ""))  # fmt: skip
             if log.append(attempts[-1], result_key) < 0:
                 raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {rung.name}")
             index += 0 if owed else 1
             continue
         note = owed_note(attempts, at) if owed else ""
-        attempt = Attempt(at, rung.name, retries=retries, worker=worker, oom_counts=snapshot())
+        attempt = Attempt(at, rung.name, retries=retries, worker=worker, oom_counts=snapshot(),
+                          route=job.route if not attempts else "")  # fmt: skip
         if job.resume is not None:
             attempt.resumed_from, attempt.checkpoint_ignored = job.resume(rung)
         running = _Running(log, attempt, result_key, job.stale_after)

@@ -46,6 +46,9 @@ class Outcome(StrEnum):
     # Not run: no rung it had left runs on this worker, and the job was sent back to be routed to
     # one that can (``tasks.reroute``). No rung spent.
     REROUTED = "rerouted"
+    # Not run here: the rung it is to run next is another pool's best (or this pool cannot run
+    # it), and the job was sent to that pool's queue, this slot freed (``tasks.routing``). No rung spent.
+    MOVED = "moved"
 
     @property
     def moves_down(self) -> bool:
@@ -102,6 +105,9 @@ class Attempt:
             skipped, rejected ...) or a record from before this was kept.
         cause: Why it counted or not, as the attribution table names it (``watchdog_cap``,
             ``kernel_oom``, ``outside_kill`` ...); empty where ``counted`` is None.
+        route: Why the job was sent to the queue it first ran from (``tasks.routing.choose``):
+            kept in the job's first attempt only; empty if it was not routed (a queue named by its
+            producer, a farm with no live capability records).
     """
 
     rung: int
@@ -120,6 +126,7 @@ class Attempt:
     checkpoint_ignored: str = ""
     counted: bool | None = None
     cause: str = ""
+    route: str = ""
 
     def __post_init__(self) -> None:
         if self.outcome is not None:
@@ -137,6 +144,8 @@ class Attempt:
             del data["checkpoint_ignored"]
         if self.counted is None:  # only failures the breaker judged say whether they counted
             del data["counted"], data["cause"]
+        if not self.route:  # only a routed job's first attempt says why it went where it did
+            del data["route"]
         return data
 
     @classmethod

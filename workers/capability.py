@@ -5,7 +5,9 @@ pool names is judged (``tasks.capability.judge_rungs``); the queue of a family o
 can run here is left out (Celery's own ``deselect``, as ``-X`` does), with one log line naming the
 queue and why, so such a worker never takes those jobs. A thread of the main process then writes
 the worker's record every ``capability.INTERVAL_S``, judged afresh each time (a model folder added,
-a package removed, shows within one beat); the queues consumed stay those chosen at start. The
+a package removed, shows within one beat); the queues consumed stay those chosen at start, with
+the pool's own queue of each family whose queue it consumes (``subtitle@gpu0``: where jobs routed
+to this pool go, ``tasks.routing``). The
 record goes as the worker stops. The main process judges without importing any engine
 (``EngineSpec.missing`` looks packages up, ``importlib.util.find_spec``).
 """
@@ -21,6 +23,7 @@ from celery import bootsteps
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from mediafarm.config.pools import pool_queue
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import capability, families
 from mediafarm.workers import fork_gate
@@ -54,7 +57,14 @@ class CapabilityStep(bootsteps.StartStopStep):
             log.warning("not consuming queue %s: %s", queue, why)
         if self.left_out:
             queues.deselect(list(self.left_out))
-        self.queues = tuple(q for q in configured if q not in self.left_out)
+        kept = tuple(q for q in configured if q not in self.left_out)
+        # The pool's own queue of each family whose queue it consumes: where jobs routed to this
+        # pool go (``tasks.routing``), consumed by this pool's workers alone.
+        own = [pool_queue(get_settings().pool, q) for q in kept if q in family_queues().values()]
+        for queue in own:
+            if queue not in kept:
+                queues.select_add(queue)
+        self.queues = tuple(dict.fromkeys((*kept, *own)))
         if not self.queues:
             log.warning("this worker consumes no queue: it can run no rung of any family its pool names")
         # Served: the families whose queues it still consumes; judged again at each beat.

@@ -119,9 +119,11 @@ def test_every_outcome_is_covered_by_the_moves_down_table() -> None:
     # A new Outcome must be classified on purpose here, not by accident.
     assert {o.value for o in Outcome} == {
         "ok", "killed", "oom", "cuda_oom", "timeout", "unavailable", "skipped", "rejected", "error",
-        "cancelled", "transient", "worker_lost", "stalled", "rerouted",
+        "cancelled", "transient", "worker_lost", "stalled", "rerouted", "moved",
     }  # fmt: skip
     # A job sent back to be routed again ran nothing: its rung is not spent (tasks.reroute).
     assert not Outcome.REROUTED.moves_down
+    # Nor a job moved to another pool's queue (tasks.routing).
+    assert not Outcome.MOVED.moves_down
     # A stall moves a job down only when it repeats on its rung (tasks.downgrade.repeated_stall).
     assert not Outcome.STALLED.moves_down

@@ -1,0 +1,193 @@
+"""Jobs go to the pool that runs their best rung, and a downgrade moves a job to another pool
+(issue #36, items 3-4), on real prefork workers, real subtitle jobs and a real producer process.
+
+Two pools stand in for a GPU pool and a CPU pool, told apart by their models folder: ``route-better``
+has tiny.en (its best subtitle rung is whisper-tiny), ``route-plain`` has none (its best is
+pocketsphinx). The session's other workers take subtitle jobs too, so these two run on a Redis
+database of their own, with a producer process of their own (tests/support/route_producer.py):
+they are the whole cluster there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from celery import Celery
+
+from mediafarm.config.pools import get_pool
+from mediafarm.tasks import capability
+from mediafarm.tasks.history import read_attempts
+from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
+from tests.support.speech import PHRASES, make_track
+
+pytestmark = pytest.mark.integration
+
+BETTER, PLAIN = "route-better", "route-plain"
+
+
+def other_database(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+class Cluster:
+    """Two workers, one per pool, on their own Redis database."""
+
+    def __init__(self, url: str, session_dir: Path, models: dict[str, Path]) -> None:
+        self.url, self.session_dir, self.models = url, session_dir, models
+        self.app = Celery("route-test", broker=url, backend=url)
+        self.client = redis.Redis.from_url(url)
+        self.nodes: dict[str, str] = {}
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "FARM_BROKER_URL": self.url, "FARM_RESULT_BACKEND": self.url, **extra}
+
+    def start(self, pool: str) -> None:
+        import socket
+
+        node = f"{pool}-t{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+        log = self.session_dir / f"{node.split('@')[0]}.log"
+        env = self.env(FARM_POOL=pool, FARM_MODELS_DIR=str(self.models[pool]))
+        with log.open("wb") as fh:
+            process = spawn_worker(get_pool(pool), env=env, logfile=fh, concurrency=1, node=node, loglevel="INFO")
+        self.processes.append(process)
+        try:
+            wait_ready(self.app, node, process, timeout=90)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n{log.read_text(errors='replace')[-3000:]}") from None
+        self.nodes[pool] = node
+        deadline = time.monotonic() + 3 * capability.INTERVAL_S
+        while node not in {r.node for r in capability.live(self.client)}:
+            assert time.monotonic() < deadline, f"{node} wrote no capability record"
+            time.sleep(0.2)
+
+    def produce(self, ids: list[str], media: Path, *, spill: int) -> subprocess.Popen[str]:
+        order = json.dumps({"family": "subtitle", "fields": {"media": str(media)}, "ids": ids})
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.route_producer", order],
+            env=self.env(FARM_ROUTE_SPILL_DEPTH=str(spill)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        return process
+
+    def stop(self) -> None:
+        for process in self.processes:
+            stop_worker(process, timeout=20)
+
+
+def envelopes(process: subprocess.Popen[str], timeout: float = 150) -> dict[str, dict]:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"the producer did not end in {timeout} s:\n{out[-3000:]}\n{err[-3000:]}") from None
+    assert process.returncode == 0, err[-3000:]
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    failed = [line for line in lines if "error" in line]
+    assert not failed, failed
+    return {line["id"]: line["envelope"] for line in lines}
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_url: str, session_dir: Path, tiny_en: Path) -> Iterator[Cluster]:
+    models = {pool: session_dir / f"models-{pool}-{uuid.uuid4().hex[:6]}" for pool in (BETTER, PLAIN)}
+    for folder in models.values():
+        folder.mkdir()
+    (models[BETTER] / tiny_en.name).symlink_to(tiny_en.resolve(), target_is_directory=True)
+    farm = Cluster(other_database(redis_url, 7), session_dir, models)
+    try:
+        farm.start(BETTER)
+        farm.start(PLAIN)
+        yield farm
+    finally:
+        farm.stop()
+
+
+@pytest.fixture(scope="module")
+def short_clip(media_root: Path) -> Path:
+    return make_track(media_root / "route-short.wav", gaps=(0.3, 0.3), phrases=PHRASES[:1]).path
+
+
+def ran(envelope: dict) -> tuple[str, str]:
+    """(the rung that answered, the worker it ran on)."""
+    ok = [a for a in envelope["attempts"] if a["outcome"] == "ok"]
+    assert len(ok) == 1, envelope["attempts"]
+    return envelope["variant"], ok[0]["worker"]
+
+
+def test_with_both_pools_idle_every_job_runs_on_the_better_pools_rung(cluster: Cluster, short_clip: Path) -> None:
+    ids = [f"route-idle-{i}-{uuid.uuid4().hex[:6]}" for i in range(20)]
+    done = envelopes(cluster.produce(ids, short_clip, spill=100))
+    assert len(done) == 20
+    for job_id, envelope in done.items():
+        assert ran(envelope) == ("whisper-tiny", cluster.nodes[BETTER]), (job_id, envelope["attempts"])
+        first = envelope["attempts"][0]
+        assert first["route"].startswith(f"pool {BETTER} runs whisper-tiny, the best rung of the subtitle ladder"), first
+        assert envelope["output"]["cues"], envelope["output"]
+
+
+def test_past_the_spill_depth_the_excess_starts_on_the_other_pool_saying_why(cluster: Cluster, short_clip: Path) -> None:
+    ids = [f"route-busy-{i}-{uuid.uuid4().hex[:6]}" for i in range(12)]
+    done = envelopes(cluster.produce(ids, short_clip, spill=2))
+    where = {job_id: ran(envelope) for job_id, envelope in done.items()}
+    on_plain = [j for j, (rung, node) in where.items() if node == cluster.nodes[PLAIN]]
+    on_better = [j for j, (rung, node) in where.items() if node == cluster.nodes[BETTER]]
+    assert on_plain and on_better and len(on_plain) + len(on_better) == 12, where
+    for job_id in on_plain:
+        assert where[job_id][0] == "pocketsphinx"
+        route = done[job_id]["attempts"][0]["route"]
+        assert f"pool {BETTER}'s queue holds" in route and "the spill depth 2 (FARM_ROUTE_SPILL_DEPTH)" in route, route
+        assert f"started lower, on pool {PLAIN}, whose best rung is pocketsphinx" in route, route
+    for job_id in on_better:
+        assert where[job_id][0] == "whisper-tiny"
+        assert done[job_id]["attempts"][0]["route"].startswith(f"pool {BETTER} runs whisper-tiny"), done[job_id]
+
+
+def test_a_job_killed_on_the_better_pool_moves_to_the_other_pool_and_frees_its_slot(
+    cluster: Cluster, media_root: Path
+) -> None:
+    long_clip = make_track(media_root / "route-long.wav").path
+    job_id = f"route-kill-{uuid.uuid4().hex[:6]}"
+    producer = cluster.produce([job_id], long_clip, spill=100)
+    deadline = time.monotonic() + 60
+    while not (open_ := [a for a in read_attempts(cluster.client, job_id) if a["outcome"] is None]):
+        assert time.monotonic() < deadline, read_attempts(cluster.client, job_id)
+        time.sleep(0.05)
+    assert (open_[0]["variant"], open_[0]["worker"]) == ("whisper-tiny", cluster.nodes[BETTER])
+    os.kill(open_[0]["pid"], signal.SIGKILL)  # as the kernel's OOM killer would
+    # Its next rung, pocketsphinx, is the plain pool's best: the job goes there, and while it runs
+    # there the better pool's one slot holds nothing.
+    while not (there := [a for a in read_attempts(cluster.client, job_id) if a["worker"] == cluster.nodes[PLAIN]]):
+        assert time.monotonic() < deadline, read_attempts(cluster.client, job_id)
+        time.sleep(0.05)
+    # The moving delivery ends as soon as its retry is sent (the move record is written just before).
+    better = cluster.nodes[BETTER]
+    while (held := (cluster.app.control.inspect(destination=[better], timeout=2).active() or {}).get(better)) != []:
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)
+    running_there = [a for a in read_attempts(cluster.client, job_id) if a["worker"] == cluster.nodes[PLAIN]]
+    assert running_there[-1]["outcome"] is None, ("the better slot was still held when the job ended elsewhere",
+                                                  running_there)  # fmt: skip
+    envelope = envelopes(producer)[job_id]
+    steps = [(a["variant"], a["outcome"], a["worker"]) for a in envelope["attempts"] if a["outcome"] != "unavailable"]
+    assert steps == [
+        ("whisper-tiny", "killed", cluster.nodes[BETTER]),
+        ("pocketsphinx", "moved", cluster.nodes[BETTER]),
+        ("pocketsphinx", "ok", cluster.nodes[PLAIN]),
+    ], envelope["attempts"]
+    moved = next(a for a in envelope["attempts"] if a["outcome"] == "moved")
+    assert f"moved to queue subtitle@{PLAIN}" in moved["reason"] and "this slot is freed" in moved["reason"], moved
+    assert (moved["counted"], moved["cause"]) == (False, "moved")
+    assert envelope["variant"] == "pocketsphinx" and envelope["output"]["cues"]
