@@ -39,7 +39,7 @@ known speech spans and known text. Three parts (``--parts``):
 ``--pattern varied`` (default) repeats 16 different sentences (~62 s a pattern), so no 28 s
 recognition window holds the same sentence twice; ``--pattern default`` is ``make_track``'s own
 4-sentence, ~18 s pattern, on which a window holds each sentence about twice (see the notes in
-docs/BENCHMARKS.md). Results go to ``bench/results/subtitle.json``.
+docs/benchmarks/subtitle.md). Results go to ``bench/results/subtitle.json``.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from mediafarm.tasks.records import Progress
 
 log = logging.getLogger("mediafarm.progress")
 # A few writes a second at most: a progress bar needs no more, and Redis round trips are the
-# farm's main per-job cost (bench/overhead.py).
+# farm's main per-job cost (measured: docs/benchmarks/overhead.md).
 PROGRESS_INTERVAL = 0.25
 CANCEL_INTERVAL = 0.5
 # After a Redis error, stay quiet this long: redis-py retries for seconds against a Redis that is

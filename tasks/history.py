@@ -42,7 +42,7 @@ class AttemptLog:
 
         The record is what lets a later attempt recognise this one as killed, so it must be
         sent before the engine runs; but nothing needs its answer until the attempt ends, and a
-        round trip per job is most of the farm's per-job cost (bench/overhead.py). Once written
+        round trip per job is most of the farm's per-job cost (docs/benchmarks/overhead.md). Once written
         to the socket it reaches Redis even if this process is SIGKILLed: the kernel still
         delivers a dead process's sent bytes.
 

@@ -117,12 +117,11 @@ def child_pids(pid: int) -> set[int] | None:
     kernel keeps no such file (built without CONFIG_PROC_CHILDREN, or not Linux).
 
     The watchdog polls 20 times a second. psutil's ``children()`` reads the stat file of every
-    process on the machine to find them: about 5 ms of CPU a call with 130 processes, a tenth of a
-    core spent by every worker's main process, idle or not (the peers bench found the TTS job
-    slower than bare Piper on a loaded machine). Every thread's file is read, as a child is listed
-    under the thread that forked it. A listing and plain reads, not ``glob`` (which matches each
-    name with a regular expression and stats it): 0.05 ms a call against 0.2 ms, which was still
-    most of an idle worker's main-process CPU.
+    process on the machine to find them, a share of a core spent by every worker's main process,
+    idle or not (the peers bench found the TTS job slower than bare Piper on a loaded machine).
+    Every thread's file is read, as a child is listed under the thread that forked it. A listing
+    and plain reads, not ``glob`` (which matches each name with a regular expression and stats
+    it), which was still most of an idle worker's main-process CPU. Measured: docs/benchmarks/tts.md.
     """
     base = f"/proc/{pid}/task"
     try:

@@ -262,8 +262,8 @@ def audio_blocks(
             yield None  # flush the resampler
 
         # Frames already in the output's form (16-bit mono at ``rate``: a WAV as the farm writes
-        # them) are taken as they are until the first that is not: PyAV's resampler costs about
-        # 0.15 ms a frame with nothing to convert, a third of a VAD job's time on such a file.
+        # them) are taken as they are until the first that is not: PyAV's resampler costs a good
+        # share of a VAD job's time even with nothing to convert (measured: docs/benchmarks/vad.md).
         # Once it is fed, every later frame goes through it, so no buffered sample is overtaken.
         resampling = False
 

@@ -75,7 +75,7 @@ def voices_track(media_root: Path):
     return make("conversation", media_root / "accuracy-voices.wav", 45, seed=SEED)
 
 
-# The held-out corpus's hardest track for the job (tests/support/heldout_corpus.py; docs/BENCHMARKS.md
+# The held-out corpus's hardest track for the job (tests/support/heldout_corpus.py; docs/benchmarks/subtitle.md
 # "Held-out subtitles"): espeak-ng's en-029 and en-gb-scotland voices at 230 words a minute, one pitched
 # 30 % down, note runs between sentences, light white noise. When first measured (AVX-512) the job got
 # 125 of 199 words wrong (0.628) and faster-whisper's transcribe(vad_filter=True) 113. Its bound, as the

@@ -105,7 +105,7 @@ def test_a_live_udp_stream_gets_cues_while_it_plays_on_the_stream_clock(cpu_work
     assert timing["latencies"] == len(track.truth)
     # ... within the 3 s goal (P95) where the machine has the CPU for it: on one running several
     # times its cores' worth (a shared CI box), the recogniser waits for a core and the bound says
-    # nothing about the engine. docs/BENCHMARKS.md has the figures of both.
+    # nothing about the engine. docs/benchmarks/subtitle-live.md has the figures of both.
     # A miss fails either way: on a loaded machine the recogniser gets cores/load of a core, so its
     # share of the latency stretches by load/cores at most, and the bound with it.
     load, cores = os.getloadavg()[0], os.cpu_count() or 1

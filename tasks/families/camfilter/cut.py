@@ -61,8 +61,8 @@ THREADS = max(1, min(4, os.cpu_count() or 1))
 # look-ahead holds a 4K frame or more).
 X264 = {"preset": "veryfast", "crf": "18", "rc-lookahead": "10"}
 # x264 for a smart cut's head (at most a GOP): no look-ahead at all, so the encoder holds only the
-# frames its threads work on (1080p: 165 MiB peak against 225 with the above, and faster), and no
-# B-frames (the head's timestamps stay simple).
+# frames its threads work on (a lower peak than with the above, and faster: measured in
+# docs/benchmarks/camfilter.md), and no B-frames (the head's timestamps stay simple).
 HEAD_X264 = {"preset": "veryfast", "crf": "18", "rc-lookahead": "0", "sync-lookahead": "0"}
 _MS = Fraction(1, 1000)
 

@@ -189,7 +189,8 @@ FAMILY = FamilySpec(
     # The assembly holds one line's audio at a time: a kill is not its own doing (the OOM killer
     # chose it, or an outside kill). The second rung is the same work once more, under the same id.
     ladder=(rung("assemble", "assemble"), rung("assemble-again", "assemble")),
-    # Reading, resampling and encoding 500 lines (~40 minutes of audio) takes well under a minute.
+    # Reading, resampling and encoding 500 lines (~40 minutes of audio) takes a small part of this
+    # (the assembly measured: docs/benchmarks/dialogue.md).
     limits=TimeLimits(soft=600, hard=660, stall=300),
     cli_argument="script",
     summary=summary,

@@ -68,10 +68,9 @@ PAD_SECONDS = 0.15
 # ... and recognised in windows of at most this much speech, pieces joined by a short silence:
 # nearly Whisper's whole 30 s, which it encodes whatever a window holds...
 WINDOW_SECONDS = 28.0
-# ... or this much where the encoder sees only the window (a rung's fit_context). Over 13 tracks,
-# fitted 20 s windows heard more words right than fitted 28 s ones for less CPU (an encoder call
-# 0.13 s on average, against 0.20 s fitted at 28 s and 0.31 s with the whole 30 s); 16 s windows
-# made more second looks (docs/BENCHMARKS.md "Fitted encoder").
+# ... or this much where the encoder sees only the window (a rung's fit_context): fitted 20 s
+# windows heard more words right than fitted 28 s ones for less CPU, and 16 s windows made more
+# second looks (measured: docs/benchmarks/subtitle.md, "Fitted encoder").
 FITTED_WINDOW_SECONDS = 20.0
 JOIN_SECONDS = 0.3
 # Audio up to this long is decoded once, for the VAD and then for recognition (held meanwhile,

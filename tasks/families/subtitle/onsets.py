@@ -5,7 +5,7 @@ Whisper's cross-attention times (faster-whisper ``word_timestamps``) put an utte
 up to a few hundred milliseconds early, stretched over the silence before it (across the cut-out
 silence between two pieces of a window, even), or late, squeezed to its last syllable; its last
 word often runs on into the silence after. pocketsphinx's frames are finer but its words start
-and end in silence it took for speech. Both are measured in bench/subtitle_timing.py.
+and end in silence it took for speech. Both are measured in docs/benchmarks/subtitle.md (cue timing).
 
 The window's audio already holds the truth: the speech's energy. This module, run on the window
 the recogniser just heard (its samples are in memory anyway: nothing more is read or kept), does

@@ -127,10 +127,9 @@ def _load_whisper(model_dir: Path, device: str, compute_type: str, cpu_threads: 
 
 # The encoder sees a call's audio and this much silence after it (rounded up to whole seconds),
 # not the 30 s faster-whisper pads every call to. The encoder's cost grows faster than its input
-# (attention is quadratic): on one CPU thread tiny.en encodes 15 s in a quarter of the time of
-# 30 s. The silence is there because Whisper learnt to find the end of speech in padding; with
-# under a second and a half of it, tiny.en ran on in loops now and then (bench/subtitle_context.py,
-# docs/BENCHMARKS.md "Fitted encoder").
+# (attention is quadratic), so a short call costs far less than a padded one. The silence is there
+# because Whisper learnt to find the end of speech in padding; with much less of it, tiny.en ran on
+# in loops now and then (measured: docs/benchmarks/subtitle.md, "Fitted encoder").
 ENCODER_TAIL_SECONDS = 4.0
 FULL_CONTEXT_FRAMES = 3000  # 30 s of 10 ms mel frames: Whisper's whole context
 # faster-whisper's own compression_ratio_threshold: text that gzip compresses better than this is
@@ -246,8 +245,8 @@ def _decode_whisper(
                 # Each window decoded on its own: a wrong window cannot seed a hallucination loop.
                 condition_on_previous_text=False,
                 # Greedy/beam at temperature 0 only. The default fallback re-decodes a window at five
-                # higher temperatures when its text compresses well (repetitive speech): 7x slower,
-                # random, and measured to drop whole windows (bench/subtitle.py, docs/BENCHMARKS.md).
+                # higher temperatures when its text compresses well (repetitive speech): several times
+                # slower, random, and measured to drop whole windows (docs/benchmarks/subtitle.md).
                 temperature=0.0,
             )
             return list(raw_segments), info  # decoding is lazy: it runs here, inside the fitted context

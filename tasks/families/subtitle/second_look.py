@@ -11,8 +11,8 @@ deterministically:
 1. **A doubtful window is split.** A window whose decode Whisper itself doubts (``unsure``: a
    segment's average log-probability under the threshold of its own fallback) is recognised again
    as two halves of its pieces, each looked at as below. A shorter window is what Whisper decodes
-   best. Measured on the peer benchmark's four tracks (bench/peers_subtitle.py; AVX-512, tiny.en):
-   131 → 122 word errors of 296, for one split window, at 6 % more CPU.
+   best. Fewer word errors for a little more CPU, measured on the peer benchmark's four tracks
+   (docs/benchmarks/subtitle.md, the re-run with the second look).
 2. **A piece with no word is recognised alone.** Whisper's first timestamp can land seconds into
    the window, and everything before it is lost. The VAD knows where the speech is, so each piece
    of the window that no word lies in or near is recognised again on its own.

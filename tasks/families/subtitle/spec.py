@@ -249,19 +249,20 @@ FAMILY = FamilySpec(
             compute_type="float16",
             beam_size=5,
             # A GPU encodes and decodes a batch of windows in about the time of one (on one CPU
-            # thread a batch costs what its windows do one by one: docs/BENCHMARKS.md, peers).
+            # thread a batch costs what its windows do one by one: docs/benchmarks/subtitle.md).
             batch_size=8,
         ),  # fmt: skip
         rung("whisper-small", "whisper", model="faster-whisper-small", compute_type="int8", cpu_threads=2),
         # The encoder fitted to each window: measured on tiny.en, no fewer words right for less CPU;
-        # beam 3 got 11 % fewer words wrong than greedy for 9.5 % more CPU, beam 5 fewer than greedy
-        # only (docs/BENCHMARKS.md, "Fitted encoder").
+        # beam 3 got fewer words wrong than greedy for a little more CPU, beam 5 more CPU and more
+        # words wrong than beam 3 (docs/benchmarks/subtitle.md, "Fitted encoder").
         rung("whisper-tiny", "whisper", model="faster-whisper-tiny.en", compute_type="int8", fit_context=True,
              beam_size=3),  # fmt: skip
         # Its model ships inside the wheel: always there. Poor on synthetic speech, but real.
         rung("pocketsphinx", "pocketsphinx"),
     ),
-    # One attempt. tiny.en measured RTF 0.035 on one CPU thread (bench/subtitle.py): 2 h in ~5 min.
+    # One attempt: tiny.en on one CPU thread subtitles 2 h well within it (measured:
+    # docs/benchmarks/subtitle.md, rungs).
     limits=TimeLimits(soft=3600, hard=3700, stall=300),
     cli_argument="media",
     ladder_field="ladder",

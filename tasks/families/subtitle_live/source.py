@@ -2,7 +2,7 @@
 
 PyAV rather than an ``ffmpeg`` subprocess: the frames come with their PTS (the cue clock), the
 read timeout is PyAV's own interrupt callback (a stalled source raises instead of blocking the
-child for ever), and there is no pipe to size or process to reap. Measured in docs/BENCHMARKS.md
+child for ever), and there is no pipe to size or process to reap. Measured in docs/benchmarks/subtitle-live.md
 (bench/live_subtitle.py): decoding is a small share of a live job's CPU next to the recogniser.
 """
 

@@ -48,8 +48,8 @@ def find_espeak(binary: str) -> str | None:
 @functools.lru_cache(maxsize=4)
 def _version(binary: str) -> str:
     """espeak-ng's name and version (``eSpeak NG text-to-speech: 1.51 ...`` up to the colon), asked
-    once per child: a process start for it cost every job 13-40 ms, a third of a short sentence's
-    whole job on a loaded machine (bench/peers.py, tts-espeak)."""
+    once per child: a process start for it cost every job a good share of a short sentence's
+    whole job (measured: docs/benchmarks/tts.md)."""
     done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=TIMEOUT)
     return done.stdout.split(":")[0].strip() or "espeak-ng"
 

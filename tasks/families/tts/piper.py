@@ -35,7 +35,7 @@ def load_piper(model: Path, threads: int = 1) -> Loaded:
     return _load(Path(model).resolve(), threads)
 
 
-# A child meets few voices; each is ~60 MB of ONNX session.
+# A child meets few voices, and each is a whole ONNX session in memory.
 @functools.lru_cache(maxsize=2)
 def _load(model: Path, threads: int) -> Loaded:
     import onnxruntime

@@ -155,13 +155,13 @@ FAMILY = FamilySpec(
     },
     ladder=(
         rung("chattts", "chattts", device="cuda", model="chattts", max_chars=300),
-        # ~13x slower than a GPU (RTF > 1 here): shorter calls, so the first audio comes sooner.
+        # Slower than real time on a CPU: shorter calls, so the first audio comes sooner.
         rung("chattts-cpu", "chattts", model="chattts", max_chars=120, max_new_token=1024),
         rung("piper", "piper", voice="piper/en_US-joe-medium.onnx"),
         rung("espeak", "espeak"),
     ),
-    # One attempt. A 100,000-character text is ~95 minutes of speech: espeak-ng and Piper speak
-    # it in a few minutes on a CPU; a CPU ChatTTS would not, and moves down at the soft limit.
+    # One attempt. espeak-ng on a CPU speaks the longest text (text.MAX_TEXT_CHARS) well within it
+    # (measured: docs/benchmarks/resume.md, TTS); a CPU ChatTTS would not, and moves down at the soft limit.
     limits=TimeLimits(soft=1800, hard=1900, stall=300),
     cli_argument="text",
     ladder_field="ladder",

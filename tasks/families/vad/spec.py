@@ -146,7 +146,8 @@ FAMILY = FamilySpec(
         # The camera filter's --skip-vad: no spans, result flagged, the pipeline goes on.
         rung("skip", "skip"),
     ),
-    # One attempt, not the whole ladder. VAD streams at RTF < 0.01: 6 h of audio is ~4 min.
+    # One attempt, not the whole ladder: VAD streams far faster than real time, so 6 h of audio fits
+    # with room to spare (measured: docs/benchmarks/vad.md).
     limits=TimeLimits(soft=1800, hard=1900, stall=120),
     cli_argument="media",
     ladder_field="ladder",

@@ -258,14 +258,15 @@ FAMILY = FamilySpec(
         # GPU rungs: torch weights, the pool's GPU memory fraction applied; a CUDA OOM moves down.
         rung("yolo-large", "detect", device="cuda", weights="yolo11l.pt", imgsz=640, stride_s=0.5),
         rung("yolo-small", "detect", device="cuda", weights="yolo11s.pt", imgsz=640, stride_s=0.5),
-        # ONNX Runtime beats torch on CPU (~80 vs ~115-240 ms a frame for 11n, FACTS.md).
+        # ONNX Runtime on CPU, on the rung's own threads (torch and ONNX measured side by side, and
+        # the threads a pool child takes: docs/benchmarks/yolo.md).
         rung("yolo-nano", "detect", weights="yolo11n.onnx", stride_s=1.0),
         # No model: motion spans, flagged, so a YOLO that keeps getting killed still yields something.
         rung("motion", "motion", stride_s=0.5),
     ),
-    # One attempt; under FARM_VISIBILITY_TIMEOUT (7200). Decoding is the floor: 1080p H.264 at a
-    # few hundred frames a second on 2 cores is ~1 h of 30 fps video in ~5 min; nano on every
-    # sampled frame of 1 h at 1 s stride is another ~5 min.
+    # One attempt; under FARM_VISIBILITY_TIMEOUT (7200). Decoding is the floor, and nano on every
+    # sampled frame adds about as much again: hours of video fit on 2 cores with room to spare
+    # (measured: docs/benchmarks/yolo.md).
     limits=TimeLimits(soft=5400, hard=5600, stall=300),
     # Checkpoints (resume.py): the motion gate's state is kept bit for bit, so the same rung goes
     # on as if never stopped; a lower rung (a smaller model, or motion alone) makes the rest, and
