@@ -34,5 +34,5 @@ class App:
 
 
 def test_a_connection_the_broker_closed_reads_as_the_broker_away() -> None:
-    with pytest.raises(admission._away()):
+    with pytest.raises(admission.away_errors()):
         admission._depths._amqp(("tts",), App())
