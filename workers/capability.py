@@ -7,7 +7,9 @@ queue and why, so such a worker never takes those jobs. A thread of the main pro
 the worker's record every ``capability.INTERVAL_S``, judged afresh each time (a model folder added,
 a package removed, shows within one beat); the queues consumed stay those chosen at start, with
 the pool's own queue of each family whose queue it consumes (``subtitle@gpu0``: where jobs routed
-to this pool go, ``tasks.routing``). The
+to this pool go, ``tasks.routing``). At each beat it also sends on the jobs left in another pool's
+queue of those families when that pool has had no live worker for ``FARM_HANDBACK_GRACE``
+(``tasks.orphans``). The
 record goes as the worker stops. The main process judges without importing any engine
 (``EngineSpec.missing`` looks packages up, ``importlib.util.find_spec``).
 """
@@ -23,9 +25,9 @@ from celery import bootsteps
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from mediafarm.config.pools import pool_queue
+from mediafarm.config.pools import POOL_QUEUE_SEP, get_pools, pool_queue
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import capability, families
+from mediafarm.tasks import capability, families, orphans
 from mediafarm.workers import fork_gate
 
 log = logging.getLogger("mediafarm.capability")
@@ -48,6 +50,8 @@ class CapabilityStep(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         self._stop = threading.Event()
         self._client: Any = None
+        self._broker: Any = None
+        self._sweep: orphans.OrphanSweep | None = None
         self._node = ""
         queues = worker.app.amqp.queues
         configured = tuple(queues.consume_from)
@@ -79,6 +83,10 @@ class CapabilityStep(bootsteps.StartStopStep):
         self._node = worker.hostname
         settings = get_settings()
         self._client = redis.Redis.from_url(settings.backend_url, socket_timeout=2, socket_connect_timeout=2)
+        # Jobs left in the queue of a pool with no live worker go on to their family's queue (Redis only).
+        if settings.handback_grace and not settings.broker_is_rabbitmq and self.served:
+            self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=2, socket_connect_timeout=2)
+            self._sweep = orphans.OrphanSweep(settings.handback_grace)
         fork_gate.start_thread(self._run, "farm-capability", ())
 
     def stop(self, worker: Any) -> None:
@@ -95,6 +103,8 @@ class CapabilityStep(bootsteps.StartStopStep):
             with fork_gate.held():  # a Redis call and maybe a log line: not across a fork
                 try:
                     capability.advertise(self._client, self.record(self._node))
+                    if self._sweep is not None:
+                        self._sweep_orphans()
                     failing = False
                 except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                     if not failing:
@@ -105,6 +115,15 @@ class CapabilityStep(bootsteps.StartStopStep):
                         log.warning("could not publish this worker's capability", exc_info=True)
                     failing = True
             self._stop.wait(capability.INTERVAL_S)
+
+
+    def _sweep_orphans(self) -> None:
+        own = {name: q for name, q in family_queues().items() if name in self.served}
+        pools = [name for name in get_pools() if name != get_settings().pool]
+        moved = self._sweep.run(self._broker, capability.live(self._client), pools, own)
+        for queue, count in moved.items():
+            log.warning("moved %d job(s) from queue %s, whose pool has had no live worker for %.0f s, to %s",
+                        count, queue, self._sweep.grace, queue.split(POOL_QUEUE_SEP, 1)[0])  # fmt: skip
 
 
 def install(app: Any) -> None:

@@ -33,7 +33,9 @@ from tests.support.speech import PHRASES, make_track
 
 pytestmark = pytest.mark.integration
 
-BETTER, PLAIN = "route-better", "route-plain"
+BETTER, PLAIN, GHOST = "route-better", "route-plain", "route-ghost"
+# How long a pool queue may hold jobs with its pool absent before live workers send them on.
+GRACE_S = 5
 
 
 def other_database(url: str, db: int) -> str:
@@ -59,7 +61,7 @@ class Cluster:
 
         node = f"{pool}-t{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
         log = self.session_dir / f"{node.split('@')[0]}.log"
-        env = self.env(FARM_POOL=pool, FARM_MODELS_DIR=str(self.models[pool]))
+        env = self.env(FARM_POOL=pool, FARM_MODELS_DIR=str(self.models[pool]), FARM_HANDBACK_GRACE=str(GRACE_S))
         with log.open("wb") as fh:
             process = spawn_worker(get_pool(pool), env=env, logfile=fh, concurrency=1, node=node, loglevel="INFO")
         self.processes.append(process)
@@ -191,3 +193,22 @@ def test_a_job_killed_on_the_better_pool_moves_to_the_other_pool_and_frees_its_s
     assert f"moved to queue subtitle@{PLAIN}" in moved["reason"] and "this slot is freed" in moved["reason"], moved
     assert (moved["counted"], moved["cause"]) == (False, "moved")
     assert envelope["variant"] == "pocketsphinx" and envelope["output"]["cues"]
+
+
+def test_jobs_left_in_the_queue_of_a_pool_with_no_live_worker_are_sent_on_and_routed(
+    cluster: Cluster, short_clip: Path
+) -> None:
+    # As if the ghost pool had died whole with a backlog: jobs in its own queue, nobody to take them.
+    ids = [f"route-orphan-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    sent = time.monotonic()
+    for job_id in ids:
+        cluster.app.send_task("farm.subtitle.transcribe", kwargs={"media": str(short_clip)}, task_id=job_id,
+                              queue=f"subtitle@{GHOST}")  # fmt: skip
+    for job_id in ids:
+        envelope = cluster.app.AsyncResult(job_id).get(timeout=60)
+        assert ran(envelope) == ("whisper-tiny", cluster.nodes[BETTER]), envelope["attempts"]
+        assert all(a["outcome"] in ("unavailable", "moved", "ok") for a in envelope["attempts"]), envelope["attempts"]
+    # Not before the grace: a pool's own restart keeps its backlog.
+    assert time.monotonic() - sent >= GRACE_S
+    logs = "".join(p.read_text(errors="replace") for p in cluster.session_dir.glob("route-*.log"))
+    assert f"job(s) from queue subtitle@{GHOST}, whose pool has had no live worker for {GRACE_S} s, to subtitle" in logs
