@@ -96,6 +96,8 @@ def test_farm_submit_and_farm_status_as_a_producer_runs_them_load_no_worker_modu
         )
         assert {"mediafarm.cli.jobs", "mediafarm.tasks.client", "celery"} <= set(loaded)  # the command ran
         assert offending(loaded) == {key: [] for key in offending([])}, argv
+        # Nor Celery's worker (its bootsteps), which Celery's Django fix-up would import with the app.
+        assert [m for m in loaded if m == "celery.worker" or m.startswith(("celery.worker.", "celery.bootsteps"))] == []
     client = redis.Redis.from_url(redis_url)
     sent = list(client.scan_iter(match=f"{queue}*"))  # the queue, under its priority's name
     assert sent and client.delete(*sent) == len(sent)  # the job was sent
