@@ -32,7 +32,9 @@ SENT_HEADER = "farm_sent"
 # The worker side of this app: importing it wires the guards and metrics into this same app.
 WORKER_ENTRY = "mediafarm.workers.app"
 
-app = Celery("mediafarm")
+# No fix-ups: Celery's only built-in one (Django's) imports celery.worker, the worker's bootsteps,
+# into every process that builds an app, and the farm runs no Django.
+app = Celery("mediafarm", fixups=())
 app.config_from_object(celery_config(get_settings()))
 # Read by workers only (Celery's loader, at worker start): never by a producer.
 app.conf.imports = (*app.conf.imports, WORKER_ENTRY)

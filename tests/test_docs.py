@@ -32,7 +32,7 @@ WORKED_FAMILY = "mediafarm.tasks.families.loudness"
 
 def cli_group() -> Any:
     """The `farm` command tree (typer builds it on click's classes, vendored: checked by duck type)."""
-    from mediafarm.workers.cli import cli
+    from mediafarm.cli.app import cli
 
     return get_command(cli)
 
@@ -103,13 +103,13 @@ def test_every_farm_command_in_the_docs_exists_with_the_options_it_uses(command)
 def test_every_farm_subcommand_the_docs_use_has_help() -> None:
     paths = sorted({c.args[:2] if c.args[0] == "speakers" else c.args[:1] for c in farm_commands() if c.args})
     runner = CliRunner()
-    from mediafarm.workers.cli import cli
+    from mediafarm.cli.app import cli
 
     for path in paths:
         result = runner.invoke(cli, [*path, "--help"])
         assert result.exit_code == 0 and "Usage" in result.output, f"farm {' '.join(path)} --help: {result.output}"
     # And the installed entry point lists them (it is what a reader types).
-    listed = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "--help"], capture_output=True, text=True,
+    listed = subprocess.run([sys.executable, "-m", "mediafarm.cli", "--help"], capture_output=True, text=True,
                             timeout=120, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     for first in {p[0] for p in paths}:

@@ -13,7 +13,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
+
+import redis
 
 # Top-level packages a producer process must never load (the worker side and the pools' extras).
 WORKER_SIDE = ["psutil", "prometheus_client"]
@@ -70,3 +73,31 @@ def test_the_farm_cli_loads_no_worker_side_until_a_worker_command_runs(tmp_path:
     assert "mediafarm.workers.guards" not in loaded and "mediafarm.workers.metrics" not in loaded
     # Nor the HTTP gateway (the `gateway` extra), which `farm gateway` and `farm up` import when they run.
     assert not [m for m in loaded if m.split(".")[0] in ("fastapi", "starlette", "uvicorn", "sse_starlette")]
+
+
+def test_farm_submit_and_farm_status_as_a_producer_runs_them_load_no_worker_module(tmp_path: Path,
+                                                                                   redis_url: str) -> None:  # fmt: skip
+    # The installed `farm` entry point, run to the end of each command: the process-control
+    # commands (workers/cli.py) are loaded by name only when one of them runs.
+    queue = f"producer-import-{uuid.uuid4().hex[:6]}"  # no worker consumes it
+    for argv in (["submit", "tts", "Hello there.", "--queue", queue], ["status", "no-such-job"]):
+        loaded = loaded_after(
+            f"""
+            import sys
+            from mediafarm.cli.app import main
+            sys.argv = ["farm", *{argv!r}]
+            try:
+                main()
+            except SystemExit as exc:
+                assert not exc.code, exc.code
+            """,
+            tmp_path,
+            redis_url,
+        )
+        assert {"mediafarm.cli.jobs", "mediafarm.tasks.client", "celery"} <= set(loaded)  # the command ran
+        assert offending(loaded) == {key: [] for key in offending([])}, argv
+        # Nor Celery's worker (its bootsteps), which Celery's Django fix-up would import with the app.
+        assert [m for m in loaded if m == "celery.worker" or m.startswith(("celery.worker.", "celery.bootsteps"))] == []
+    client = redis.Redis.from_url(redis_url)
+    sent = list(client.scan_iter(match=f"{queue}*"))  # the queue, under its priority's name
+    assert sent and client.delete(*sent) == len(sent)  # the job was sent

@@ -1,1 +1,1 @@
-"""How processes live: pools, the memory watchdog, metrics and the `farm` CLI."""
+"""How processes live: pools, the memory watchdog, metrics and the `farm` commands that run them."""

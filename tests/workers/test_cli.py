@@ -92,7 +92,7 @@ def test_a_producer_install_runs_the_client_commands_and_worker_commands_name_th
     # A producer's core install has neither psutil nor prometheus-client (the `worker` extra): here
     # they cannot be imported, as if absent (a None in sys.modules fails the import).
     without = [sys.executable, "-c", "import sys; sys.modules['psutil'] = sys.modules['prometheus_client'] = None; "
-               "from mediafarm.workers.cli import main; main()"]  # fmt: skip
+               "from mediafarm.cli.app import main; main()"]  # fmt: skip
     queue = f"producer-install-{uuid.uuid4().hex[:6]}"  # no worker consumes it
 
     def farm(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,8 @@ import typer
 from typer.main import get_command
 
 from mediafarm.tasks import families
-from mediafarm.workers.cli import cli
-from mediafarm.workers.family_commands import command_names, mount
+from mediafarm.cli.app import cli
+from mediafarm.cli.family_commands import command_names, mount
 from tests.conftest import REPO
 from tests.tasks.test_family import make_spec
 
@@ -32,7 +32,7 @@ def test_the_cli_tree_holds_every_familys_commands_beside_the_farms() -> None:
 
 def test_a_familys_command_runs_under_its_name() -> None:
     env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "toy", "count", "one two three"],
+    proc = subprocess.run([sys.executable, "-m", "mediafarm.cli", "toy", "count", "one two three"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.strip() == "3 words", proc.stdout + proc.stderr
 
@@ -48,12 +48,12 @@ def test_commands_that_would_shadow_a_name_or_are_no_typer_app_are_refused() -> 
 
     assert command_names(app) == {"submit", "families"}
     with pytest.raises(ValueError, match="would be `farm submit`, a name the CLI already has"):
-        mount(app, [make_spec(cli="tests.workers.test_family_commands:submit_again")])
+        mount(app, [make_spec(cli="tests.cli.test_family_commands:submit_again")])
     with pytest.raises(ValueError, match="is of type .object., not a typer.Typer"):
-        mount(app, [make_spec(cli="tests.workers.test_family_commands:not_a_typer")])
+        mount(app, [make_spec(cli="tests.cli.test_family_commands:not_a_typer")])
     assert mount(app, [make_spec()]) == []  # no cli: nothing mounted
 
 
 def test_a_malformed_cli_target_is_refused_when_the_spec_is_built() -> None:
     with pytest.raises(ValueError, match="must be 'module:attribute'"):
-        make_spec(cli="tests.workers.test_family_commands")
+        make_spec(cli="tests.cli.test_family_commands")

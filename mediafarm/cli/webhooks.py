@@ -1,8 +1,9 @@
 """``farm webhooks``: a job's webhook deliveries, a farm secret, a dispatcher of its own.
 
-Registered on the CLI by ``workers/cli.py``. The log is read from Redis (``tasks.webhooks.Outbox``);
+Registered on the CLI by ``cli/app.py``. The log is read from Redis (``tasks.webhooks.Outbox``);
 the dispatcher is the one every worker starts (``workers.webhook_dispatch``), here for a host that
-runs none (a gateway-only host), or a worker started with FARM_WEBHOOK_DISPATCH=0.
+runs none (a gateway-only host), or a worker started with FARM_WEBHOOK_DISPATCH=0. Only ``--serve``
+imports it (and the worker side it needs): listing a job's deliveries is a producer's command.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The farm's CLI names no family: a family that has commands (TTS: ``farm speakers``) declares a
 Typer app in its spec, and :func:`mount` adds it under the app's name, beside the farm's own
-commands. Mounting happens when ``workers/cli.py`` is imported, so ``farm --help``, every command
+commands. Mounting happens when ``cli/app.py`` is imported, so ``farm --help``, every command
 and ``typer.main.get_command(cli)`` see the same tree.
 """
 
@@ -28,14 +28,15 @@ def command_names(app: typer.Typer) -> set[str]:
     return {name for name in names if name}
 
 
-def mount(app: typer.Typer, specs: Iterable[FamilySpec]) -> list[str]:
-    """Add each family's commands to ``app``; the names mounted.
+def mount(app: typer.Typer, specs: Iterable[FamilySpec], reserved: Iterable[str] = ()) -> list[str]:
+    """Add each family's commands to ``app``; the names mounted. ``reserved``: names ``app`` answers
+    to without having them registered (the process-control commands, loaded when they run).
 
     Raises:
         ValueError: A family's commands are not a ``typer.Typer``, or would take a name ``app`` (or
             another family) already has.
     """
-    taken = command_names(app)
+    taken = command_names(app) | set(reserved)
     mounted = []
     for spec in specs:
         commands = spec.commands()

@@ -1,0 +1,82 @@
+"""How a job is shown in a terminal: its result envelope, attempts and artifacts, and a progress bar
+while it runs. Used by ``farm submit`` and ``farm status``, and by ``farm demo`` (``workers/cli.py``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as ProgressBar
+from rich.table import Table
+
+from mediafarm.cli.console import console
+from mediafarm.tasks import families
+
+
+def print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(envelope))
+        return
+    spec = families.get(envelope["family"])
+    result = spec.parse_result(envelope.get("output", {}))
+    console.print(f"job [bold]{envelope['job_id']}[/]  variant [bold]{envelope['variant']}[/]  {spec.summary(result)}")
+    rendered = spec.render(result)
+    if rendered is not None:
+        console.print(rendered)
+    print_attempts(envelope.get("attempts", []))
+    print_artifacts(envelope.get("artifacts", []))
+
+
+def print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:
+    if len(attempts) <= 1 and not always:
+        return
+    table = Table("rung", "variant", "outcome", "reason", "against the rung", "peak RSS MiB", title="attempts")
+    for a in attempts:
+        # An open attempt is running (or its process died and the next run will settle it).
+        outcome = "running" if a.get("outcome") is None else str(a["outcome"])
+        peak = a.get("peak_rss_mb")
+        # Whether a failure counted against the rung's breaker, and why (tasks.attribution).
+        judged = "" if a.get("counted") is None else f"{'counted' if a['counted'] else 'not counted'}: {a.get('cause')}"
+        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", judged,
+                      "" if peak is None else str(peak))  # fmt: skip
+    console.print(table)
+
+
+def print_artifacts(artifacts: list[dict[str, Any]]) -> None:
+    if not artifacts:
+        return
+    table = Table("artifact", "bytes", "type", "sha256", title="artifacts")
+    for a in artifacts:
+        table.add_row(a["name"], str(a["size"]), a["media_type"], a["sha256"][:16] + "…")
+    console.print(table)
+
+
+def progress_detail(progress: Any) -> str:
+    """``whisper-tiny recognise  312 s of media``: the rung, the stage, how far into the media."""
+    detail = f"{progress.variant} {progress.stage}".strip()
+    if progress.media_seconds is not None:
+        detail += f"  {progress.media_seconds:.0f} s of media"
+    return detail
+
+
+def progress_snapshot(progress: Any) -> Any:
+    """A one-off bar of ``progress`` (``farm status``), to print once."""
+    bar = ProgressBar(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), console=console)
+    bar.add_task(progress_detail(progress), total=1.0, completed=progress.fraction or 0.0)
+    return bar.get_renderable()
+
+
+def follow(job: Any, timeout: float) -> dict[str, Any]:
+    """Wait for a job with a progress bar (on a terminal; plain waiting otherwise)."""
+    if not console.is_terminal:
+        return job.wait(timeout=timeout)
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[detail]}"))  # fmt: skip
+    with ProgressBar(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"job {job.id[:8]}", total=1.0, detail="queued")
+
+        def show(progress: Any) -> None:
+            bar.update(task, completed=progress.fraction or 0.0, detail=progress_detail(progress))
+
+        return job.wait(timeout=timeout, poll=0.25, on_progress=show)
