@@ -23,7 +23,7 @@ and the load: ``(queued + reserved + running) / slots per replica``, the replica
 Slots per replica are those of its live workers on average, or the declared pool's
 ``concurrency`` when none is live, so a pool at zero replicas still has a load to scale from. A
 scaler keeps ``ceil(load)`` replicas (KEDA's Prometheus scaler on ``mediafarm_pool_load`` with
-threshold 1, docs/operating.md "Scaling a pool").
+threshold 1; docs/operating.md, "Scaling a pool by its load").
 
 A shared family queue counts in every pool that consumes it: its job goes to whichever pool is
 free first, so the sum of the pools' queued jobs can exceed the jobs waiting in the farm.
@@ -52,7 +52,7 @@ class PoolSignal:
         reserved: Jobs its live workers took and have not started.
         running: Jobs its live workers run.
         slots: Slots of its live workers that take jobs (0: none live, or all draining).
-        workers: Its live workers that take jobs.
+        replicas: Its live workers that take jobs (not draining).
         slots_per_replica: What one more replica brings: its live workers' slots on average, else
             the declared pool's ``concurrency``.
         queues: Queue -> jobs waiting in it, for each queue counted in ``queued``.
@@ -63,7 +63,7 @@ class PoolSignal:
     reserved: int
     running: int
     slots: int
-    workers: int
+    replicas: int
     slots_per_replica: float
     queues: Mapping[str, int] = field(default_factory=dict)
 
@@ -78,7 +78,7 @@ class PoolSignal:
 
     def to_dict(self) -> dict[str, Any]:
         return {"queued": self.queued, "reserved": self.reserved, "running": self.running, "slots": self.slots,
-                "workers": self.workers, "slots_per_replica": self.slots_per_replica, "load": round(self.load, 3),
+                "replicas": self.replicas, "slots_per_replica": self.slots_per_replica, "load": round(self.load, 3),
                 "queues": dict(self.queues)}  # fmt: skip
 
 
@@ -147,5 +147,6 @@ def redis_depths(client: Any, queues: Sequence[str]) -> dict[str, int]:
 def read_signals(backend: Any, depths: Callable[[Sequence[str]], Mapping[str, int]]) -> dict[str, PoolSignal]:
     """The signals now: the declared pools, the live records in the result backend's Redis
     (``backend``, a redis-py client) and the queues' depths (``depths``)."""
-    return pool_signals(get_pools(), capability.live(backend), worker_load.live(backend), depths,
-                        {name: spec.queue for name, spec in families.load().items()}, families.default_queues())  # fmt: skip
+    family_queues = {name: spec.queue for name, spec in families.load().items()}
+    return pool_signals(get_pools(), capability.live(backend), worker_load.live(backend), depths, family_queues,
+                        families.default_queues())  # fmt: skip

@@ -49,8 +49,9 @@ class PoolScaling(Collector):
             "workers and not started, running on them", labels=["pool", "state"],
         )  # fmt: skip
         slots = GaugeMetricFamily(
-            "mediafarm_pool_slots", "Slots of a pool's live workers that take jobs (0 at zero replicas)", labels=["pool"]
-        )
+            "mediafarm_pool_slots", "Slots of a pool's live workers that take jobs (0 at zero replicas)",
+            labels=["pool"],
+        )  # fmt: skip
         load = GaugeMetricFamily(
             "mediafarm_pool_load", "A pool's jobs (queued + reserved + running) over one replica's slots: the "
             "replicas its work fills", labels=["pool"],

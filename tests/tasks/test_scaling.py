@@ -58,7 +58,7 @@ def test_each_pool_counts_its_queues_its_workers_jobs_and_its_slots() -> None:
     assert gpu0.queues == {"gpu0.subtitle": 0, "gpu0.tts": 2, "subtitle": 5, "tts": 1, "subtitle@gpu0": 3,
                            "tts@gpu0": 0}  # fmt: skip
     assert (gpu0.queued, gpu0.reserved, gpu0.running) == (11, 1, 3)  # the draining worker's job still runs there
-    assert (gpu0.slots, gpu0.workers, gpu0.slots_per_replica) == (2, 1, 2.0)
+    assert (gpu0.slots, gpu0.replicas, gpu0.slots_per_replica) == (2, 1, 2.0)
     assert gpu0.jobs == 15 and gpu0.load == pytest.approx(7.5)
     # The cpu pool's worker can run no subtitle rung: no subtitle queue is its work, not even its own.
     cpu = got["cpu"]
@@ -69,7 +69,7 @@ def test_each_pool_counts_its_queues_its_workers_jobs_and_its_slots() -> None:
 def test_a_pool_at_zero_replicas_has_a_load_from_its_declared_concurrency() -> None:
     gpu1 = signals()["gpu1"]
     assert set(gpu1.queues) == {"gpu1.subtitle", "gpu1.tts", "subtitle", "tts", "subtitle@gpu1", "tts@gpu1"}
-    assert (gpu1.queued, gpu1.reserved, gpu1.running, gpu1.slots, gpu1.workers) == (12, 0, 0, 0, 0)
+    assert (gpu1.queued, gpu1.reserved, gpu1.running, gpu1.slots, gpu1.replicas) == (12, 0, 0, 0, 0)
     assert gpu1.slots_per_replica == 3.0 and gpu1.load == pytest.approx(4.0)  # 12 jobs, 3 slots a replica
     # With no worker live anywhere, the cpu pool takes its subtitle queues back.
     cold = signals(records=[], loads=[])
@@ -87,7 +87,7 @@ def test_an_idle_pool_has_load_zero_and_a_draining_pool_falls_back_to_its_declar
     idle = signals(depths={})
     assert all(s.queued == 0 for s in idle.values()) and idle["edge"].load == 0.0
     drained = signals(loads=[WorkerLoad("gpu0@b", "gpu0", slots=0, running=2, draining=True)])["gpu0"]
-    assert (drained.slots, drained.workers, drained.slots_per_replica, drained.running) == (0, 0, 2.0, 2)
+    assert (drained.slots, drained.replicas, drained.slots_per_replica, drained.running) == (0, 0, 2.0, 2)
     assert drained.to_dict()["load"] == pytest.approx((11 + 2) / 2, abs=1e-3)
 
 
