@@ -13,7 +13,8 @@ The list also leaves out every priority but one (kombu keeps a list per priority
                 own queue of each family (``subtitle@gpu0``, where routing sends its jobs), its GPU
                 affinity queues (``gpu0.subtitle``) and the families' shared queues it consumes
                 (``subtitle``: where a job waits while no live worker advertises its family, a
-                pool at zero replicas among them); a queue every live worker of the pool leaves
+                pool at zero replicas among them); on RabbitMQ, each queue's ready messages (one
+                queue holds every priority); a queue every live worker of the pool leaves
                 out (a family it can run no rung of) is not its work
     reserved    jobs its live workers took and have not started (``tasks.worker_load``)
     running     jobs its live workers' children started
