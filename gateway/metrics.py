@@ -1,10 +1,11 @@
 """The gateway's own Prometheus metrics, served at ``GET /metrics``: requests by route and status
 (429s are admission control's refusals as clients saw them) and the time to each response's
-headers, plus the process's CPU and memory.
+headers, plus the process's CPU and memory, and the pools' scaling signal.
 
 The farm-wide figures (queues, jobs, breakers, refusals by reason) are the workers'
-(docs/operating.md, "Metrics"): a gateway only adds what passed through it. Each app has its own
-registry, so two gateways in one process (tests) count apart.
+(docs/operating.md, "Metrics"): a gateway only adds what passed through it, and the pools'
+scaling signal (``tasks.scaling_metrics``), which a pool scaled to zero has no worker to serve.
+Each app has its own registry, so two gateways in one process (tests) count apart.
 
 ``/metrics`` asks for a bearer token like every ``/v1`` route when FARM_API_TOKENS is set
 (Prometheus sends one: ``authorization: {credentials: ...}`` in its scrape config);
@@ -17,11 +18,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import ProcessCollector
 
 from mediafarm.gateway.security import caller
+from mediafarm.tasks import scaling_metrics
+from mediafarm.tasks.app import app as celery_app
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -40,6 +44,7 @@ class GatewayMetrics:
             "mediafarm_gateway_response_seconds", "Seconds to a response's headers (a stream's first bytes)",
             ["method", "route"], buckets=BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.registry.register(scaling_metrics.for_this_farm(celery_app))
 
 
 class MetricsMiddleware:
@@ -82,7 +87,9 @@ def install(app: FastAPI, open_to_all: bool) -> None:
     async def serve(request: Request) -> Response:
         if not open_to_all:
             caller(request)  # 401 without a token the gateway accepts
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # On a thread: the scaling signal is read from Redis at scrape, which the event loop must not wait on.
+        body = await anyio.to_thread.run_sync(generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route("/metrics", serve, methods=["GET"], tags=["farm"], include_in_schema=False,
                       summary="Prometheus metrics of this gateway")  # fmt: skip

@@ -17,7 +17,7 @@ FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
-     "webhook-log", "capability"}
+     "webhook-log", "capability", "load"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -145,6 +145,16 @@ def capabilities() -> str:
     than ``capability.STALE_S``, and a field an hour old is dropped. The hash expires an hour after
     its last write."""
     return f"{PREFIX}:capability"
+
+
+def worker_loads() -> str:
+    """What each live worker holds (``tasks.worker_load``): a hash, field the worker's node name,
+    value JSON (its pool, its slots, the jobs it reserved and has not started, the jobs it runs,
+    whether it drains, the Redis server's time of the write). Rewritten by each worker every second
+    (``workers.load``) and removed as it stops; a reader ignores a field older than
+    ``worker_load.STALE_S``, and a field an hour old is dropped. The hash expires an hour after its
+    last write. The pools' scaling signal (``tasks.scaling``) sums it by pool."""
+    return f"{PREFIX}:load"
 
 
 def tenant_jobs(family: str, tenant: str) -> str:

@@ -74,12 +74,14 @@ def exported_series() -> set[str]:
     from prometheus_client import REGISTRY
 
     from mediafarm.gateway.metrics import GatewayMetrics
+    from mediafarm.tasks.scaling_metrics import PoolScaling
     from mediafarm.workers import metrics
     from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
 
     metrics.result_metrics()
     metrics.job_metrics()
-    collectors = [QueueDepth(None, list), FarmState(None, "p", list), GpuMemory(()), GpuChildren(None, str, "p")]
+    collectors = [QueueDepth(None, list), FarmState(None, "p", list), GpuMemory(()), GpuChildren(None, str, "p"),
+                  PoolScaling(None, dict)]  # fmt: skip
     families = [*REGISTRY.collect(), *GatewayMetrics().registry.collect(), *(m for c in collectors for m in c.describe())]
     return {f.name + suffix for f in families if f.name.startswith("mediafarm_") for suffix in _SUFFIXES[f.type]}
 

@@ -288,3 +288,22 @@ def test_every_name_a_manifest_gives_another_exists(resources: list[dict]) -> No
     settings = configmaps["farm-settings"]["data"]
     for url in (settings["FARM_BROKER_URL"], settings["FARM_RESULT_BACKEND"]):
         assert url.split("://")[1].split(":")[0] in named(resources, "Service"), f"{url}: no Service of that name"
+
+
+def test_the_docs_scaled_object_scales_a_pool_here_on_that_pool_s_series_the_farm_serves(resources: list[dict]) -> None:
+    # docs/operating.md, "Scaling a pool by its load": a KEDA example, checked as the dashboard's
+    # queries are (tests/test_compose.py), against the series the gateway and the workers declare.
+    from tests.support.docs import code_blocks
+    from tests.test_compose import exported_series
+
+    blocks = [b for b in code_blocks(REPO / "docs" / "operating.md") if "kind: ScaledObject" in b.text]
+    assert len(blocks) == 1, "the operating page shows one KEDA ScaledObject"
+    scaled = yaml.safe_load(blocks[0].text)
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    target = scaled["spec"]["scaleTargetRef"]["name"]
+    pool = {w["metadata"]["name"]: p for w, _c, p in workers(resources)}.get(target)
+    assert pool in DEFAULT_POOLS, f"{target} is no worker Deployment of deploy/kubernetes"
+    queries = [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
+    asked = {name for q in queries for name in re.findall(r"\bmediafarm_[a-z0-9_]+", q)}
+    assert asked == {"mediafarm_pool_load"} and asked <= exported_series()
+    assert {label for q in queries for label in re.findall(r'pool="([^"]+)"', q)} == {pool}

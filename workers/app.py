@@ -5,7 +5,8 @@ worker side wired in: the guards (configuration check, memory watchdog, child se
 ``workers.guards``), the metered request class, which counts a finished job's frame counters
 in the worker's main process (``workers.metrics``), its capability (``workers.capability``: it
 consumes only the queues of families it can run, and says in Redis what it can run), the pool's
-memory reading for admission control (``workers.pressure``), and the router that sends farm tasks left on
+memory reading for admission control (``workers.pressure``), what it holds for the pools' scaling
+signal (``workers.load``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
 (``workers.foreign``), the drain (``workers.drain``), and the webhook dispatcher it starts beside it
 (``workers.webhook_dispatch``). A worker started on the plain app imports this module too (the plain app
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import capability, drain, foreign, guards, handback, logs, pressure, webhook_dispatch
+from mediafarm.workers import capability, drain, foreign, guards, handback, load, logs, pressure, webhook_dispatch
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -28,6 +29,8 @@ guards.install(app)
 pressure.install(app)
 # Each worker leaves out the queues of families it can run no rung of, and says what it can run.
 capability.install(app)
+# Each worker says what it holds (reserved, running, its slots): the pools' scaling signal (``workers.load``).
+load.install(app)
 # Each Redis worker beats; a peer silent past the grace has its jobs handed back (``workers.handback``).
 handback.install(app)
 # `farm drain` and SIGTERM stop taking jobs, wait FARM_DRAIN_SECONDS, hand back the rest (``workers.drain``).

@@ -270,11 +270,13 @@ def drain(
 
 @control.command()
 def pools(as_json: Annotated[bool, typer.Option("--json", help="The pools and live records as JSON")] = False) -> None:
-    """The declared pools, their live workers, and what each can run now (the records the workers
-    keep in Redis: the queues they consume and leave out, the rungs they can run and why not others)."""
+    """The declared pools, their live workers, what each can run now (the records the workers keep
+    in Redis: the queues they consume and leave out, the rungs they can run and why not others), and
+    each pool's scaling signal (queued, reserved, running, slots, load)."""
     need_broker()
     from mediafarm.config.pools import get_pools
-    from mediafarm.tasks import capability
+    from mediafarm.tasks import capability, scaling
+    from mediafarm.tasks.admission import away_errors, queue_depths
     from mediafarm.tasks.app import app
     from mediafarm.workers.pools_view import pools_json, print_pools
 
@@ -284,12 +286,13 @@ def pools(as_json: Annotated[bool, typer.Option("--json", help="The pools and li
         fail(str(exc))
     try:
         records = capability.live(app.backend.client)
-    except RedisError as exc:
-        fail(f"cannot read the workers' records from the result backend's Redis: {exc}", code=1)
+        signals = scaling.read_signals(app.backend.client, lambda queues: queue_depths(queues, app))
+    except (RedisError, *away_errors()) as exc:
+        fail(f"cannot read the workers' records or the queues' depths: {exc}", code=1)
     if as_json:
-        print(pools_json(declared, records))
+        print(pools_json(declared, records, signals))
     else:
-        print_pools(console, declared, records)
+        print_pools(console, declared, records, signals)
 
 
 @control.command()

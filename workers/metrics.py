@@ -5,7 +5,8 @@ children count nothing themselves (their counters would die with them, and no sc
 them). What a job did in its child reaches the main process through Redis: the attempt history
 of each ended job (``workers.job_metrics``), the GPU children's allocator figures
 (``workers.gpu_hygiene``). The watchdog's kills and the children's RSS are the main process's own.
-Queue depths, breakers and admission refusals are read at scrape (``workers.collectors``). The
+Queue depths, breakers and admission refusals are read at scrape (``workers.collectors``), and
+the pools' scaling signal (``tasks.scaling_metrics``, which the gateway serves too). The
 names and labels are in docs/operating.md ("Metrics").
 """
 
@@ -25,7 +26,7 @@ from celery.worker.request import Request
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from mediafarm.config.pools import Pool
-from mediafarm.tasks import families
+from mediafarm.tasks import families, scaling_metrics
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.workers import fork_gate
 from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
@@ -254,7 +255,8 @@ def serve(port: int, worker: Any = None, pool: Pool | None = None) -> None:
 
     With a running ``worker`` and its ``pool``, also the scrape-time collectors
     (``workers.collectors``): the depth of the queues it consumes, the pool's breakers and
-    admission refusals, NVML's GPU memory and the GPU children's allocator figures.
+    admission refusals, NVML's GPU memory and the GPU children's allocator figures, and the pools'
+    scaling signal (``tasks.scaling_metrics``).
     """
     global _COUNTING
     result_metrics()  # every declared metric listed from the start, before its first job
@@ -315,6 +317,7 @@ def install_collectors(worker: Any, pool: Pool, registry: CollectorRegistry = RE
         FarmState(client, pool.name, lambda: sorted(families.load())),
         GpuMemory(pool.gpus),
         GpuChildren(client, lambda: worker.hostname, pool.name),
+        scaling_metrics.for_this_farm(app),
     ])  # fmt: skip
     for collector in _COLLECTORS:
         registry.register(collector)

@@ -1,7 +1,9 @@
-"""What ``farm pools`` shows: each declared pool, its live workers, and what each can run now.
+"""What ``farm pools`` shows: each declared pool, its live workers, what each can run now, and
+each pool's scaling signal.
 
 Read from the live capability records (``tasks.capability``), never from the declared ladders:
-a worker that cannot run a rung says why, and a queue it leaves out says so too.
+a worker that cannot run a rung says why, and a queue it leaves out says so too. The signal
+(``tasks.scaling``) is what ``mediafarm_pool_jobs`` and ``mediafarm_pool_load`` serve.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rich.table import Table
 from mediafarm.config.pools import Pool, expand_queues
 from mediafarm.tasks import families
 from mediafarm.tasks.capability import WorkerCapability
+from mediafarm.tasks.scaling import PoolSignal
 
 NO_WORKER = ("no live worker has said what it can run (none is running, or none reaches this Redis): "
              "no job of any family runs now; jobs sent wait in their queues")  # fmt: skip
@@ -55,10 +58,25 @@ def pools_table(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) 
     return table
 
 
-def pools_json(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -> str:
+def signal_table(signals: Mapping[str, PoolSignal]) -> Table:
+    table = Table("pool", "queued", "reserved", "running", "slots", "slots per replica", "load",
+                  title="scaling signal: load = (queued + reserved + running) / slots per replica")  # fmt: skip
+    for name, s in signals.items():
+        table.add_row(name, str(s.queued), str(s.reserved), str(s.running), str(s.slots), f"{s.slots_per_replica:g}",
+                      f"{s.load:.2f}")  # fmt: skip
+    return table
+
+
+def pools_json(pools: Mapping[str, Pool], records: Sequence[WorkerCapability],
+               signals: Mapping[str, PoolSignal] | None = None) -> str:  # fmt: skip
+    """The declared pools (and the pools a live worker names), each with its queues, live workers
+    and scaling signal; and the live records."""
+    signals = signals or {}
+    declared = {name: list(expand_queues(p.queues, families.default_queues())) for name, p in pools.items()}
     out: dict[str, Any] = {
-        "pools": {name: {"queues": list(expand_queues(p.queues, families.default_queues())),
-                         "workers": [r.node for r in records if r.pool == name]} for name, p in pools.items()},
+        "pools": {name: {"queues": declared.get(name, []), "workers": [r.node for r in records if r.pool == name],
+                         **({"signal": signals[name].to_dict()} if name in signals else {})}
+                  for name in [*pools, *(n for n in signals if n not in pools)]},
         "workers": [json.loads(r.to_json()) for r in records],
     }  # fmt: skip
     if not records:
@@ -66,7 +84,10 @@ def pools_json(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -
     return json.dumps(out, indent=2)
 
 
-def print_pools(console: Console, pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -> None:
+def print_pools(console: Console, pools: Mapping[str, Pool], records: Sequence[WorkerCapability],
+                signals: Mapping[str, PoolSignal] | None = None) -> None:  # fmt: skip
     console.print(pools_table(pools, records))
     if not records:
         console.print(f"[yellow]{NO_WORKER}[/]", highlight=False)
+    if signals:
+        console.print(signal_table(signals))
