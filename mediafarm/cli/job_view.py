@@ -31,7 +31,7 @@ def print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
 def print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:
     if len(attempts) <= 1 and not always:
         return
-    table = Table("rung", "variant", "outcome", "reason", "against the rung", "peak RSS MiB", title="attempts")
+    table = Table("rung", "variant", "outcome", "reason", "against the rung", "peak RSS MiB", "ran on", title="attempts")
     for a in attempts:
         # An open attempt is running (or its process died and the next run will settle it).
         outcome = "running" if a.get("outcome") is None else str(a["outcome"])
@@ -39,8 +39,11 @@ def print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None
         # Whether a failure counted against the rung's breaker, and why (tasks.attribution).
         judged = "" if a.get("counted") is None else f"{'counted' if a['counted'] else 'not counted'}: {a.get('cause')}"
         table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", judged,
-                      "" if peak is None else str(peak))  # fmt: skip
+                      "" if peak is None else str(peak), a.get("worker") or "")  # fmt: skip
     console.print(table)
+    # Why the submit sent the job to the pool it first ran on (tasks.routing), kept in its first attempt.
+    if attempts and attempts[0].get("route"):
+        console.print(f"routed: {attempts[0]['route']}")
 
 
 def print_artifacts(artifacts: list[dict[str, Any]]) -> None:
