@@ -1,4 +1,4 @@
-"""deploy/kubernetes: no cluster runs here, so the manifests are checked, not applied.
+"""deploy/k8s: no cluster runs here, so the manifests are checked, not applied.
 
 Against the Kubernetes OpenAPI schemas, which the `kubernetes-validate` wheel carries (nothing is
 fetched), strictly, so that a misspelt field fails; `kubectl kustomize` builds the folder where
@@ -26,7 +26,7 @@ from mediafarm.config.pools import DEFAULT_POOLS
 from mediafarm.config.settings import FarmSettings
 from tests.conftest import REPO
 
-KUBE = REPO / "deploy" / "kubernetes"
+KUBE = REPO / "deploy" / "k8s"
 KUSTOMIZATION = KUBE / "kustomization.yaml"
 COMPOSE = REPO / "docker-compose.yml"
 # In the folder but left out of the kustomization on purpose: the Secret's example, which applied
@@ -302,7 +302,7 @@ def test_the_docs_scaled_object_scales_a_pool_here_on_that_pool_s_series_the_far
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     target = scaled["spec"]["scaleTargetRef"]["name"]
     pool = {w["metadata"]["name"]: p for w, _c, p in workers(resources)}.get(target)
-    assert pool in DEFAULT_POOLS, f"{target} is no worker Deployment of deploy/kubernetes"
+    assert pool in DEFAULT_POOLS, f"{target} is no worker Deployment of deploy/k8s"
     queries = [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
     asked = {name for q in queries for name in re.findall(r"\bmediafarm_[a-z0-9_]+", q)}
     assert asked == {"mediafarm_pool_load"} and asked <= exported_series()
