@@ -5,12 +5,16 @@ fetched), strictly, so that a misspelt field fails; `kubectl kustomize` builds t
 kubectl is installed. Then what the farm needs of them: every FARM_* variable is a setting and
 parses, each worker's grace period covers its drain, each Deployment runs what its Compose service
 runs, a worker's memory holds its pool's capped children, the GPU pool asks for its GPUs, the probes
-ask what answers, and every name one manifest gives another (Services, claims, settings) exists.
+ask what answers, each worker's preStop drains its own node, and every name one manifest gives
+another (Services, claims, settings) exists. The KEDA component's ScaledObjects are checked against
+the ScaledObject CRD's own schema kept in deploy/k8s/keda (with `jsonschema`, as strictly), and each
+must scale a worker Deployment of the folder on its own pool's load, a series the farm serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -28,6 +32,10 @@ from tests.conftest import REPO
 
 KUBE = REPO / "deploy" / "k8s"
 KUSTOMIZATION = KUBE / "kustomization.yaml"
+# The KEDA component, off by default (keda/kustomization.yaml says why), and the schema of KEDA's
+# ScaledObject CRD kept beside it (its $comment names the source and version).
+KEDA = KUBE / "keda"
+KEDA_SCHEMA = KEDA / "scaledobject.schema.json"
 COMPOSE = REPO / "docker-compose.yml"
 # In the folder but left out of the kustomization on purpose: the Secret's example, which applied
 # at every `kubectl apply -k` would overwrite the operator's real Secret with placeholders.
@@ -121,6 +129,29 @@ def compose_bytes(value: str) -> int:
     """Compose's mem_limit, whose units (b, k, m, g) are powers of 1024."""
     number, unit = re.fullmatch(r"(\d+)([bkmg]?)", value.lower()).groups()  # type: ignore[union-attr]
     return int(number) * {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit]
+
+
+def scaled_object_files() -> list[Path]:
+    return sorted(KEDA.glob("*.scaledobject.yaml"))
+
+
+@pytest.fixture(scope="module")
+def scaled_objects() -> list[dict]:
+    return [doc for path in scaled_object_files() for doc in load(path)]
+
+
+def strict(schema: Any) -> Any:
+    """The CRD's schema as the API server applies it under strict field validation (kubectl's
+    default): a field no object declares is an error, not pruned. Objects that declare no fields
+    (`metadata`) or a map of values (`additionalProperties`) stay open."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {k: strict(v) for k, v in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema:
+        closed["additionalProperties"] = False
+    return closed
 
 
 def test_every_manifest_validates_against_the_kubernetes_schemas(resources: list[dict]) -> None:
@@ -290,20 +321,101 @@ def test_every_name_a_manifest_gives_another_exists(resources: list[dict]) -> No
         assert url.split("://")[1].split(":")[0] in named(resources, "Service"), f"{url}: no Service of that name"
 
 
-def test_the_docs_scaled_object_scales_a_pool_here_on_that_pool_s_series_the_farm_serves(resources: list[dict]) -> None:
-    # docs/operating.md, "Scaling a pool by its load": a KEDA example, checked as the dashboard's
-    # queries are (tests/test_compose.py), against the series the gateway and the workers declare.
-    from tests.support.docs import code_blocks
+def test_every_scaled_object_validates_against_keda_s_own_crd_schema(scaled_objects: list[dict]) -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (the dev extra) not installed")
+    schema = json.loads(KEDA_SCHEMA.read_text())
+    assert "kedacore/keda" in schema["$comment"] and "v2." in schema["$comment"], "the schema names its source"
+    validator = jsonschema.Draft7Validator(strict(schema))
+
+    def problems(resource: dict) -> list[str]:
+        return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(resource)]
+
+    assert len(scaled_objects) == len(scaled_object_files()) >= 2
+    for scaled in scaled_objects:
+        assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+        assert problems(scaled) == [], scaled["metadata"]["name"]
+    scaled = scaled_objects[0]
+    misspelt = {**scaled, "spec": {**scaled["spec"], "minReplicaCout": 1}}
+    assert problems(misspelt), "the schema accepts an unknown field"
+    (trigger, *_) = scaled["spec"]["triggers"]
+    deep = {**scaled, "spec": {**scaled["spec"], "triggers": [{**trigger, "metricTpye": "Value"}]}}
+    assert problems(deep), "the schema accepts an unknown field in a trigger"
+    wrong_type = {**scaled, "spec": {**scaled["spec"], "maxReplicaCount": "4"}}
+    assert problems(wrong_type), "the schema accepts a string count"
+
+
+def test_the_keda_component_lists_every_scaled_object_and_nothing_else_names_keda_s_kind(
+    resources: list[dict],
+) -> None:
+    component = yaml.safe_load((KEDA / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    assert sorted(component["resources"]) == [p.name for p in scaled_object_files()]
+    # The default resources apply on a cluster without KEDA: none is of a KEDA kind.
+    assert [r["kind"] for r in resources if r["apiVersion"].startswith("keda.sh/")] == []
+    assert "components" not in yaml.safe_load(KUSTOMIZATION.read_text())
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_kustomize_builds_the_folder_with_keda_on_as_its_kustomization_says(tmp_path: Path) -> None:
+    # As an operator turns it on: the commented `components:` lines of the kustomization uncommented.
+    folder = tmp_path / "k8s"
+    shutil.copytree(KUBE, folder)
+    text = KUSTOMIZATION.read_text()
+    enabled = re.sub(r"^# (components:\n)#(   - keda\n)", r"\1\2", text, flags=re.M)
+    assert enabled != text, "the kustomization shows no commented `components: [keda]` to uncomment"
+    (folder / "kustomization.yaml").write_text(enabled)
+    built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    listed = yaml.safe_load(text)["resources"]
+    assert len(docs) == sum(len(load(KUBE / name)) for name in listed) + len(scaled_object_files())
+    assert {d["metadata"]["namespace"] for d in docs} == {yaml.safe_load(text)["namespace"]}
+    scaled = {d["spec"]["scaleTargetRef"]["name"] for d in docs if d["kind"] == "ScaledObject"}
+    # KEDA's HPA owns their replicas: a count applied would set a pool back under its running jobs.
+    assert scaled and [d["metadata"]["name"] for d in docs if d["metadata"]["name"] in scaled
+                       and d["kind"] == "Deployment" and "replicas" in d["spec"]] == []  # fmt: skip
+
+
+def test_each_worker_pool_has_a_scaled_object_on_its_own_load_a_series_the_farm_serves(
+    resources: list[dict], scaled_objects: list[dict]
+) -> None:
     from tests.test_compose import exported_series
 
-    blocks = [b for b in code_blocks(REPO / "docs" / "operating.md") if "kind: ScaledObject" in b.text]
-    assert len(blocks) == 1, "the operating page shows one KEDA ScaledObject"
-    scaled = yaml.safe_load(blocks[0].text)
-    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
-    target = scaled["spec"]["scaleTargetRef"]["name"]
-    pool = {w["metadata"]["name"]: p for w, _c, p in workers(resources)}.get(target)
-    assert pool in DEFAULT_POOLS, f"{target} is no worker Deployment of deploy/k8s"
-    queries = [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
-    asked = {name for q in queries for name in re.findall(r"\bmediafarm_[a-z0-9_]+", q)}
-    assert asked == {"mediafarm_pool_load"} and asked <= exported_series()
-    assert {label for q in queries for label in re.findall(r'pool="([^"]+)"', q)} == {pool}
+    pools = {w["metadata"]["name"]: p for w, _c, p in workers(resources)}
+    targets = [s["spec"]["scaleTargetRef"] for s in scaled_objects]
+    assert sorted(t["name"] for t in targets) == sorted(pools), "not one ScaledObject per worker Deployment"
+    for scaled, target in zip(scaled_objects, targets, strict=True):
+        name, spec = scaled["metadata"]["name"], scaled["spec"]
+        assert target.get("kind", "Deployment") == "Deployment" and target.get("apiVersion", "apps/v1") == "apps/v1"
+        pool = pools[target["name"]]
+        queries = [t["metadata"]["query"] for t in spec["triggers"] if t["type"] == "prometheus"]
+        assert queries and len(queries) == len(spec["triggers"]), f"{name}: every trigger is the Prometheus scaler"
+        asked = {series for q in queries for series in re.findall(r"\bmediafarm_[a-z0-9_]+", q)}
+        assert asked == {"mediafarm_pool_load"} and asked <= exported_series(), name
+        assert {label for q in queries for label in re.findall(r'pool="([^"]+)"', q)} == {pool}, name
+        # Routing sends jobs only to pools with a live worker (tasks/routing.py): a pool at zero
+        # whose families another pool runs would never be woken by its own load.
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"], name
+
+
+def test_the_operating_page_points_at_the_scaled_objects_instead_of_copying_one() -> None:
+    from tests.support.docs import code_blocks
+
+    page = REPO / "docs" / "operating.md"
+    assert [b for b in code_blocks(page) if "kind: ScaledObject" in b.text] == []
+    text = page.read_text()
+    for path in [KEDA / "kustomization.yaml", *scaled_object_files()]:
+        assert str(path.relative_to(REPO)) in text, f"docs/operating.md does not name {path.relative_to(REPO)}"
+
+
+def test_each_worker_s_pre_stop_drains_its_own_node_and_waits(resources: list[dict]) -> None:
+    for w, c, pool in workers(resources):
+        name = w["metadata"]["name"]
+        hook = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
+        ping = " ".join(c["readinessProbe"]["exec"]["command"])
+        node = re.search(r"-d (\S+@\$\(.*?'\))", ping)
+        assert node and node[1].startswith(f"{pool}@"), f"{name}: {ping}"
+        # The node the readiness probe pings is the one the hook drains; --wait holds the SIGTERM
+        # back until the worker has stopped. The hook's time counts in the grace period, which
+        # test_each_worker_s_grace_period_covers_its_drain checks covers the drain.
+        assert f"farm drain {node[1]} --wait" in hook, f"{name}: {hook}"
