@@ -79,7 +79,9 @@ def _matches(found: list[tuple[float, float]], truth: list[tuple[float, float]],
 
 def test_a_live_udp_stream_gets_cues_while_it_plays_on_the_stream_clock(cpu_worker, tiny_en, track) -> None:
     port = free_port()
-    job = submit("subtitle-live", stream=f"udp://127.0.0.1:{port}", chunk_seconds=2, stall_timeout_s=4)
+    # 8 s of silence ends it: on a loaded machine FFmpeg's first packet came more than 4 s after the
+    # socket was bound (seen twice), and the job then ended as stalled before the stream began.
+    job = submit("subtitle-live", stream=f"udp://127.0.0.1:{port}", chunk_seconds=2, stall_timeout_s=8)
     _started(job)
     began = time.time()
     publisher = publish_udp(track.path, port, ts_offset=TS_OFFSET)
