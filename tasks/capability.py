@@ -25,7 +25,7 @@ from typing import Any
 
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.pools import POOL_QUEUE_SEP
-from mediafarm.tasks import keys
+from mediafarm.tasks import keys, timed_records
 from mediafarm.tasks.family import EngineSpec, FamilySpec
 
 # A worker writes its record this often; a record not rewritten for STALE_S is a dead worker's.
@@ -150,30 +150,9 @@ def left_out_queues(queues: Sequence[str], rungs: Rungs, family_queues: Mapping[
     return out
 
 
-# KEYS[1]: the capability hash. ARGV[1]: the node, ARGV[2]: its record as JSON without its time,
-# ARGV[3]: seconds after which any field is dropped. Writes the record with the server's time
-# (``"at"`` appended inside the JSON object) and drops fields older than ARGV[3]; returns the time.
-_ADVERTISE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local record = cjson.decode(ARGV[2])
-record['at'] = now
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local ok, other = pcall(cjson.decode, all[i + 1])
-  if not ok or type(other) ~= 'table' or now - (tonumber(other['at']) or 0) > tonumber(ARGV[3]) then
-    redis.call('HDEL', KEYS[1], all[i])
-  end
-end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-return tostring(now)
-"""
-
-
 def advertise(client: Any, record: WorkerCapability) -> float:
     """Write ``record`` (its time the Redis server's now); the time written."""
-    return float(client.eval(_ADVERTISE, 1, keys.capabilities(), record.node, record.to_json(), FORGET_AFTER_S))
+    return timed_records.write(client, keys.capabilities(), record.node, record.to_json(), FORGET_AFTER_S)
 
 
 def forget(client: Any, node: str) -> None:
@@ -184,20 +163,7 @@ def forget(client: Any, node: str) -> None:
 def live(client: Any) -> list[WorkerCapability]:
     """The records of the workers that wrote within :data:`STALE_S` (by the Redis server's clock),
     by node name; unreadable ones left out."""
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.hvals(keys.capabilities())
-    (seconds, micros), raws = pipe.execute()
-    now = seconds + micros / 1e6
-    out = []
-    for raw in raws:
-        try:
-            record = WorkerCapability.from_json(raw)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if now - record.at <= STALE_S:
-            out.append(record)
-    return sorted(out, key=lambda r: r.node)
+    return timed_records.live(client, keys.capabilities(), WorkerCapability.from_json, STALE_S)
 
 
 def can_run_any(

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.tasks import keys
+from mediafarm.tasks import keys, timed_records
 
 # A worker writes its record this often; a record not rewritten for STALE_S is a dead worker's.
 INTERVAL_S = 1.0
@@ -61,30 +61,9 @@ class WorkerLoad:
                    int(data.get("running") or 0), bool(data.get("draining")), float(data.get("at") or 0))  # fmt: skip
 
 
-# KEYS[1]: the load hash. ARGV[1]: the node, ARGV[2]: its record as JSON, ARGV[3]: seconds after
-# which any field is dropped. Writes the record with the server's time (``"at"`` set inside the
-# JSON object) and drops fields older than ARGV[3].
-_WRITE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local record = cjson.decode(ARGV[2])
-record['at'] = now
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local ok, other = pcall(cjson.decode, all[i + 1])
-  if not ok or type(other) ~= 'table' or now - (tonumber(other['at']) or 0) > tonumber(ARGV[3]) then
-    redis.call('HDEL', KEYS[1], all[i])
-  end
-end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-return tostring(now)
-"""
-
-
 def write(client: Any, record: WorkerLoad) -> None:
     """Write ``record``, its time the Redis server's now."""
-    client.eval(_WRITE, 1, keys.worker_loads(), record.node, record.to_json(), FORGET_AFTER_S)
+    timed_records.write(client, keys.worker_loads(), record.node, record.to_json(), FORGET_AFTER_S)
 
 
 def forget(client: Any, node: str) -> None:
@@ -95,21 +74,9 @@ def forget(client: Any, node: str) -> None:
 def live(client: Any) -> list[WorkerLoad]:
     """The records written within :data:`STALE_S` (by the Redis server's clock), by node name;
     unreadable ones left out."""
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.hvals(keys.worker_loads())
-    (seconds, micros), raws = pipe.execute()
-    return fresh(raws, seconds + micros / 1e6)
+    return timed_records.live(client, keys.worker_loads(), WorkerLoad.from_json, STALE_S)
 
 
 def fresh(raws: Any, now: float) -> list[WorkerLoad]:
     """The readable records of ``raws`` no older than :data:`STALE_S` at ``now``, by node name."""
-    out = []
-    for raw in raws:
-        try:
-            record = WorkerLoad.from_json(raw)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if now - record.at <= STALE_S:
-            out.append(record)
-    return sorted(out, key=lambda r: r.node)
+    return timed_records.fresh(raws, now, WorkerLoad.from_json, STALE_S)
