@@ -325,15 +325,9 @@ def _reroute(spec: FamilySpec, ladder: Any, node: str, client: Any, why_not_here
              attempts: list[Any]) -> reroute.Reroute:  # fmt: skip
     """Where a job this worker can run no rung of goes (``tasks.reroute``), by the live capability
     records; a ladder started from one of its rungs is named in them as the family's own."""
-    return reroute.decide(node=node, family=spec.name, family_queue=spec.queue, ladder=_recorded_ladder(spec, ladder),
+    return reroute.decide(node=node, family=spec.name, family_queue=spec.queue,
+                          ladder=families.recorded_ladder(spec, ladder),
                           why_not_here=why_not_here, attempts=attempts, records=capability.live(client))  # fmt: skip
-
-
-def _recorded_ladder(spec: FamilySpec, ladder: Any) -> str:
-    """The ladder's name as the capability records name it: a ladder started from one of a
-    family's rungs is named there as the family's own."""
-    named = {one.name for one in families.ladders_of(spec)}
-    return ladder.name if ladder.name in named else families.ladder_for(spec).name
 
 
 def _mover(spec: FamilySpec, ladder: Any, request: Any, fresh: bool, app: Any, languages: Any) -> Any:
@@ -349,11 +343,12 @@ def _mover(spec: FamilySpec, ladder: Any, request: Any, fresh: bool, app: Any, l
         return None
     client = app.backend.client
     rungs = [r.name for r in ladder.rungs]
+    recorded = families.recorded_ladder(spec, ladder)
     why_not = (lambda i: languages.why_not(ladder.rungs[i])) if languages is not None else None
 
     def move(index: int, attempts: list[Any]) -> routing.Route | None:
         return routing.move(pool=settings.pool, family=spec.name, family_queue=spec.queue,
-                            ladder=_recorded_ladder(spec, ladder), rungs=rungs, index=index, attempts=attempts,
+                            ladder=recorded, rungs=rungs, index=index, attempts=attempts,
                             records=capability.live(client), depths=lambda qs: queue_depths(qs, app),
                             spill_depth=settings.route_spill_depth, why_not=why_not)  # fmt: skip
 

@@ -175,11 +175,9 @@ def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> routing.Route | None:
         ladder = registry.ladder_for(spec, ladder_name if isinstance(ladder_name, str) else None)
     except (KeyError, ValueError):
         return None  # a ladder the request names that does not exist: the worker rejects it, naming it
-    named = {one.name for one in registry.ladders_of(spec)}
-    recorded = ladder.name if ladder.name in named else registry.ladder_for(spec).name
     try:
         records = _live_records()
-        return routing.choose(family=spec.name, family_queue=spec.queue, ladder=recorded,
+        return routing.choose(family=spec.name, family_queue=spec.queue, ladder=registry.recorded_ladder(spec, ladder),
                               rungs=[r.name for r in ladder.rungs], records=records,
                               depths=lambda queues: admission.queue_depths(queues, app),
                               spill_depth=settings.route_spill_depth)  # fmt: skip

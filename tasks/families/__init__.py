@@ -127,6 +127,13 @@ def ladders_of(spec: FamilySpec) -> list[Ladder]:
     return [own] + [ladder for name, ladder in declared.items() if ladder.family == spec.name and name != spec.name]
 
 
+def recorded_ladder(spec: FamilySpec, ladder: Ladder) -> str:
+    """``ladder``'s name as the workers' capability records name it (``tasks.capability``): a
+    ladder started from one of the family's rungs (``ladder_for``) is named there as the family's own."""
+    named = {one.name for one in ladders_of(spec)}
+    return ladder.name if ladder.name in named else ladder_for(spec).name
+
+
 def ladder_for(spec: FamilySpec, name: str | None = None) -> Ladder:
     """The ladder a job runs: the family's own, a named one of this family (``ladder_field``), or
     the family's own from one of its rungs down (a rung's name: a client that asks for a cheaper
