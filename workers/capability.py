@@ -22,13 +22,11 @@ from typing import Any
 
 import redis
 from celery import bootsteps
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from mediafarm.config.pools import POOL_QUEUE_SEP, get_pools, pool_queue
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import capability, families, orphans
-from mediafarm.workers import fork_gate
+from mediafarm.workers import fork_gate, publishing
 
 log = logging.getLogger("mediafarm.capability")
 
@@ -64,7 +62,8 @@ class CapabilityStep(bootsteps.StartStopStep):
         kept = tuple(q for q in configured if q not in self.left_out)
         # The pool's own queue of each family whose queue it consumes: where jobs routed to this
         # pool go (``tasks.routing``), consumed by this pool's workers alone.
-        own = [pool_queue(get_settings().pool, q) for q in kept if q in family_queues().values()]
+        own_queues = set(family_queues().values())
+        own = [pool_queue(get_settings().pool, q) for q in kept if q in own_queues]
         for queue in own:
             if queue not in kept:
                 queues.select_add(queue)
@@ -98,24 +97,12 @@ class CapabilityStep(bootsteps.StartStopStep):
                 pass
 
     def _run(self) -> None:
-        failing = False
-        while not self._stop.is_set():
-            with fork_gate.held():  # a Redis call and maybe a log line: not across a fork
-                try:
-                    capability.advertise(self._client, self.record(self._node))
-                    if self._sweep is not None:
-                        self._sweep_orphans()
-                    failing = False
-                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                    if not failing:
-                        log.warning("could not publish this worker's capability: %s", exc)
-                    failing = True
-                except Exception:  # a bug: its traceback, once until a record goes out
-                    if not failing:
-                        log.warning("could not publish this worker's capability", exc_info=True)
-                    failing = True
-            self._stop.wait(capability.INTERVAL_S)
+        publishing.publish_every(self._stop, capability.INTERVAL_S, self._beat, "capability", log)
 
+    def _beat(self) -> None:
+        capability.advertise(self._client, self.record(self._node))
+        if self._sweep is not None:
+            self._sweep_orphans()
 
     def _sweep_orphans(self) -> None:
         own = {name: q for name, q in family_queues().items() if name in self.served}

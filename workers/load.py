@@ -16,12 +16,10 @@ from typing import Any
 import redis
 from celery import bootsteps
 from celery.worker import state as worker_state
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import worker_load
-from mediafarm.workers import fork_gate
+from mediafarm.workers import fork_gate, publishing
 
 log = logging.getLogger("mediafarm.load")
 
@@ -78,21 +76,8 @@ class LoadStep(bootsteps.StartStopStep):
         return worker_load.WorkerLoad(self._node, get_settings().pool, slots, reserved, running, draining)
 
     def _run(self, worker: Any) -> None:
-        failing = False
-        while not self._stop.is_set():
-            with fork_gate.held():  # a Redis call and maybe a log line: not across a fork
-                try:
-                    worker_load.write(self._client, self.record(worker))
-                    failing = False
-                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                    if not failing:
-                        log.warning("could not publish this worker's load: %s", exc)
-                    failing = True
-                except Exception:  # a bug: its traceback, once until a record goes out
-                    if not failing:
-                        log.warning("could not publish this worker's load", exc_info=True)
-                    failing = True
-            self._stop.wait(worker_load.INTERVAL_S)
+        publishing.publish_every(self._stop, worker_load.INTERVAL_S,
+                                 lambda: worker_load.write(self._client, self.record(worker)), "load", log)  # fmt: skip
 
 
 def install(app: Any) -> None:
