@@ -33,6 +33,8 @@ INTERVAL_S = 5.0
 STALE_S = 3 * INTERVAL_S
 # A field this old is removed by the next writer (a worker killed without its stop step).
 FORGET_AFTER_S = 3600
+# How long a pool with no live worker is still known by its last worker's record (``known_pools``).
+POOL_MEMORY_S = 7 * 24 * 3600
 _GPU_QUEUE = re.compile(r"^gpu\d+\.")
 
 # Family -> ladder -> rung -> why the rung cannot run ('' : it runs).
@@ -151,7 +153,9 @@ def left_out_queues(queues: Sequence[str], rungs: Rungs, family_queues: Mapping[
 
 
 def advertise(client: Any, record: WorkerCapability) -> float:
-    """Write ``record`` (its time the Redis server's now); the time written."""
+    """Write ``record`` (its time the Redis server's now), and keep it as its pool's last known
+    record (:func:`known_pools`); the time written."""
+    timed_records.write(client, keys.pool_capabilities(), record.pool, record.to_json(), POOL_MEMORY_S)
     return timed_records.write(client, keys.capabilities(), record.node, record.to_json(), FORGET_AFTER_S)
 
 
@@ -164,6 +168,14 @@ def live(client: Any) -> list[WorkerCapability]:
     """The records of the workers that wrote within :data:`STALE_S` (by the Redis server's clock),
     by node name; unreadable ones left out."""
     return timed_records.live(client, keys.capabilities(), WorkerCapability.from_json, STALE_S)
+
+
+def known_pools(client: Any) -> dict[str, WorkerCapability]:
+    """Pool -> the record its last live worker wrote (within :data:`POOL_MEMORY_S`): what a pool
+    runs while none of its workers is live, a pool scaled to zero among them. A stopped worker
+    removes its own record (:func:`forget`) but not its pool's."""
+    return {r.pool: r for r in timed_records.live(client, keys.pool_capabilities(), WorkerCapability.from_json,
+                                                  POOL_MEMORY_S)}  # fmt: skip
 
 
 def can_run_any(

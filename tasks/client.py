@@ -11,20 +11,23 @@ are the wire contract (``FamilySpec.task_name``), for producers that send with a
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery import chord, group
 
+from mediafarm.config.pools import Pool, get_pools
 from mediafarm.config.priorities import DEFAULT_PRIORITY, checked_priority, wire_priority
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import admission
 from mediafarm.tasks import families as registry
-from mediafarm.tasks import capability, keys, routing, webhooks
+from mediafarm.tasks import capability, keys, routing, wake, webhooks
 from mediafarm.tasks.app import app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, folder_name
 from mediafarm.tasks.errors import InvalidRequest, Overloaded
@@ -33,6 +36,8 @@ from mediafarm.tasks.handles import JobHandle, PipelineHandle
 from mediafarm.tasks.plan import Part, Plan
 
 __all__ = ["JobHandle", "PipelineHandle", "handle", "known_families", "send_plan", "submit"]
+
+log = logging.getLogger("mediafarm.client")
 
 
 def known_families() -> Mapping[str, FamilySpec]:
@@ -87,7 +92,7 @@ def submit(
     as_pipeline = getattr(request, "as_pipeline", None)
     client = app.backend.client
     # A queue the producer names is kept; else the pool that runs the job's best rung (tasks.routing).
-    route = _route(spec, kwargs) if queue is None and not callable(as_pipeline) else None
+    route, wants = _route(spec, kwargs) if queue is None and not callable(as_pipeline) else (None, [])
     if route is not None:
         queue = route.queue
     wrote_key = False
@@ -144,6 +149,7 @@ def submit(
         finally:
             admitted.release(client)
         raise
+    _want(wants, async_result.id)
     return JobHandle(id=async_result.id, family=spec.name)
 
 
@@ -163,44 +169,73 @@ def _headers(hook: webhooks.Webhook | None, route: routing.Route | None = None) 
     return headers or None
 
 
-def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> routing.Route | None:
+def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> tuple[routing.Route | None, list[wake.Want]]:
     """Where a job of ``spec`` with ``fields`` goes by the live capability records
-    (``tasks.routing.choose``); None: its family's queue (routing off, or no live pool advertises
-    a rung of it). A broker away is no reason to fail the submit here: the send below says so."""
+    (``tasks.routing.choose``; None: its family's queue, routing off or no live pool advertising a
+    rung of it), and the pools with no live worker that would start it on a better rung
+    (``tasks.wake``). A broker away is no reason to fail the submit here: the
+    send below says so."""
     settings = get_settings()
     if not settings.routing:
-        return None
+        return None, []
     ladder_name = fields.get(spec.ladder_field) if spec.ladder_field else None
     try:
         ladder = registry.ladder_for(spec, ladder_name if isinstance(ladder_name, str) else None)
     except (KeyError, ValueError):
-        return None  # a ladder the request names that does not exist: the worker rejects it, naming it
+        return None, []  # a ladder the request names that does not exist: the worker rejects it, naming it
+    named = registry.recorded_ladder(spec, ladder)
+    rungs = [r.name for r in ladder.rungs]
     try:
-        records = _live_records()
-        return routing.choose(family=spec.name, family_queue=spec.queue, ladder=registry.recorded_ladder(spec, ladder),
-                              rungs=[r.name for r in ladder.rungs], records=records,
-                              depths=lambda queues: admission.queue_depths(queues, app),
-                              spill_depth=settings.route_spill_depth)  # fmt: skip
+        route = routing.choose(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs,
+                               records=_cached("live", capability.live),
+                               depths=lambda queues: admission.queue_depths(queues, app),
+                               spill_depth=settings.route_spill_depth)  # fmt: skip
+        if settings.wake_window <= 0:
+            return route, []
+        dormant = wake.dormant_records(_cached("live", capability.live), _cached("known", capability.known_pools),
+                                       get_pools(), _declared_record)  # fmt: skip
     except admission.away_errors():
-        return None
+        return None, []
+    wants = wake.wanting(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs, dormant=dormant,
+                         chosen=rungs.index(route.rung) if route is not None else None)  # fmt: skip
+    if route is not None and wants:
+        route = dataclasses.replace(route, reason=route.reason + wake.note(wants))
+    return route, wants
 
 
-def _live_records() -> list[capability.WorkerCapability]:
-    """The live capability records, read at most once a second per process (a gateway submitting
-    a burst reads them once)."""
+def _declared_record(pool: Pool) -> capability.WorkerCapability:
+    return wake.declared_record(pool, registry.load(), registry.ladders_of, registry.default_queues())
+
+
+def _want(wants: list[wake.Want], job_id: str) -> None:
+    """Count the job sent as wanting the pools of ``wants`` (``tasks.wake``). The job is sent: a
+    Redis away here costs only its part in waking a pool, logged, never the submit."""
+    if not wants:
+        return
+    try:
+        wake.want(app.backend.client, [w.pool for w in wants], job_id, get_settings().wake_window)
+    except admission.away_errors() as exc:
+        log.warning("job %s: not counted as wanting pool(s) %s: %s", job_id, ", ".join(w.pool for w in wants), exc)
+
+
+def _cached(name: str, read: Callable[[Any], Any]) -> Any:
+    """``read(the backend's client)``, read at most once a second per process and ``name`` (a
+    gateway submitting a burst reads the capability records once)."""
     now = time.monotonic()
-    cached = _records_cache.get(os.getpid())
-    if cached is None or now - cached[0] >= RECORDS_TTL_S:
-        cached = (now, capability.live(app.backend.client))
+    cache = _records_cache.get(os.getpid())
+    if cache is None:  # none yet, or a forked child's copy of its parent's: not its own
         _records_cache.clear()
-        _records_cache[os.getpid()] = cached
+        cache = _records_cache[os.getpid()] = {}
+    cached = cache.get(name)
+    if cached is None or now - cached[0] >= RECORDS_TTL_S:
+        cached = cache[name] = (now, read(app.backend.client))
     return cached[1]
 
 
 # How long a producer reuses the capability records it read; a worker's record lapses after
 # capability.STALE_S, so a second adds little to what routing may be behind by.
 RECORDS_TTL_S = 1.0
-_records_cache: dict[int, tuple[float, list[capability.WorkerCapability]]] = {}
+_records_cache: dict[int, dict[str, tuple[float, Any]]] = {}
 
 
 def _wire(priority: int) -> int:

@@ -147,6 +147,22 @@ def capabilities() -> str:
     return f"{PREFIX}:capability"
 
 
+def pool_capabilities() -> str:
+    """What each pool's workers could run when one was last live (``tasks.capability.known_pools``):
+    a hash, field the pool's name, value its last worker's capability record. Rewritten with the
+    workers' records but kept when they stop, so that a pool at zero replicas is still known by
+    what it runs (``tasks.wake``); a field a week old is dropped."""
+    return f"{PREFIX}:capability:pools"
+
+
+def wanted(pool: str) -> str:
+    """The jobs that would have started on a better rung on ``pool`` had it had a live worker
+    (``tasks.wake``): a sorted set, member the job id, score the Redis server's time of its submit;
+    pruned of members older than ``FARM_WAKE_WINDOW`` as it is written, and expires that long after
+    its last job was added."""
+    return f"{PREFIX}:wanted:{pool}"
+
+
 def worker_loads() -> str:
     """What each live worker holds (``tasks.worker_load``): a hash, field the worker's node name,
     value JSON (its pool, its slots, the jobs it reserved and has not started, the jobs it runs,

@@ -26,6 +26,12 @@ Slots per replica are those of its live workers on average, or the declared pool
 scaler keeps ``ceil(load)`` replicas (KEDA's Prometheus scaler on ``mediafarm_pool_load`` with
 threshold 1; docs/operating.md, "Scaling a pool by its load").
 
+A pool at zero replicas gets no routed jobs (routing sends them to live pools), so its queues
+alone would never wake it while another pool runs its families' lower rungs. The jobs that wanted
+it within ``FARM_WAKE_WINDOW`` (``tasks.wake``: it would have started them on a better rung) are
+its ``wanted``; while it has no replica taking jobs and ``wanted`` is not 0, its load reads at
+least 1, one replica to start.
+
 A shared family queue counts in every pool that consumes it: its job goes to whichever pool is
 free first, so the sum of the pools' queued jobs can exceed the jobs waiting in the farm.
 """
@@ -38,7 +44,8 @@ from typing import Any
 
 from mediafarm.config.pools import Pool, expand_queues, get_pools, pool_queue
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import capability, families, worker_load
+from mediafarm.config.settings import get_settings
+from mediafarm.tasks import capability, families, wake, worker_load
 from mediafarm.tasks.capability import WorkerCapability
 from mediafarm.tasks.worker_load import WorkerLoad
 
@@ -57,6 +64,8 @@ class PoolSignal:
         slots_per_replica: What one more replica brings: its live workers' slots on average, else
             the declared pool's ``concurrency``.
         queues: Queue -> jobs waiting in it, for each queue counted in ``queued``.
+        wanted: Jobs submitted within ``FARM_WAKE_WINDOW`` that it would have started on a better
+            rung than the live pools, had it had a live worker (``tasks.wake``).
     """
 
     pool: str
@@ -67,6 +76,7 @@ class PoolSignal:
     replicas: int
     slots_per_replica: float
     queues: Mapping[str, int] = field(default_factory=dict)
+    wanted: int = 0
 
     @property
     def jobs(self) -> int:
@@ -74,13 +84,15 @@ class PoolSignal:
 
     @property
     def load(self) -> float:
-        """The replicas its jobs fill: ``jobs / slots_per_replica``."""
-        return self.jobs / self.slots_per_replica if self.slots_per_replica > 0 else 0.0
+        """The replicas its jobs fill, ``jobs / slots_per_replica``; at least 1 while it has no
+        replica taking jobs and jobs want it (``wanted``), so that one starts."""
+        filled = self.jobs / self.slots_per_replica if self.slots_per_replica > 0 else 0.0
+        return max(filled, 1.0) if self.replicas == 0 and self.wanted > 0 else filled
 
     def to_dict(self) -> dict[str, Any]:
         return {"queued": self.queued, "reserved": self.reserved, "running": self.running, "slots": self.slots,
                 "replicas": self.replicas, "slots_per_replica": self.slots_per_replica, "load": round(self.load, 3),
-                "queues": dict(self.queues)}  # fmt: skip
+                "queues": dict(self.queues), "wanted": self.wanted}  # fmt: skip
 
 
 def pool_queues(
@@ -110,17 +122,20 @@ def pool_signals(
     depths: Callable[[Sequence[str]], Mapping[str, int]],
     family_queues: Mapping[str, str],
     default_queues: Sequence[str],
+    wanted: Callable[[Sequence[str]], Mapping[str, int]] | None = None,
 ) -> dict[str, PoolSignal]:
     """Pool -> its signal, for every declared pool and every pool a live worker names.
 
     ``records``: the live capability records (``tasks.capability.live``); ``loads``: the live load
     records (``tasks.worker_load.live``); ``depths``: queue names -> the jobs waiting in each, every
     priority list counted (``tasks.admission.queue_depths``, or :func:`redis_depths`);
-    ``family_queues``: family -> its queue; ``default_queues``: what ``*`` stands for."""
+    ``family_queues``: family -> its queue; ``default_queues``: what ``*`` stands for; ``wanted``:
+    pool names -> the jobs that wanted each (``tasks.wake.wanted_counts``), or None for none."""
     names = list(dict.fromkeys([*pools, *sorted({r.pool for r in records} | {w.pool for w in loads})]))
     queues = {n: pool_queues(n, pools.get(n), [r for r in records if r.pool == n], family_queues, default_queues)
               for n in names}  # fmt: skip
     waiting = dict(depths(list(dict.fromkeys(q for qs in queues.values() for q in qs))))
+    wants = dict(wanted(names)) if wanted is not None else {}
     out = {}
     for name in names:
         mine = [w for w in loads if w.pool == name]
@@ -130,7 +145,7 @@ def pool_signals(
         per_replica = slots / len(taking) if taking else float(declared.concurrency if declared else 1)
         counted = {q: int(waiting.get(q, 0)) for q in queues[name]}
         out[name] = PoolSignal(name, sum(counted.values()), sum(w.reserved for w in mine), sum(w.running for w in mine),
-                               slots, len(taking), per_replica, counted)  # fmt: skip
+                               slots, len(taking), per_replica, counted, int(wants.get(name, 0)))  # fmt: skip
     return out
 
 
@@ -149,5 +164,6 @@ def read_signals(backend: Any, depths: Callable[[Sequence[str]], Mapping[str, in
     """The signals now: the declared pools, the live records in the result backend's Redis
     (``backend``, a redis-py client) and the queues' depths (``depths``)."""
     family_queues = {name: spec.queue for name, spec in families.load().items()}
+    window = get_settings().wake_window
     return pool_signals(get_pools(), capability.live(backend), worker_load.live(backend), depths, family_queues,
-                        families.default_queues())  # fmt: skip
+                        families.default_queues(), lambda pools: wake.wanted_counts(backend, pools, window))  # fmt: skip

@@ -26,8 +26,8 @@ STATES = ("queued", "reserved", "running")
 
 
 class PoolScaling(Collector):
-    """``mediafarm_pool_jobs{pool,state}``, ``mediafarm_pool_slots{pool}`` and
-    ``mediafarm_pool_load{pool}`` of every declared pool and every pool a live worker names.
+    """``mediafarm_pool_jobs{pool,state}``, ``mediafarm_pool_slots{pool}``,
+    ``mediafarm_pool_load{pool}`` and ``mediafarm_pool_wanted{pool}`` of every declared pool and every pool a live worker names.
     ``backend``: a redis-py client of the result backend; ``depths``: queue names -> jobs waiting."""
 
     def __init__(self, backend: Any, depths: Callable[[Sequence[str]], Mapping[str, int]]) -> None:
@@ -37,6 +37,7 @@ class PoolScaling(Collector):
         yield GaugeMetricFamily("mediafarm_pool_jobs", "", labels=["pool", "state"])
         yield GaugeMetricFamily("mediafarm_pool_slots", "", labels=["pool"])
         yield GaugeMetricFamily("mediafarm_pool_load", "", labels=["pool"])
+        yield GaugeMetricFamily("mediafarm_pool_wanted", "", labels=["pool"])
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -56,14 +57,21 @@ class PoolScaling(Collector):
             "mediafarm_pool_load", "A pool's jobs (queued + reserved + running) over one replica's slots: the "
             "replicas its work fills", labels=["pool"],
         )  # fmt: skip
+        wanted = GaugeMetricFamily(
+            "mediafarm_pool_wanted", "Jobs submitted within FARM_WAKE_WINDOW that a pool would have started on a "
+            "better rung had it had a live worker: while not 0 at zero replicas, its load reads at least 1",
+            labels=["pool"],
+        )  # fmt: skip
         for name, signal in signals.items():
             for state in STATES:
                 jobs.add_metric([name, state], float(getattr(signal, state)))
             slots.add_metric([name], float(signal.slots))
             load.add_metric([name], signal.load)
+            wanted.add_metric([name], float(signal.wanted))
         yield jobs
         yield slots
         yield load
+        yield wanted
 
 
 def for_this_farm(app: Any) -> PoolScaling:

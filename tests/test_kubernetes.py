@@ -393,9 +393,22 @@ def test_each_worker_pool_has_a_scaled_object_on_its_own_load_a_series_the_farm_
         asked = {series for q in queries for series in re.findall(r"\bmediafarm_[a-z0-9_]+", q)}
         assert asked == {"mediafarm_pool_load"} and asked <= exported_series(), name
         assert {label for q in queries for label in re.findall(r'pool="([^"]+)"', q)} == {pool}, name
-        # Routing sends jobs only to pools with a live worker (tasks/routing.py): a pool at zero
-        # whose families another pool runs would never be woken by its own load.
-        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"], name
+        assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"], name
+        if spec["minReplicaCount"] == 0:
+            # Woken by the jobs that want it (tasks/wake.py): any load activates it, and its idle
+            # time outlasts the wake window, or the jobs that woke it would wake it again as it goes.
+            assert [t["metadata"].get("activationThreshold") for t in spec["triggers"]] == ["0"], name
+            assert spec.get("cooldownPeriod", 300) > wake_window(resources), name
+    # Some pool always runs: the one that takes every family's last rung, the jobs' fallback.
+    assert any(s["spec"]["minReplicaCount"] >= 1 for s in scaled_objects)
+
+
+def wake_window(resources: list[dict]) -> float:
+    """FARM_WAKE_WINDOW as the manifests' settings give it, else the farm's default."""
+    from mediafarm.config.settings import FarmSettings
+
+    data = {k: v for d in resources if d["kind"] == "ConfigMap" for k, v in (d.get("data") or {}).items()}
+    return float(data.get("FARM_WAKE_WINDOW", FarmSettings.model_fields["wake_window"].default))
 
 
 def test_the_operating_page_points_at_the_scaled_objects_instead_of_copying_one() -> None:

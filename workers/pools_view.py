@@ -59,11 +59,12 @@ def pools_table(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) 
 
 
 def signal_table(signals: Mapping[str, PoolSignal]) -> Table:
-    table = Table("pool", "queued", "reserved", "running", "slots", "slots per replica", "load",
-                  title="scaling signal: load = (queued + reserved + running) / slots per replica")  # fmt: skip
+    table = Table("pool", "queued", "reserved", "running", "slots", "slots per replica", "wanted", "load",
+                  title="scaling signal: load = (queued + reserved + running) / slots per replica; at least 1 at "
+                        "zero replicas while jobs want the pool (wanted: would have run a better rung there)")  # fmt: skip
     for name, s in signals.items():
         table.add_row(name, str(s.queued), str(s.reserved), str(s.running), str(s.slots), f"{s.slots_per_replica:g}",
-                      f"{s.load:.2f}")  # fmt: skip
+                      str(s.wanted), f"{s.load:.2f}")  # fmt: skip
     return table
 
 

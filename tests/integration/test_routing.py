@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 
 from mediafarm.config.pools import get_pool
-from mediafarm.tasks import capability
+from mediafarm.tasks import capability, scaling
 from mediafarm.tasks.history import read_attempts
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 from tests.support.speech import PHRASES, make_track
@@ -52,6 +52,7 @@ class Cluster:
         self.client = redis.Redis.from_url(url)
         self.nodes: dict[str, str] = {}
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.process_of: dict[str, subprocess.Popen[bytes]] = {}
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "FARM_BROKER_URL": self.url, "FARM_RESULT_BACKEND": self.url, **extra}
@@ -65,6 +66,7 @@ class Cluster:
         with log.open("wb") as fh:
             process = spawn_worker(get_pool(pool), env=env, logfile=fh, concurrency=1, node=node, loglevel="INFO")
         self.processes.append(process)
+        self.process_of[pool] = process
         try:
             wait_ready(self.app, node, process, timeout=90)
         except RuntimeError as exc:
@@ -82,6 +84,12 @@ class Cluster:
             env=self.env(FARM_ROUTE_SPILL_DEPTH=str(spill)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         return process
+
+    def stop_pool(self, pool: str) -> None:
+        """Stop the pool's worker as an orchestrator scaling it to zero does (its stop step removes its record)."""
+        process = self.process_of.pop(pool)
+        stop_worker(process, timeout=20)
+        self.processes.remove(process)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -212,3 +220,32 @@ def test_jobs_left_in_the_queue_of_a_pool_with_no_live_worker_are_sent_on_and_ro
     assert time.monotonic() - sent >= GRACE_S
     logs = "".join(p.read_text(errors="replace") for p in cluster.session_dir.glob("route-*.log"))
     assert f"job(s) from queue subtitle@{GHOST}, whose pool has had no live worker for {GRACE_S} s, to subtitle" in logs
+
+
+def test_a_pool_at_zero_replicas_is_woken_by_the_jobs_that_want_it(cluster: Cluster, short_clip: Path) -> None:
+    # Scaled to zero, as an orchestrator does: its worker stops and takes its record with it.
+    cluster.stop_pool(BETTER)
+    assert BETTER not in {r.pool for r in capability.live(cluster.client)}
+    ids = [f"route-wake-{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
+    done = envelopes(cluster.produce(ids, short_clip, spill=100))
+    for job_id, envelope in done.items():
+        # The job does not wait for it: it runs on the live pool's best rung now ...
+        assert ran(envelope) == ("pocketsphinx", cluster.nodes[PLAIN]), (job_id, envelope["attempts"])
+        # ... and its route says which pool would have run it better, known by its last worker's record.
+        route = envelope["attempts"][0]["route"]
+        assert f"pool {BETTER} would run whisper-tiny; counted as wanting it" in route, route
+    # The pool's signal: no replica, two jobs that wanted it, load 1 (one replica to start).
+    signal = scaling.read_signals(cluster.client, lambda queues: scaling.redis_depths(cluster.client, queues))[BETTER]
+    assert (signal.replicas, signal.wanted, signal.load) == (0, 2, 1.0), signal
+    # Woken (its replica starts): the next job is routed to it, its signal driven by its own jobs.
+    cluster.start(BETTER)
+    job_id = f"route-woken-{uuid.uuid4().hex[:6]}"
+    envelope = envelopes(cluster.produce([job_id], short_clip, spill=100))[job_id]
+    assert ran(envelope) == ("whisper-tiny", cluster.nodes[BETTER]), envelope["attempts"]
+    assert f"pool {BETTER} would run" not in envelope["attempts"][0]["route"], envelope["attempts"][0]
+    deadline = time.monotonic() + 10
+    while (signal := scaling.read_signals(cluster.client, lambda qs: scaling.redis_depths(cluster.client, qs))[BETTER]
+           ).replicas != 1:  # fmt: skip
+        assert time.monotonic() < deadline, signal  # its load record follows within a beat
+        time.sleep(0.2)
+    assert signal.load == 0.0 and signal.wanted == 2, signal  # idle: nothing holds it up now
