@@ -27,6 +27,7 @@ from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.pools import POOL_QUEUE_SEP
 from mediafarm.tasks import keys, timed_records
 from mediafarm.tasks.family import EngineSpec, FamilySpec
+from mediafarm.tasks.languages import languages_or_any
 
 # A worker writes its record this often; a record not rewritten for STALE_S is a dead worker's.
 INTERVAL_S = 5.0
@@ -39,6 +40,8 @@ _GPU_QUEUE = re.compile(r"^gpu\d+\.")
 
 # Family -> ladder -> rung -> why the rung cannot run ('' : it runs).
 Rungs = Mapping[str, Mapping[str, Mapping[str, str]]]
+# Family -> ladder -> rung -> the languages it handles here, for the rungs that declare some.
+RungLanguages = Mapping[str, Mapping[str, Mapping[str, tuple[str, ...]]]]
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,10 @@ class WorkerCapability:
             families whose queues the pool names (consumed or left out).
         at: The Redis server's time of the write (readers compare it with the server's clock,
             so hosts' clocks do not matter); 0 before it is written.
+        languages: Family -> ladder -> rung -> the languages (normalised codes) the rung handles
+            on this worker, as its engine tells from this worker's models (``tasks.languages``: a
+            multilingual Whisper folder, a Piper voice, espeak-ng's voice list); a rung absent
+            handles any language.
     """
 
     node: str
@@ -65,6 +72,7 @@ class WorkerCapability:
     served: tuple[str, ...] = ()
     rungs: Rungs = field(default_factory=dict)
     at: float = 0.0
+    languages: RungLanguages = field(default_factory=dict)
 
     def runnable(self, family: str) -> dict[str, tuple[str, ...]]:
         """Ladder -> the rungs of it this worker can run, for a family whose queue it consumes
@@ -77,6 +85,11 @@ class WorkerCapability:
     def can_run(self, family: str, ladder: str, rung: str) -> bool:
         return rung in self.runnable(family).get(ladder, ())
 
+    def handles(self, family: str, ladder: str, rung: str, language: str | None) -> bool:
+        """Can the rung take a job in ``language`` (normalised; None: not known) on this worker?"""
+        spoken = self.languages.get(family, {}).get(ladder, {}).get(rung)
+        return language is None or spoken is None or language in spoken
+
     def serves(self, family: str) -> bool:
         """Does it consume a queue of the family (its own, or a GPU-affinity one)?"""
         return family in self.served
@@ -84,16 +97,19 @@ class WorkerCapability:
     def to_json(self) -> str:
         return json.dumps({"node": self.node, "pool": self.pool, "queues": list(self.queues),
                            "left_out": dict(self.left_out), "served": list(self.served), "rungs": self.rungs,
-                           "at": self.at})  # fmt: skip
+                           "at": self.at, "languages": self.languages})  # fmt: skip
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> WorkerCapability:
         data = json.loads(raw)
         rungs = {f: {lad: {r: str(w) for r, w in rs.items()} for lad, rs in ls.items()}
                  for f, ls in dict(data.get("rungs") or {}).items()}  # fmt: skip
+        languages = {f: {lad: {r: tuple(str(c) for c in codes) for r, codes in rs.items() if codes is not None}
+                         for lad, rs in ls.items()}
+                     for f, ls in dict(data.get("languages") or {}).items()}  # fmt: skip
         return cls(str(data["node"]), str(data["pool"]), tuple(data.get("queues") or ()),
                    dict(data.get("left_out") or {}), tuple(data.get("served") or ()), rungs,
-                   float(data.get("at") or 0))  # fmt: skip
+                   float(data.get("at") or 0), languages)  # fmt: skip
 
 
 def family_of_queue(queue: str, family_queues: Mapping[str, str]) -> str | None:
@@ -111,16 +127,20 @@ def served_families(queues: Iterable[str], family_queues: Mapping[str, str]) -> 
 
 
 def judge_rungs(
-    specs: Iterable[FamilySpec], ladders_of: Any, models_dir: Path | None
+    specs: Iterable[FamilySpec], ladders_of: Any, models_dir: Path | None, gpu_lost: str | None = None
 ) -> dict[str, dict[str, dict[str, str]]]:
     """Family -> ladder -> rung -> why this process cannot run it ('' if it can), by each engine's
-    own check. ``ladders_of``: a family's spec -> every ladder of it (``families.ladders_of``)."""
+    own check. ``ladders_of``: a family's spec -> every ladder of it (``families.ladders_of``).
+    ``gpu_lost``: why the worker's GPU cannot be used now (``workers.nvml.lost_gpu``), the reason
+    of every ``cuda`` rung then; None: as the start's device check found."""
     out: dict[str, dict[str, dict[str, str]]] = {}
     missing: dict[tuple[str, ...], str | None] = {}  # packages looked up once per judgment: find_spec scans sys.path
 
     def why_not(engine: EngineSpec, rung: Rung) -> str:
         if engine.needs not in missing:
             missing[engine.needs] = engine.missing()
+        if not missing[engine.needs] and gpu_lost and rung.device == "cuda":
+            return gpu_lost
         return missing[engine.needs] or engine.unavailable(rung, models_dir, packages_checked=True) or ""
 
     for spec in specs:
@@ -128,6 +148,22 @@ def judge_rungs(
         out[spec.name] = {
             ladder.name: {r.name: why_not(spec.engines[r.engine], r) for r in ladder.rungs} for ladder in ladders
         }
+    return out
+
+
+def judge_languages(
+    specs: Iterable[FamilySpec], ladders_of: Any, models_dir: Path | None
+) -> dict[str, dict[str, dict[str, tuple[str, ...]]]]:
+    """Family -> ladder -> rung -> the languages it handles with this process's models, for each
+    rung that declares some (``tasks.languages.rung_languages``; a rung whose hook fails is left
+    out: any language, as the worker's own check treats it)."""
+    out: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {}
+    for spec in specs:
+        for ladder in ladders_of(spec):
+            for rung in ladder.rungs:
+                spoken = languages_or_any(spec, rung, models_dir, None)
+                if spoken is not None:
+                    out.setdefault(spec.name, {}).setdefault(ladder.name, {})[rung.name] = tuple(sorted(spoken))
     return out
 
 

@@ -33,6 +33,7 @@ from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName, folder_
 from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.handles import JobHandle, PipelineHandle
+from mediafarm.tasks.languages import normalize_language
 from mediafarm.tasks.plan import Part, Plan
 
 __all__ = ["JobHandle", "PipelineHandle", "handle", "known_families", "send_plan", "submit"]
@@ -92,7 +93,8 @@ def submit(
     as_pipeline = getattr(request, "as_pipeline", None)
     client = app.backend.client
     # A queue the producer names is kept; else the pool that runs the job's best rung (tasks.routing).
-    route, wants = _route(spec, kwargs) if queue is None and not callable(as_pipeline) else (None, [])
+    route, wants = _route(spec, kwargs, _language(spec, request)) if queue is None and not callable(as_pipeline) \
+        else (None, [])  # fmt: skip
     if route is not None:
         queue = route.queue
     wrote_key = False
@@ -169,12 +171,20 @@ def _headers(hook: webhooks.Webhook | None, route: routing.Route | None = None) 
     return headers or None
 
 
-def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> tuple[routing.Route | None, list[wake.Want]]:
-    """Where a job of ``spec`` with ``fields`` goes by the live capability records
-    (``tasks.routing.choose``; None: its family's queue, routing off or no live pool advertising a
-    rung of it), and the pools with no live worker that would start it on a better rung
-    (``tasks.wake``). A broker away is no reason to fail the submit here: the
-    send below says so."""
+def _language(spec: FamilySpec, request: Any) -> str | None:
+    """The job's language (given, or told by its text), normalised; None where not known."""
+    language = spec.language(request) if spec.language is not None else None
+    return normalize_language(language) if language else None
+
+
+def _route(
+    spec: FamilySpec, fields: Mapping[str, Any], language: str | None
+) -> tuple[routing.Route | None, list[wake.Want]]:
+    """Where a job of ``spec`` with ``fields`` in ``language`` goes by the live capability records
+    (``tasks.routing.choose``: a pool whose worker's rung handles the language; None: its family's
+    queue, routing off or no live pool advertising a rung of it), and the pools with no live worker
+    that would start it on a better rung (``tasks.wake``). A broker away is no reason to fail the
+    submit here: the send below says so."""
     settings = get_settings()
     if not settings.routing:
         return None, []
@@ -189,7 +199,7 @@ def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> tuple[routing.Route |
         route = routing.choose(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs,
                                records=_cached("live", capability.live),
                                depths=lambda queues: admission.queue_depths(queues, app),
-                               spill_depth=settings.route_spill_depth)  # fmt: skip
+                               spill_depth=settings.route_spill_depth, language=language)  # fmt: skip
         if settings.wake_window <= 0:
             return route, []
         dormant = wake.dormant_records(_cached("live", capability.live), _cached("known", capability.known_pools),
@@ -197,7 +207,7 @@ def _route(spec: FamilySpec, fields: Mapping[str, Any]) -> tuple[routing.Route |
     except admission.away_errors():
         return None, []
     wants = wake.wanting(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs, dormant=dormant,
-                         chosen=rungs.index(route.rung) if route is not None else None)  # fmt: skip
+                         chosen=rungs.index(route.rung) if route is not None else None, language=language)  # fmt: skip
     if route is not None and wants:
         route = dataclasses.replace(route, reason=route.reason + wake.note(wants))
     return route, wants

@@ -122,7 +122,7 @@ def rung_languages(spec: FamilySpec, rung: Rung, models_dir: Path | None, reques
     return language_set(engine.languages(engine.parse_params(rung), models_dir, request))
 
 
-def _languages_or_any(spec: FamilySpec, rung: Rung, models_dir: Path | None, request: Any) -> Languages:
+def languages_or_any(spec: FamilySpec, rung: Rung, models_dir: Path | None, request: Any) -> Languages:
     """:func:`rung_languages`, or None (any: not filtered) when the rung's hook fails (an unreadable
     voice file, a bug): one rung's hook must not fail every job of its family before anything runs,
     nor skip a rung that may well handle the job; the engine itself says what is wrong when it runs."""
@@ -176,7 +176,7 @@ class LanguageCheck:
         language = spec.language(request)
         if language is None:
             return None
-        rungs = {r.name: _languages_or_any(spec, r, models_dir, request) for r in ladder.rungs}
+        rungs = {r.name: languages_or_any(spec, r, models_dir, request) for r in ladder.rungs}
         check = cls(normalize_language(language), rungs)
         if all(check.why_not(r) for r in ladder.rungs):
             handled = "; ".join(f"{name}: {describe(langs)}" for name, langs in check.rungs.items())

@@ -53,16 +53,17 @@ class Route:
 
 
 def able_pools(records: Iterable[WorkerCapability], family: str, family_queue: str, ladder: str,
-               rungs: Sequence[str]) -> list[tuple[str, ...]]:  # fmt: skip
+               rungs: Sequence[str], language: str | None = None) -> list[tuple[str, ...]]:  # fmt: skip
     """For each rung of ``rungs`` (ladder order), the pools (by name) with a live worker that
-    consumes the pool's own queue of ``family`` and can run that rung."""
+    consumes the pool's own queue of ``family`` and can run that rung, for a job in ``language``
+    (normalised; None: not known) where given: the worker's rung handles it."""
     out: list[set[str]] = [set() for _ in rungs]
     for record in records:
         if pool_queue(record.pool, family_queue) not in record.queues:
             continue  # a worker from before pool queues, or one that left the family out
         runnable = set(record.runnable(family).get(ladder, ()))
         for i, rung in enumerate(rungs):
-            if rung in runnable:
+            if rung in runnable and record.handles(family, ladder, rung, language):
                 out[i].add(record.pool)
     return [tuple(sorted(pools)) for pools in out]
 
@@ -87,14 +88,16 @@ def choose(
     spill_depth: int,
     start: int = 0,
     why_not: Callable[[int], str | None] | None = None,
+    language: str | None = None,
 ) -> Route | None:
     """The queue for a job of ``family`` whose ladder ``ladder`` has ``rungs``, from rung ``start``
     on; None when no live pool advertises a rung of it (the family's queue, as ever).
 
     ``depths``: queue names -> the jobs waiting in each. ``spill_depth``: waiting jobs at which a
     pool counts as full (0: never). ``why_not``: why a rung cannot take the job whoever runs it
-    (its language), or None."""
-    able = able_pools(records, family, family_queue, ladder, rungs)
+    (its language), or None. ``language``: the job's (normalised), or None: a pool is able to run
+    a rung for it only where its worker's record says the rung handles it."""
+    able = able_pools(records, family, family_queue, ladder, rungs, language)
     order = [(i, pools) for i, pools in enumerate(able) if i >= start and pools
              and not (why_not is not None and why_not(i))]  # fmt: skip
     if not order:
@@ -114,7 +117,7 @@ def choose(
     pool = least(best_pools, best_i)
     rung = rungs[best_i]
     why = (f"pool {pool} runs {rung}, the best rung of the {ladder} ladder a live worker can run"
-           f" ({waiting[pool]} waiting in its queue)")  # fmt: skip
+           f"{f' in {language!r}' if language else ''} ({waiting[pool]} waiting in its queue)")  # fmt: skip
     if spill_depth <= 0 or waiting[pool] < spill_depth:
         return Route(queues[pool], pool, rung, why)
     seen = set(best_pools)

@@ -83,13 +83,13 @@ def dormant_records(
 
 def wanting(
     *, family: str, family_queue: str, ladder: str, rungs: Sequence[str], dormant: Iterable[WorkerCapability],
-    chosen: int | None, start: int = 0,
+    chosen: int | None, start: int = 0, language: str | None = None,
 ) -> list[Want]:  # fmt: skip
-    """The pools of ``dormant`` whose best rung of the ladder, from ``start`` on, is better than
-    ``chosen`` (the index of the rung routing starts the job on; None: no live pool runs a rung of
-    it), best first."""
+    """The pools of ``dormant`` whose best rung of the ladder for a job in ``language`` (None: not
+    known), from ``start`` on, is better than ``chosen`` (the index of the rung routing starts the
+    job on; None: no live pool runs a rung of it), best first."""
     dormant = list(dormant)
-    able = able_pools(dormant, family, family_queue, ladder, rungs)
+    able = able_pools(dormant, family, family_queue, ladder, rungs, language)
     best = best_rungs([pools if i >= start else () for i, pools in enumerate(able)])
     guessed = {r.pool for r in dormant if r.node == f"{r.pool}@{DECLARED}"}
     return [Want(pool, rungs[i], pool in guessed)

@@ -4,8 +4,9 @@ As the worker is set up, before its consumer starts, each rung of each family wh
 pool names is judged (``tasks.capability.judge_rungs``); the queue of a family of which no rung
 can run here is left out (Celery's own ``deselect``, as ``-X`` does), with one log line naming the
 queue and why, so such a worker never takes those jobs. A thread of the main process then writes
-the worker's record every ``capability.INTERVAL_S``, judged afresh each time (a model folder added,
-a package removed, shows within one beat); the queues consumed stay those chosen at start, with
+the worker's record every ``capability.INTERVAL_S``, judged afresh each time, with the languages
+each rung handles here (a model folder added, a package removed, a GPU that no longer answers the
+driver, shows within one beat); the queues consumed stay those chosen at start, with
 the pool's own queue of each family whose queue it consumes (``subtitle@gpu0``: where jobs routed
 to this pool go, ``tasks.routing``). At each beat it also sends on the jobs left in another pool's
 queue of those families when that pool has had no live worker for ``FARM_HANDBACK_GRACE``
@@ -26,7 +27,7 @@ from celery import bootsteps
 from mediafarm.config.pools import POOL_QUEUE_SEP, get_pools, pool_queue
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import capability, families, orphans
-from mediafarm.workers import fork_gate, publishing
+from mediafarm.workers import fork_gate, nvml, publishing
 
 log = logging.getLogger("mediafarm.capability")
 
@@ -35,10 +36,19 @@ def family_queues() -> dict[str, str]:
     return {name: spec.queue for name, spec in families.load().items()}
 
 
-def judge(queues: tuple[str, ...]) -> dict[str, dict[str, dict[str, str]]]:
-    """The rungs of the families whose queues are among ``queues``, judged on this process."""
-    specs = [families.get(name) for name in capability.served_families(queues, family_queues())]
-    return capability.judge_rungs(specs, families.ladders_of, get_settings().models_dir)
+def judge(queues: tuple[str, ...], gpu_lost: str | None = None) -> dict[str, dict[str, dict[str, str]]]:
+    """The rungs of the families whose queues are among ``queues``, judged on this process
+    (``gpu_lost``: why its GPU cannot be used now, the reason of every ``cuda`` rung)."""
+    return capability.judge_rungs(_specs(queues), families.ladders_of, get_settings().models_dir, gpu_lost)
+
+
+def judge_languages(queues: tuple[str, ...]) -> dict[str, dict[str, dict[str, tuple[str, ...]]]]:
+    """The languages of those families' rungs, as this process's models tell them."""
+    return capability.judge_languages(_specs(queues), families.ladders_of, get_settings().models_dir)
+
+
+def _specs(queues: tuple[str, ...]) -> list[Any]:
+    return [families.get(name) for name in capability.served_families(queues, family_queues())]
 
 
 class CapabilityStep(bootsteps.StartStopStep):
@@ -51,9 +61,16 @@ class CapabilityStep(bootsteps.StartStopStep):
         self._broker: Any = None
         self._sweep: orphans.OrphanSweep | None = None
         self._node = ""
+        # A GPU the driver no longer answers for (fallen off the bus, reset) takes its rungs out of
+        # the record at the next beat, so routing sends their jobs elsewhere (``workers.nvml``).
+        declared = get_pools().get(get_settings().pool)
+        self.gpus = declared.gpus if declared is not None else ()
+        self.gpu_lost = nvml.lost_gpu(self.gpus)
+        if self.gpu_lost:
+            log.warning("not advertising this worker's GPU rungs: %s", self.gpu_lost)
         queues = worker.app.amqp.queues
         configured = tuple(queues.consume_from)
-        rungs = judge(configured)
+        rungs = judge(configured, self.gpu_lost)
         self.left_out = capability.left_out_queues(configured, rungs, family_queues())
         for queue, why in self.left_out.items():
             log.warning("not consuming queue %s: %s", queue, why)
@@ -75,8 +92,16 @@ class CapabilityStep(bootsteps.StartStopStep):
         self.served = capability.served_families(self.queues, family_queues())
 
     def record(self, node: str) -> capability.WorkerCapability:
-        rungs = judge(self.configured)
-        return capability.WorkerCapability(node, get_settings().pool, self.queues, self.left_out, self.served, rungs)
+        lost = nvml.lost_gpu(self.gpus)
+        if lost != self.gpu_lost:
+            if lost:
+                log.warning("not advertising this worker's GPU rungs: %s", lost)
+            else:
+                log.warning("GPU rungs advertised again: the pool's GPUs %s answer the driver", list(self.gpus))
+            self.gpu_lost = lost
+        rungs = judge(self.configured, lost)
+        return capability.WorkerCapability(node, get_settings().pool, self.queues, self.left_out, self.served, rungs,
+                                           languages=judge_languages(self.configured))  # fmt: skip
 
     def start(self, worker: Any) -> None:
         self._node = worker.hostname

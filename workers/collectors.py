@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from mediafarm.config.priorities import redis_lists
 from mediafarm.tasks import keys
+from mediafarm.workers import nvml
 
 log = logging.getLogger("mediafarm.metrics")
 class QueueDepth(Collector):
@@ -135,15 +136,7 @@ class GpuMemory(Collector):
 
     def __init__(self, gpus: Sequence[int]) -> None:
         self.gpus = tuple(gpus)
-        self._nvml: Any = None
-        if self.gpus:
-            try:
-                import pynvml  # nvidia-ml-py
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception as exc:  # noqa: BLE001 - no driver, no package: no metric
-                log.info("GPU memory metrics off: NVML unavailable (%s)", exc)
+        self._nvml: Any = nvml.nvml() if self.gpus else None
 
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("mediafarm_gpu_memory_used_bytes", "", labels=["gpu"])
@@ -156,7 +149,7 @@ class GpuMemory(Collector):
         total = GaugeMetricFamily("mediafarm_gpu_memory_total_bytes", "GPU memory (NVML)", labels=["gpu"])
         for gpu in self.gpus:
             try:
-                info = self._nvml.nvmlDeviceGetMemoryInfo(self._nvml.nvmlDeviceGetHandleByIndex(gpu))
+                info = nvml.memory(gpu)
             except Exception as exc:  # noqa: BLE001
                 log.debug("NVML: GPU %s unreadable: %s", gpu, exc)
                 continue

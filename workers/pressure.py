@@ -30,7 +30,7 @@ from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.admission import Reading, publish_reading
 from mediafarm.tasks.oom_killer import locate_memory_cgroup, parse_count, parse_limit
-from mediafarm.workers import fork_gate
+from mediafarm.workers import fork_gate, nvml
 
 log = logging.getLogger("mediafarm.pressure")
 MB = 1024 * 1024
@@ -70,14 +70,7 @@ class GpuMemory:
     answers; nothing otherwise. The main process never touches CUDA: NVML does not create a context."""
 
     def __init__(self) -> None:
-        self._nvml: Any = None
-        try:
-            import pynvml  # the nvidia-ml-py package, in the GPU image
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-        except Exception:  # not installed, or no driver: no GPU reading
-            self._nvml = None
+        self._nvml: Any = nvml.nvml()
 
     def read(self, indices: tuple[int, ...]) -> dict[str, list[float]]:
         if self._nvml is None:
@@ -85,7 +78,7 @@ class GpuMemory:
         out = {}
         for index in indices:
             try:
-                info = self._nvml.nvmlDeviceGetMemoryInfo(self._nvml.nvmlDeviceGetHandleByIndex(index))
+                info = nvml.memory(index)
             except Exception:  # a GPU gone or not visible: say nothing rather than something wrong
                 continue
             out[str(index)] = [round(info.free / MB, 1), round(info.total / MB, 1)]

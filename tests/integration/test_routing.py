@@ -148,6 +148,16 @@ def test_with_both_pools_idle_every_job_runs_on_the_better_pools_rung(cluster: C
         assert envelope["output"]["cues"], envelope["output"]
 
 
+def test_each_workers_record_says_which_languages_its_rungs_handle_with_its_models(cluster: Cluster) -> None:
+    records = {r.pool: r for r in capability.live(cluster.client)}
+    # tiny.en is English only; pocketsphinx's bundled model is en-us: a job in another language is
+    # routed to neither (tasks.routing.able_pools), as the worker's own check would skip both.
+    for pool in (BETTER, PLAIN):
+        spoken = records[pool].languages["subtitle"]["subtitle"]
+        assert spoken["whisper-tiny"] == ("en",) and spoken["pocketsphinx"] == ("en",), (pool, spoken)
+        assert not records[pool].handles("subtitle", "subtitle", "pocketsphinx", "fr")
+
+
 def test_past_the_spill_depth_the_excess_starts_on_the_other_pool_saying_why(cluster: Cluster, short_clip: Path) -> None:
     ids = [f"route-busy-{i}-{uuid.uuid4().hex[:6]}" for i in range(12)]
     done = envelopes(cluster.produce(ids, short_clip, spill=2))

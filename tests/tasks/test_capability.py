@@ -145,3 +145,32 @@ def test_run_ladder_sends_the_job_back_without_spending_a_rung(log: AttemptLog, 
                     models_dir=tmp_path, reroute=lambda *a: pytest.fail("not asked"))  # fmt: skip
     assert run_ladder(job, lambda *a: ({"text": "hi", "weights_bytes": 1}, ())).variant == "from-file"
     log.client.delete(keys.history(other.job_id))
+
+
+def test_a_record_carries_the_languages_each_rung_handles_with_this_workers_models(tmp_path: Path) -> None:
+    subtitle = capability.judge_languages([families.get("subtitle")], families.ladders_of, tmp_path)["subtitle"]
+    own = subtitle["subtitle"]
+    # tiny.en is English only, told by its name; a multilingual model absent from the folder tells
+    # nothing (any language: the weights check says it cannot run); pocketsphinx by its model folders.
+    assert own["whisper-tiny"] == ("en",)
+    assert "whisper-small" not in own
+    assert own.get("pocketsphinx", ("en",)) == ("en",)
+    record = WorkerCapability("cpu@h", "cpu", ("subtitle",), served=("subtitle",), languages={"subtitle": subtitle})
+    back = WorkerCapability.from_json(record.to_json())
+    assert back.languages == record.languages
+    assert back.handles("subtitle", "subtitle", "whisper-tiny", "en")
+    assert not back.handles("subtitle", "subtitle", "whisper-tiny", "fr")
+    assert back.handles("subtitle", "subtitle", "whisper-small", "fr")  # declares none here: any
+    assert back.handles("subtitle", "subtitle", "whisper-tiny", None)  # a job whose language is not known
+    # A record from before languages were recorded reads as handling any.
+    old = json.loads(record.to_json())
+    del old["languages"]
+    assert WorkerCapability.from_json(json.dumps(old)).handles("subtitle", "subtitle", "whisper-tiny", "fr")
+
+
+def test_a_lost_gpu_is_the_reason_of_every_cuda_rung_and_of_nothing_else(tmp_path: Path) -> None:
+    lost = "GPU 0 does not answer the driver (NVML: GPU is lost)"
+    chaos = capability.judge_rungs([families.get("chaos")], families.ladders_of, tmp_path, gpu_lost=lost)["chaos"]
+    fancy, gpu, plain = chaos["unavailable_first"].values()
+    assert gpu == lost and plain == ""
+    assert "a_package_that_is_not_installed" in fancy  # a missing package is still the first reason

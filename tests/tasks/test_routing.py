@@ -85,6 +85,18 @@ def test_a_rung_that_cannot_take_the_language_is_passed_over() -> None:
     assert (route.pool, route.rung) == ("plain", "sphinx")
 
 
+def test_a_pool_whose_workers_rung_does_not_handle_the_jobs_language_is_passed_over() -> None:
+    # gpu0's models are English only; cpu's "tiny" is multilingual there.
+    english = {"subtitle": {"subtitle": {r: ("en",) for r in RUNGS}}}
+    gpu = WorkerCapability(GPU.node, GPU.pool, GPU.queues, served=GPU.served, rungs=GPU.rungs, languages=english)
+    many = {"subtitle": {"subtitle": {"tiny": ("en", "fr"), "sphinx": ("en",)}}}
+    cpu = WorkerCapability(CPU.node, CPU.pool, CPU.queues, served=CPU.served, rungs=CPU.rungs, languages=many)
+    french = choose([gpu, cpu], language="fr")
+    assert (french.pool, french.rung) == ("cpu", "tiny") and "in 'fr'" in french.reason, french
+    assert (choose([gpu, cpu], language="en").pool, choose([gpu, cpu]).pool) == ("gpu0", "gpu0")
+    assert choose([gpu], language="de") is None  # no live pool handles it: the family's queue
+
+
 def test_workers_without_pool_queues_or_no_records_leave_the_family_queue() -> None:
     assert choose([]) is None
     assert choose([record("old@e", "cpu", RUNGS, pool_queue=False)]) is None

@@ -3,6 +3,9 @@ torch.cuda.memory_stats() returns them; no GPU here), and MALLOC_ARENA_MAX set w
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import os
 import subprocess
 import sys
@@ -81,12 +84,61 @@ def test_gpu_memory_is_read_through_nvml_where_a_driver_answers(monkeypatch: pyt
         nvmlDeviceGetHandleByIndex=lambda index: index,
         nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=(handle + 1) * GB, total=141 * GB),
     )
+    with fake_nvml(monkeypatch, fake):
+        families = {m.name: m for m in GpuMemory((0, 3)).collect()}
+        used = {s.labels["gpu"]: s.value for s in families["mediafarm_gpu_memory_used_bytes"].samples}
+        assert used == {"0": 1 * GB, "3": 4 * GB}
+        assert {s.value for s in families["mediafarm_gpu_memory_total_bytes"].samples} == {141 * GB}
+        assert list(GpuMemory(()).collect()) == []  # a pool without GPUs asks NVML nothing
+
+
+@contextlib.contextmanager
+def fake_nvml(monkeypatch: pytest.MonkeyPatch, fake: object) -> Iterator[None]:
+    """``pynvml`` answered by ``fake`` for the block (workers.nvml loads it once per process)."""
+    from mediafarm.workers import nvml
+
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    families = {m.name: m for m in GpuMemory((0, 3)).collect()}
-    used = {s.labels["gpu"]: s.value for s in families["mediafarm_gpu_memory_used_bytes"].samples}
-    assert used == {"0": 1 * GB, "3": 4 * GB}
-    assert {s.value for s in families["mediafarm_gpu_memory_total_bytes"].samples} == {141 * GB}
-    assert list(GpuMemory(()).collect()) == []  # a pool without GPUs asks NVML nothing
+    nvml.nvml.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.delitem(sys.modules, "pynvml")
+        nvml.nvml.cache_clear()
+
+
+def test_a_gpu_that_stops_answering_the_driver_is_named_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from mediafarm.workers import nvml
+
+    # Here: no driver answers: nothing is known lost (the start's device check is all there is).
+    assert nvml.lost_gpu((0,)) is None
+
+    class GpuIsLost(Exception):  # pynvml.NVMLError_GPUIsLost's text
+        def __str__(self) -> str:
+            return "GPU is lost"
+
+    def handle(index: int) -> int:
+        if index == 1:
+            raise GpuIsLost()
+        return index
+
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=handle,
+                                 nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=0, total=GB))  # fmt: skip
+    with fake_nvml(monkeypatch, fake):
+        assert nvml.lost_gpu((0,)) is None and nvml.lost_gpu(()) is None
+        assert nvml.lost_gpu((0, 1)) == "GPU 1 does not answer the driver (NVML: GPU is lost)"
+
+
+@pytest.mark.gpu
+def test_a_gpu_present_answers_and_an_index_past_the_devices_is_lost() -> None:
+    from mediafarm.workers import nvml
+
+    if nvml.nvml() is None:
+        pytest.skip("no NVIDIA driver answers NVML on this machine")
+    count = nvml.nvml().nvmlDeviceGetCount()
+    assert nvml.lost_gpu(tuple(range(count))) is None
+    assert nvml.lost_gpu((count,)).startswith(f"GPU {count} does not answer the driver (NVML: ")
 
 
 def test_a_pools_gpu_ids_are_numbered_as_nvml_numbers_them() -> None:
