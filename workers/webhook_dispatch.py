@@ -231,7 +231,14 @@ def install(app: Any) -> None:
 
     @worker_ready.connect(weak=False)
     def _start(**_: Any) -> None:
-        if not get_settings().webhook_dispatch or _PROCESS.get("process") is not None:
+        settings = get_settings()
+        if not settings.webhook_dispatch or _PROCESS.get("process") is not None:
+            return
+        if not settings.webhook_secret:
+            # Nothing could be signed: a dispatcher would only poll Redis (a process of ~50 MB a
+            # worker). Events wait in their outboxes for a worker started with a secret.
+            log.info("no webhook dispatcher: FARM_WEBHOOK_SECRET is not set (webhook events wait until a worker "
+                     "or `farm webhooks --serve` has it)")  # fmt: skip
             return
         import subprocess
 

@@ -139,6 +139,8 @@ def test_up_serves_jobs_and_ctrl_c_stops_everything_it_started() -> None:
         assert httpx.get(gateway.group(1) + "/healthz", timeout=10).json() == {"status": "ok"}
         started = psutil.Process(proc.pid).children(recursive=True)
         assert len(started) >= 2  # the embedded Redis and the worker (with its child)
+        # No FARM_WEBHOOK_SECRET: nothing could be signed, so the worker starts no webhook dispatcher.
+        assert not [p for p in started if "webhook_dispatch" in " ".join(p.cmdline())], [p.cmdline() for p in started]
         # A producer elsewhere submits to it; the media root defaults to the working directory.
         sample = REPO / "tasks" / "media" / "samples" / "speech.ogg"
         env = clean_env(FARM_BROKER_URL=f"redis://127.0.0.1:{port}/0")
