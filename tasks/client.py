@@ -12,6 +12,7 @@ are the wire contract (``FamilySpec.task_name``), for producers that send with a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -213,7 +214,9 @@ def _route(
     return route, wants
 
 
+@functools.lru_cache(maxsize=64)
 def _declared_record(pool: Pool) -> capability.WorkerCapability:
+    """A declared pool never seen live, judged by its declaration: once per process and pool."""
     return wake.declared_record(pool, registry.load(), registry.ladders_of, registry.default_queues())
 
 
