@@ -17,7 +17,7 @@ FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
-     "webhook-log", "capability", "load"}
+     "webhook-log", "capability", "load", "wanted"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
