@@ -7,9 +7,10 @@ on an embedded Redis, with faster-whisper tiny.en in its models folder. Timed: t
 the worker answers a ping (``wait_ready``), and until its capability record is live (the moment
 routing can send it jobs, ``tasks.capability``); then a subtitle job on a short clip, sent as soon
 as the record is live (its child loads the model), and the same job again (warm). Reported: the
-median of each over the starts, and cold job / warm job. What a Kubernetes scale-up adds before
-this (a pod scheduled, a node added by the cluster autoscaler, the image pulled) is the cluster's,
-not measured here; on a GPU pool the first job's CUDA context and model upload come on top.
+median of each over the starts, and cold job / warm job. This is a worker's part of a wake only:
+what comes before it on Kubernetes (KEDA's poll of a Prometheus scrape, the HPA's sync, a pod
+scheduled, a node added by the cluster autoscaler, the image pulled) is the cluster's, not measured
+here; on a GPU pool the first job's CUDA context and model upload come on top.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def one_start(workdir: Path, clip: Path, index: int) -> tuple[float, float, floa
     with worker("cpu", workdir, node=node, log=f"worker-{index}.log", concurrency=1, queues=["subtitle"]):
         ready = time.monotonic() - launched
         while node not in {r.node for r in capability.live(app.backend.client)}:
+            if time.monotonic() - launched > 120:
+                raise SystemExit(f"{node} wrote no capability record in 120 s (log: {workdir}/worker-{index}.log)")
             time.sleep(0.05)
         live = time.monotonic() - launched
         jobs = []

@@ -91,12 +91,15 @@ class FarmSettings(BaseSettings):
         route_spill_depth: Jobs waiting in the best pool's queue at which a new job starts lower,
             on the first pool down the ladder whose queue holds fewer (and a job about to move
             stays where it is); 0: never, every job waits for the best pool.
-        wake_window: Seconds a job counts as wanting a pool at zero replicas (one that would run a
-            better rung of its ladder than the live pools, ``tasks.wake``): while such jobs were
+        wake_pools: The pools an orchestrator scales from zero (a KEDA ``ScaledObject`` with
+            ``minReplicaCount: 0``), comma-separated: while one has no live worker, a job it would
+            start on a better rung than routing chose counts as wanting it (``tasks.wake``). Empty:
+            none; a pool not listed is never woken by the jobs it would run better, only by those
+            waiting in its queues.
+        wake_window: Seconds a job counts as wanting a pool of ``wake_pools``: while such jobs were
             submitted within it, the pool's load reads at least 1, one replica to start. Keep it
             shorter than the scaler's idle time before it takes the last replica (KEDA's
-            ``cooldownPeriod``); 0: no job wakes a pool, a pool at zero replicas is woken only by
-            jobs waiting in its queues.
+            ``cooldownPeriod``); 0: no job wakes a pool.
         family_modules: Modules that declare job families beyond the built-in ones (a plugin's,
             a test's), each with a module-level ``FAMILY``; separated like PATH. Every process of
             a farm (workers, producers, CLI) must name the same ones.
@@ -163,6 +166,7 @@ class FarmSettings(BaseSettings):
     pool: str = "cpu"
     routing: bool = True
     route_spill_depth: int = Field(4, ge=0)
+    wake_pools: Annotated[list[str], NoDecode] = Field(default_factory=list)
     wake_window: float = Field(120.0, ge=0)
     metrics_port: int = 0
     gateway_metrics_open: bool = False
@@ -225,7 +229,8 @@ class FarmSettings(BaseSettings):
             return [p.strip() for p in value.split(os.pathsep) if p.strip()]
         return value
 
-    @field_validator("api_tokens", "cors_origins", "webhook_allow", "webhook_retry_schedule", mode="before")
+    @field_validator("api_tokens", "cors_origins", "webhook_allow", "webhook_retry_schedule", "wake_pools",
+                     mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         # Comma-separated: tokens, origins and delays hold no commas, while origins hold colons.

@@ -156,11 +156,14 @@ def judge_languages(
 ) -> dict[str, dict[str, dict[str, tuple[str, ...]]]]:
     """Family -> ladder -> rung -> the languages it handles with this process's models, for each
     rung that declares some (``tasks.languages.rung_languages``; a rung whose hook fails is left
-    out: any language, as the worker's own check treats it)."""
+    out: any language, as the worker's own check treats it; so is one whose languages the job's
+    request adds to, ``EngineSpec.languages_by_request``)."""
     out: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {}
     for spec in specs:
         for ladder in ladders_of(spec):
             for rung in ladder.rungs:
+                if rung.languages is None and spec.engines[rung.engine].languages_by_request:
+                    continue
                 spoken = languages_or_any(spec, rung, models_dir, None)
                 if spoken is not None:
                     out.setdefault(spec.name, {}).setdefault(ladder.name, {})[rung.name] = tuple(sorted(spoken))
@@ -188,10 +191,12 @@ def left_out_queues(queues: Sequence[str], rungs: Rungs, family_queues: Mapping[
     return out
 
 
-def advertise(client: Any, record: WorkerCapability) -> float:
-    """Write ``record`` (its time the Redis server's now), and keep it as its pool's last known
-    record (:func:`known_pools`); the time written."""
-    timed_records.write(client, keys.pool_capabilities(), record.pool, record.to_json(), POOL_MEMORY_S)
+def advertise(client: Any, record: WorkerCapability, *, remember: bool = True) -> float:
+    """Write ``record`` (its time the Redis server's now) and, with ``remember``, keep it among
+    its pool's known records (:func:`known_pools`): not while the worker is degraded for a while
+    only (its GPU lost), which would make its pool look unable for a week; the time written."""
+    if remember:
+        timed_records.write(client, keys.pool_capabilities(), record.node, record.to_json(), POOL_MEMORY_S)
     return timed_records.write(client, keys.capabilities(), record.node, record.to_json(), FORGET_AFTER_S)
 
 
@@ -207,11 +212,42 @@ def live(client: Any) -> list[WorkerCapability]:
 
 
 def known_pools(client: Any) -> dict[str, WorkerCapability]:
-    """Pool -> the record its last live worker wrote (within :data:`POOL_MEMORY_S`): what a pool
-    runs while none of its workers is live, a pool scaled to zero among them. A stopped worker
-    removes its own record (:func:`forget`) but not its pool's."""
-    return {r.pool: r for r in timed_records.live(client, keys.pool_capabilities(), WorkerCapability.from_json,
-                                                  POOL_MEMORY_S)}  # fmt: skip
+    """Pool -> what its workers could run when they were last live (within :data:`POOL_MEMORY_S`),
+    merged (:func:`merged`): what a pool runs while none of its workers is live, a pool scaled to
+    zero among them. A stopped worker removes its live record (:func:`forget`), not this one."""
+    known = timed_records.live(client, keys.pool_capabilities(), WorkerCapability.from_json, POOL_MEMORY_S)
+    pools: dict[str, list[WorkerCapability]] = {}
+    for record in known:
+        pools.setdefault(record.pool, []).append(record)
+    return {pool: merged(pool, records) for pool, records in pools.items()}
+
+
+def merged(pool: str, records: Sequence[WorkerCapability]) -> WorkerCapability:
+    """One record for a pool's workers (``<pool>@known``): the pool counts as able to run what any
+    of them can, as routing counts a live pool (a worker without a model folder does not make its
+    pool unable). Queues and families: all of theirs; a rung: runnable where one worker runs it
+    (else the first reason); its languages: all of theirs, or any where one worker records none."""
+    queues = tuple(dict.fromkeys(q for r in records for q in r.queues))
+    served = tuple(dict.fromkeys(f for r in records for f in r.served))
+    rungs: dict[str, dict[str, dict[str, str]]] = {}
+    spoken: dict[tuple[str, str, str], set[str] | None] = {}
+    for record in records:
+        for family, ladders in record.rungs.items():
+            for ladder, reasons in ladders.items():
+                mine = rungs.setdefault(family, {}).setdefault(ladder, {})
+                for rung, why in reasons.items():
+                    mine[rung] = "" if not why or mine.get(rung) == "" else mine.get(rung) or why
+                    codes = record.languages.get(family, {}).get(ladder, {}).get(rung)
+                    key = (family, ladder, rung)
+                    if codes is None or spoken.get(key, set()) is None:
+                        spoken[key] = None
+                    else:
+                        spoken[key] = {*spoken.get(key, set()), *codes}
+    languages: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {}
+    for (family, ladder, rung), codes in spoken.items():
+        if codes is not None:
+            languages.setdefault(family, {}).setdefault(ladder, {})[rung] = tuple(sorted(codes))
+    return WorkerCapability(f"{pool}@known", pool, queues, {}, served, rungs, max(r.at for r in records), languages)
 
 
 def can_run_any(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery import chord, group
+from redis.exceptions import RedisError
 
 from mediafarm.config.pools import Pool, get_pools
 from mediafarm.config.priorities import DEFAULT_PRIORITY, checked_priority, wire_priority
@@ -201,11 +202,14 @@ def _route(
                                records=_cached("live", capability.live),
                                depths=lambda queues: admission.queue_depths(queues, app),
                                spill_depth=settings.route_spill_depth, language=language)  # fmt: skip
-        if settings.wake_window <= 0:
+        if settings.wake_window <= 0 or not settings.wake_pools:
             return route, []
-        dormant = wake.dormant_records(_cached("live", capability.live), _cached("known", capability.known_pools),
-                                       get_pools(), _declared_record)  # fmt: skip
-    except admission.away_errors():
+        dormant = wake.dormant_records(settings.wake_pools, _cached("live", capability.live),
+                                       _cached("known", capability.known_pools), get_pools(), _declared_record)  # fmt: skip
+    except (*admission.away_errors(), RedisError) as exc:
+        # Routing is an optimisation of where a job waits: a Redis that refuses a read here (a
+        # failover's read-only replica, no script) leaves the job to its family's queue.
+        log.warning("%s job: not routed (%s: %s); sent to its family's queue", spec.name, type(exc).__name__, exc)
         return None, []
     wants = wake.wanting(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs, dormant=dormant,
                          chosen=rungs.index(route.rung) if route is not None else None, language=language)  # fmt: skip
@@ -227,8 +231,9 @@ def _want(wants: list[wake.Want], job_id: str) -> None:
         return
     try:
         wake.want(app.backend.client, [w.pool for w in wants], job_id, get_settings().wake_window)
-    except admission.away_errors() as exc:
-        log.warning("job %s: not counted as wanting pool(s) %s: %s", job_id, ", ".join(w.pool for w in wants), exc)
+    except Exception as exc:  # noqa: BLE001 - the job is sent: nothing here may fail its submit
+        log.warning("job %s: not counted as wanting pool(s) %s: %s: %s", job_id, ", ".join(w.pool for w in wants),
+                    type(exc).__name__, exc)  # fmt: skip
 
 
 def _cached(name: str, read: Callable[[Any], Any]) -> Any:

@@ -120,6 +120,10 @@ class EngineSpec:
             models dir and the request are None where not known, as in ``farm families``). A rung
             that cannot handle a job's language is skipped for it. None: any language. Light, like
             the spec: it reads a file or asks a program, it imports no model.
+        languages_by_request: The ``languages`` hook adds what the job's own request names (a
+            TTS speaker's voices for further languages): a worker's capability record, judged with
+            no request, cannot tell a rung's languages, so routing does not filter it by language
+            (the worker's own check, which sees the request, does).
         fallback: True: a rung of this engine gives no real answer, only a stand-in (VAD's
             ``skip``, YOLO's ``motion``), unless the rung says otherwise (``Rung.fallback``): a
             job takes it only after failing on the rungs above (``tasks.ladder_choice``).
@@ -131,6 +135,7 @@ class EngineSpec:
     extra: str | None = None
     weights: str | None = None
     languages: Callable[[Any, Path | None, Any], Any] | None = None
+    languages_by_request: bool = False
     fallback: bool = False
 
     def missing(self) -> str | None:

@@ -148,8 +148,8 @@ def capabilities() -> str:
 
 
 def pool_capabilities() -> str:
-    """What each pool's workers could run when one was last live (``tasks.capability.known_pools``):
-    a hash, field the pool's name, value its last worker's capability record. Rewritten with the
+    """What each pool's workers could run when they were last live (``tasks.capability.known_pools``):
+    a hash, field the worker's node name, value its last capability record. Rewritten with the
     workers' records but kept when they stop, so that a pool at zero replicas is still known by
     what it runs (``tasks.wake``); a field a week old is dropped."""
     return f"{PREFIX}:capability:pools"

@@ -2,19 +2,19 @@
 
 Routing sends a job only to a pool with a live worker (``tasks.routing``). A GPU pool that its
 orchestrator scaled to zero then gets none of its family's jobs while the CPU pool runs their
-lower rungs: its queues stay empty, its load reads 0, and nothing would ever start it again. So at
-submit the producer also looks at the pools with no live worker, each known by the record its last
-worker wrote (``capability.known_pools``) or, never seen live, by its declaration
-(:func:`declared_record`). A job that such a pool would start on a better rung of its ladder than
-any live pool (or on any rung, when no live pool runs one) counts as *wanting* that pool: its id
-stays in the pool's wanted set (``keys.wanted``) for ``FARM_WAKE_WINDOW`` seconds, and the route's
-reason in its history says so. While the set holds a job, the pool's load (``tasks.scaling``) reads
-at least 1: one replica to start. Once a worker of it is live, routing sends it the jobs its rungs
-are best for and its own queue drives its load; when they stop coming, the scaler's idle time takes
-it back to zero.
+lower rungs: its queues stay empty, its load reads 0, and nothing would ever start it again. So the
+pools scaled from zero are named (``FARM_WAKE_POOLS``), and at submit the producer looks at those
+with no live worker, each known by what its workers ran when last live
+(``capability.known_pools``) or, never seen live, by its declaration (:func:`declared_record`). A
+job that such a pool would start on a better rung of its ladder than the one routing chose (or on
+any rung, when no live pool runs one) counts as *wanting* that pool: its id stays in the pool's
+wanted set (``keys.wanted``) for ``FARM_WAKE_WINDOW`` seconds, and the route's reason in its history
+says so. While the set holds a job, the pool's load (``tasks.scaling``) reads at least 1: one
+replica to start. Once a worker of it is live, routing sends it the jobs its rungs are best for and
+its own queue drives its load; when they stop coming, the scaler's idle time takes it back to zero.
 
-The job itself does not wait for the pool: it starts on the best rung a live pool runs now, as
-routing chose. A job no live pool can run waits in its family's queue, which the woken pool consumes.
+The job itself does not wait for the pool: it starts on the rung routing chose. A job no live pool
+can run waits in its family's queue, which the woken pool consumes.
 """
 
 from __future__ import annotations
@@ -71,14 +71,23 @@ def declared_record(
 
 
 def dormant_records(
-    live: Iterable[WorkerCapability], known: Mapping[str, WorkerCapability],
+    wakeable: Iterable[str], live: Iterable[WorkerCapability], known: Mapping[str, WorkerCapability],
     declared: Mapping[str, Pool], judge_declared: Callable[[Pool], WorkerCapability],
 ) -> list[WorkerCapability]:  # fmt: skip
-    """One record for each pool with no live worker: its last worker's (``known``), else, for a
-    declared pool never seen live, ``judge_declared(pool)`` (:func:`declared_record`)."""
+    """One record for each pool of ``wakeable`` (``FARM_WAKE_POOLS``) with no live worker: what its
+    workers ran when last live (``known``, ``capability.known_pools``), else, for a declared pool
+    never seen live, ``judge_declared(pool)`` (:func:`declared_record`). A name neither known nor
+    declared is left out."""
     awake = {r.pool for r in live}
-    names = dict.fromkeys((*declared, *known))
-    return [known[name] if name in known else judge_declared(declared[name]) for name in names if name not in awake]
+    out = []
+    for name in dict.fromkeys(wakeable):
+        if name in awake:
+            continue
+        if name in known:
+            out.append(known[name])
+        elif name in declared:
+            out.append(judge_declared(declared[name]))
+    return out
 
 
 def wanting(

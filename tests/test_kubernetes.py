@@ -374,6 +374,8 @@ def test_kustomize_builds_the_folder_with_keda_on_as_its_kustomization_says(tmp_
     # KEDA's HPA owns their replicas: a count applied would set a pool back under its running jobs.
     assert scaled and [d["metadata"]["name"] for d in docs if d["metadata"]["name"] in scaled
                        and d["kind"] == "Deployment" and "replicas" in d["spec"]] == []  # fmt: skip
+    # The pools it scales from zero are the farm's wake pools, in the ConfigMap every process reads.
+    assert settings_of(docs)["FARM_WAKE_POOLS"] == keda_settings()["FARM_WAKE_POOLS"] == "gpu0"
 
 
 def test_each_worker_pool_has_a_scaled_object_on_its_own_load_a_series_the_farm_serves(
@@ -395,20 +397,31 @@ def test_each_worker_pool_has_a_scaled_object_on_its_own_load_a_series_the_farm_
         assert {label for q in queries for label in re.findall(r'pool="([^"]+)"', q)} == {pool}, name
         assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"], name
         if spec["minReplicaCount"] == 0:
-            # Woken by the jobs that want it (tasks/wake.py): any load activates it, and its idle
-            # time outlasts the wake window, or the jobs that woke it would wake it again as it goes.
+            # Woken by the jobs that want it (tasks/wake.py): it is a wake pool, any load activates
+            # it, and its idle time outlasts the wake window, or the jobs that woke it would wake it
+            # again as it goes.
+            assert pool in keda_settings().get("FARM_WAKE_POOLS", "").split(","), name
             assert [t["metadata"].get("activationThreshold") for t in spec["triggers"]] == ["0"], name
-            assert spec.get("cooldownPeriod", 300) > wake_window(resources), name
+            window = {**settings_of(resources), **keda_settings()}.get(
+                "FARM_WAKE_WINDOW", FarmSettings.model_fields["wake_window"].default)  # fmt: skip
+            assert spec.get("cooldownPeriod", 300) > float(window), name
     # Some pool always runs: the one that takes every family's last rung, the jobs' fallback.
     assert any(s["spec"]["minReplicaCount"] >= 1 for s in scaled_objects)
 
 
-def wake_window(resources: list[dict]) -> float:
-    """FARM_WAKE_WINDOW as the manifests' settings give it, else the farm's default."""
-    from mediafarm.config.settings import FarmSettings
+def settings_of(resources: list[dict]) -> dict[str, str]:
+    """The FARM_* settings the folder's ConfigMaps give."""
+    return {k: v for d in resources if d["kind"] == "ConfigMap" for k, v in (d.get("data") or {}).items()}
 
-    data = {k: v for d in resources if d["kind"] == "ConfigMap" for k, v in (d.get("data") or {}).items()}
-    return float(data.get("FARM_WAKE_WINDOW", FarmSettings.model_fields["wake_window"].default))
+
+def keda_settings() -> dict[str, str]:
+    """The settings the KEDA component adds to the farm's ConfigMap (its JSON patches)."""
+    out = {}
+    for patch in yaml.safe_load((KEDA / "kustomization.yaml").read_text()).get("patches", []):
+        if patch["target"]["kind"] == "ConfigMap":
+            out.update({op["path"].removeprefix("/data/"): op["value"] for op in yaml.safe_load(patch["patch"])
+                        if op["op"] == "add" and op["path"].startswith("/data/")})  # fmt: skip
+    return out
 
 
 def test_the_operating_page_points_at_the_scaled_objects_instead_of_copying_one() -> None:

@@ -125,7 +125,8 @@ class CapabilityStep(bootsteps.StartStopStep):
         publishing.publish_every(self._stop, capability.INTERVAL_S, self._beat, "capability", log)
 
     def _beat(self) -> None:
-        capability.advertise(self._client, self.record(self._node))
+        record = self.record(self._node)
+        capability.advertise(self._client, record, remember=not self.gpu_lost)
         if self._sweep is not None:
             self._sweep_orphans()
 

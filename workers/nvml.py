@@ -35,15 +35,26 @@ def memory(gpu: int) -> Any:
     return lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(gpu))
 
 
+# NVML's answers that mean the GPU is not there to run on (pynvml's NVML_ERROR_* names): it fell
+# off the bus or was reset, or its index is past the devices present. Others (a query this GPU does
+# not support, a driver busy for a moment) say nothing about it, and are not read as a loss.
+LOST = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT_FOUND", "NVML_ERROR_UNKNOWN")
+
+
 def lost_gpu(gpus: tuple[int, ...]) -> str | None:
     """Why one of ``gpus`` cannot be used now, as the driver tells (a GPU fallen off the bus, an
     index past the devices present), or None: all answer, or NVML is not there to ask (then the
-    device check at start, ``tasks.family``, is all there is)."""
-    if not gpus or nvml() is None:
+    device check at start, ``tasks.family``, is all there is). Asks for each GPU's handle and UUID,
+    which every NVIDIA GPU answers."""
+    lib = nvml()
+    if not gpus or lib is None:
         return None
+    lost = {getattr(lib, name) for name in LOST if hasattr(lib, name)}
     for gpu in gpus:
         try:
-            memory(gpu)
+            lib.nvmlDeviceGetUUID(lib.nvmlDeviceGetHandleByIndex(gpu))
         except Exception as exc:  # noqa: BLE001 - pynvml.NVMLError and its many subclasses
-            return f"GPU {gpu} does not answer the driver (NVML: {exc})"
+            if getattr(exc, "value", None) in lost:
+                return f"GPU {gpu} does not answer the driver (NVML: {exc})"
+            log.debug("NVML: GPU %s: %s (not read as lost)", gpu, exc)
     return None

@@ -237,7 +237,7 @@ def install(app: Any) -> None:
         if not settings.webhook_secret:
             # Nothing could be signed: a dispatcher would only poll Redis (a process of ~50 MB a
             # worker). Events wait in their outboxes for a worker started with a secret.
-            log.info("no webhook dispatcher: FARM_WEBHOOK_SECRET is not set (webhook events wait until a worker "
+            log.warning("no webhook dispatcher: FARM_WEBHOOK_SECRET is not set (webhook events wait until a worker "
                      "or `farm webhooks --serve` has it)")  # fmt: skip
             return
         import subprocess

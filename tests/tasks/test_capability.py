@@ -174,3 +174,11 @@ def test_a_lost_gpu_is_the_reason_of_every_cuda_rung_and_of_nothing_else(tmp_pat
     fancy, gpu, plain = chaos["unavailable_first"].values()
     assert gpu == lost and plain == ""
     assert "a_package_that_is_not_installed" in fancy  # a missing package is still the first reason
+
+
+def test_a_rung_whose_languages_the_request_adds_to_is_recorded_as_any(tmp_path: Path) -> None:
+    tts = capability.judge_languages([families.get("tts")], families.ladders_of, tmp_path)["tts"]["tts"]
+    # Piper's languages grow with the job's speaker (its Piper voices for other languages): a record
+    # judged with no request cannot tell them, so it claims none and routing passes it any job.
+    assert "piper" not in tts and families.get("tts").engines["piper"].languages_by_request
+    assert set(tts["chattts"]) == {"en", "zh"}

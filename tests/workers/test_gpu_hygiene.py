@@ -114,20 +114,28 @@ def test_a_gpu_that_stops_answering_the_driver_is_named_lost(monkeypatch: pytest
     # Here: no driver answers: nothing is known lost (the start's device check is all there is).
     assert nvml.lost_gpu((0,)) is None
 
-    class GpuIsLost(Exception):  # pynvml.NVMLError_GPUIsLost's text
+    class NVMLError(Exception):  # pynvml's: the driver's code in .value, its words in str()
+        def __init__(self, value: int, words: str) -> None:
+            self.value, self.words = value, words
+
         def __str__(self) -> str:
-            return "GPU is lost"
+            return self.words
+
+    answers = {1: NVMLError(15, "GPU is lost"), 2: NVMLError(3, "Not Supported")}
 
     def handle(index: int) -> int:
-        if index == 1:
-            raise GpuIsLost()
+        if index in answers:
+            raise answers[index]
         return index
 
     fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=handle,
-                                 nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=0, total=GB))  # fmt: skip
+                                 nvmlDeviceGetUUID=lambda h: f"GPU-{h}", NVML_ERROR_GPU_IS_LOST=15,
+                                 NVML_ERROR_INVALID_ARGUMENT=2, NVML_ERROR_NOT_FOUND=6, NVML_ERROR_UNKNOWN=999)  # fmt: skip
     with fake_nvml(monkeypatch, fake):
         assert nvml.lost_gpu((0,)) is None and nvml.lost_gpu(()) is None
         assert nvml.lost_gpu((0, 1)) == "GPU 1 does not answer the driver (NVML: GPU is lost)"
+        # An answer that says nothing of the GPU's presence (a query it does not support) is no loss.
+        assert nvml.lost_gpu((2,)) is None
 
 
 @pytest.mark.gpu

@@ -144,7 +144,7 @@ FAMILY = FamilySpec(
         ),
         "piper": EngineSpec(
             f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts",
-            languages=piper_languages,
+            languages=piper_languages, languages_by_request=True,
         ),
         # espeak-ng is the program on PATH where there is one, else the espeakng-loader wheel's
         # library. The wheel is the need (the tts extra installs it): a pool always has a voice.
