@@ -212,7 +212,7 @@ def _told(running: _Running, policies: Sequence[RungPolicy], note: str) -> Calla
             raise
         finally:  # written or not (StaleAttempt, a Redis error), the rung ran: a probe must end
             for policy in policies:
-                policy.ended(running.attempt)
+                policy.after(running.attempt)
 
     return finish
 
@@ -293,7 +293,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         for i, written in zip(changed, settled, strict=True):
             if written:  # a killed child's rung failed: its breaker counts it (once: the settler's)
                 for policy in job.policies:
-                    policy.ended(attempts[i])
+                    policy.after(attempts[i])
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()
         if kill is not None:

@@ -8,7 +8,7 @@ class a concern, an explicit default list). ``run_ladder`` walks the rungs; the 
                                 the first Skip wins (later policies are not asked), its reason and
                                 outcome recorded, no attempt spent; every Run's note goes on the attempt
     starting(rung, attempt)   → fill the attempt's record before it is written (what it resumes from)
-    ended(attempt)            → the attempt's outcome is written, by this delivery or settled from an
+    after(attempt)            → the attempt's outcome is written, by this delivery or settled from an
                                 earlier one's evidence (a breaker counts it, a probe ends)
 
 The farm's list (``tasks.base``): :class:`Availability` (this pool can run the rung: packages, GPU,
@@ -81,7 +81,7 @@ class RungPolicy:
     def starting(self, rung: Rung, attempt: Attempt) -> None:
         return None
 
-    def ended(self, attempt: Attempt) -> None:
+    def after(self, attempt: Attempt) -> None:
         return None
 
 
@@ -124,7 +124,7 @@ class Breaker(RungPolicy):
             return Skip(skipped, Outcome.SKIPPED)
         return Run(self.guard.note(step.index))
 
-    def ended(self, attempt: Attempt) -> None:
+    def after(self, attempt: Attempt) -> None:
         self.guard.ended(attempt)
 
 
