@@ -202,24 +202,7 @@ class FarmTask(Task):
                 resuming.prepare(ctx, rung, settings.checkpoint_interval)
                 return run_engine(spec, rung, ctx, fields, settings.input_roots), tuple(store.list())
 
-            job = LadderRun(
-                job_id=request.id,
-                ladder=ladder,
-                engines=spec.engines,
-                log=AttemptLog(self.backend.client, request.id, ttl=ttl),
-                retries=request.retries,
-                worker=request.hostname or "",
-                transient_budget=settings.transient_retries,
-                fresh=fresh,
-                result_key=self.backend.get_key_for_task(request.id).decode(),
-                stale_after=_stale_after(settings),
-                unwritten=_unwritten(request),
-                policies=self._policies(ladder, languages, resuming),
-                reroute=reroute.sender(ladder, spec.engines, settings.models_dir,
-                                       partial(_reroute, spec, ladder, request.hostname or "", self.backend.client)),
-                move=_mover(spec, ladder, request, fresh, self.app, languages),
-                route=_route_note(request),
-            )
+            job = self._ladder_run(ladder, fresh, ttl, languages, resuming)
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
             except StaleAttempt:
@@ -255,6 +238,30 @@ class FarmTask(Task):
         if outcome.queue is not None:
             logger.warning("job %s: %s", request.id, outcome.reason)
         raise self.retry(exc=outcome.exc, countdown=settings.retry_delay, queue=outcome.queue, **options)
+
+    def _ladder_run(self, ladder: Ladder, fresh: bool, ttl: int, languages: LanguageCheck | None,
+                    resuming: Resuming) -> LadderRun:  # fmt: skip
+        """This delivery of the job as ``run_ladder`` needs it: its records, its rung policies
+        (:meth:`_policies`) and where else it may go before a rung runs (sent back, or moved)."""
+        settings, request, spec = get_settings(), self.request, self.spec
+        return LadderRun(
+            job_id=request.id,
+            ladder=ladder,
+            engines=spec.engines,
+            log=AttemptLog(self.backend.client, request.id, ttl=ttl),
+            retries=request.retries,
+            worker=request.hostname or "",
+            transient_budget=settings.transient_retries,
+            fresh=fresh,
+            result_key=self.backend.get_key_for_task(request.id).decode(),
+            stale_after=_stale_after(settings),
+            unwritten=_unwritten(request),
+            policies=self._policies(ladder, languages, resuming),
+            reroute=reroute.sender(ladder, spec.engines, settings.models_dir,
+                                   partial(_reroute, spec, ladder, request.hostname or "", self.backend.client)),
+            move=_mover(spec, ladder, request, fresh, self.app, languages),
+            route=_route_note(request),
+        )
 
     def _policies(self, ladder: Ladder, languages: LanguageCheck | None, resuming: Resuming) -> list[RungPolicy]:
         """What this delivery asks before each rung and tells after each attempt (``tasks.rung_policies``),
