@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from mediafarm.config.ladder_policy import ladder_policy
-from mediafarm.config.ladders import Rung
+from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.settings import get_settings
 from mediafarm.config.pools import POOL_QUEUE_SEP, pool_queue
 from mediafarm.tasks import capability, families, liveness, reroute, routing, soft_time_limit
@@ -48,7 +48,8 @@ from mediafarm.tasks.errors import (
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.languages import LanguageCheck
-from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome
+from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, Outcome
+from mediafarm.tasks.rung_policies import Availability, Breaker, Language, RungPolicy
 from mediafarm.tasks.webhooks import HEADER as WEBHOOK_HEADER
 from mediafarm.tasks.webhooks import JobEvents, Webhook
 
@@ -201,36 +202,7 @@ class FarmTask(Task):
                 resuming.prepare(ctx, rung, settings.checkpoint_interval)
                 return run_engine(spec, rung, ctx, fields, settings.input_roots), tuple(store.list())
 
-            job = LadderRun(
-                job_id=request.id,
-                ladder=ladder,
-                engines=spec.engines,
-                log=AttemptLog(self.backend.client, request.id, ttl=ttl),
-                retries=request.retries,
-                worker=request.hostname or "",
-                transient_budget=settings.transient_retries,
-                fresh=fresh,
-                result_key=self.backend.get_key_for_task(request.id).decode(),
-                stale_after=_stale_after(settings),
-                models_dir=settings.models_dir,
-                unwritten=_unwritten(request),
-                guard=RungGuard(
-                    ladder,
-                    ladder_policy(ladder_identity(ladder)),
-                    request.id,
-                    pool_breakers(self.backend.client, settings.pool),
-                    # A probe's claim outlives its longest attempt; a claim its lost worker left lapses then.
-                    probe_s=float(self.farm_hard_limit or 3600) + 60,
-                    pressure=partial(pool_under_pressure, settings.pool, self.backend.client),
-                    # Waiting for a breaker's cool-down must leave the attempt most of its soft limit.
-                    max_wait_s=float(self.soft_time_limit or 600) / 4,
-                ),
-                resume=resuming.offer if spec.resume is not None else None,
-                language=languages.why_not if languages is not None else None,
-                reroute=partial(_reroute, spec, ladder, request.hostname or "", self.backend.client),
-                move=_mover(spec, ladder, request, fresh, self.app, languages),
-                route=_route_note(request),
-            )
+            job = self._ladder_run(ladder, fresh, ttl, languages, resuming)
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
             except StaleAttempt:
@@ -267,14 +239,63 @@ class FarmTask(Task):
             logger.warning("job %s: %s", request.id, outcome.reason)
         raise self.retry(exc=outcome.exc, countdown=settings.retry_delay, queue=outcome.queue, **options)
 
+    def _ladder_run(self, ladder: Ladder, fresh: bool, ttl: int, languages: LanguageCheck | None,
+                    resuming: Resuming) -> LadderRun:  # fmt: skip
+        """This delivery of the job as ``run_ladder`` needs it: its records, its rung policies
+        (:meth:`_policies`) and where else it may go before a rung runs (sent back, or moved)."""
+        settings, request, spec = get_settings(), self.request, self.spec
+        return LadderRun(
+            job_id=request.id,
+            ladder=ladder,
+            engines=spec.engines,
+            log=AttemptLog(self.backend.client, request.id, ttl=ttl),
+            retries=request.retries,
+            worker=request.hostname or "",
+            transient_budget=settings.transient_retries,
+            fresh=fresh,
+            result_key=self.backend.get_key_for_task(request.id).decode(),
+            stale_after=_stale_after(settings),
+            unwritten=_unwritten(request),
+            policies=self._policies(ladder, languages, resuming),
+            reroute=reroute.sender(ladder, spec.engines, settings.models_dir,
+                                   partial(_reroute, spec, ladder, request.hostname or "", self.backend.client)),
+            move=_mover(spec, ladder, request, fresh, self.app, languages),
+            route=_route_note(request),
+        )
+
+    def _policies(self, ladder: Ladder, languages: LanguageCheck | None, resuming: Resuming) -> list[RungPolicy]:
+        """What this delivery asks before each rung and tells after each attempt (``tasks.rung_policies``),
+        in order: this pool can run the rung, the rung handles the job's language, its breaker and
+        the pool's memory pressure let it run; then the attempt's checkpoint."""
+        settings = get_settings()
+        guard = RungGuard(
+            ladder,
+            ladder_policy(ladder_identity(ladder)),
+            self.request.id,
+            pool_breakers(self.backend.client, settings.pool),
+            # A probe's claim outlives its longest attempt; a claim its lost worker left lapses then.
+            probe_s=float(self.farm_hard_limit or 3600) + 60,
+            pressure=partial(pool_under_pressure, settings.pool, self.backend.client),
+            # Waiting for a breaker's cool-down must leave the attempt most of its soft limit.
+            max_wait_s=float(self.soft_time_limit or 600) / 4,
+        )
+        policies: list[RungPolicy] = [Availability(settings.models_dir)]
+        if languages is not None:
+            policies.append(Language(languages.why_not))
+        policies.append(Breaker(guard))
+        if self.spec.resume is not None:
+            policies.append(resuming)
+        return policies
+
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:
             self.send_event(event, **fields)
 
 
-class Resuming:
+class Resuming(RungPolicy):
     """One delivery's side of the job's checkpoint (``tasks.checkpoint``): what each attempt is
-    offered, the files put back, the checkpoint removed when the job ends for good."""
+    offered (a rung policy: its record says what it resumes from before it is written), the files
+    put back, the checkpoint removed when the job ends for good."""
 
     def __init__(self, spec: FamilySpec, store: ArtifactStore, fields: Mapping[str, Any]) -> None:
         self.spec = spec
@@ -300,6 +321,9 @@ class Resuming:
             return None, why_not
         self.offered = checkpoint
         return checkpoint.record(), ""
+
+    def starting(self, rung: Rung, attempt: Attempt) -> None:
+        attempt.resumed_from, attempt.checkpoint_ignored = self.offer(rung)
 
     def prepare(self, ctx: EngineContext, rung: Rung, interval: float) -> None:
         """Give the attempt's context its checkpoint (files back in place) and its writer."""

@@ -21,9 +21,8 @@ after a whole-worker crash does not count as a retry but a same-rung transient r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mediafarm.config.ladders import Ladder, Rung
@@ -40,13 +39,13 @@ from mediafarm.tasks.errors import (
     map_exceptions,
 )
 from mediafarm.tasks import attribution
-from mediafarm.tasks.rung_guard import RungGuard
+from mediafarm.tasks.rung_policies import Availability, RungPolicy, RungStep, Skip, decide
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.ladder_choice import answers_below, fallbacks, next_rung, owed_note
 from mediafarm.tasks.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome
-from mediafarm.tasks.reroute import Reroute, none_runs_here, rerouted_attempt
+from mediafarm.tasks.reroute import Reroute, rerouted_attempt
 from mediafarm.tasks.routing import Route, moved_attempt
 
 
@@ -201,15 +200,8 @@ class _Running:
             )
 
 
-def _noted(finish: Callable[..., None], note: str) -> Callable[..., None]:
-    """``finish`` that adds ``note`` to the reason."""
-    if not note:
-        return finish
-    return lambda outcome, reason="": finish(outcome, f"{reason}; {note}" if reason else note)
-
-
-def _told(running: _Running, guard: RungGuard, note: str) -> Callable[..., None]:
-    """``running.finish`` that also adds the guard's note to the reason and tells the guard the outcome."""
+def _told(running: _Running, policies: Sequence[RungPolicy], note: str) -> Callable[..., None]:
+    """``running.finish`` that also adds ``note`` to the reason and tells the policies the outcome."""
 
     def finish(outcome: Outcome, reason: str = "") -> None:
         try:
@@ -219,7 +211,8 @@ def _told(running: _Running, guard: RungGuard, note: str) -> Callable[..., None]
                 attribution.judge(running.attempt, "settled_elsewhere")
             raise
         finally:  # written or not (StaleAttempt, a Redis error), the rung ran: a probe must end
-            guard.ended(running.attempt)
+            for policy in policies:
+                policy.after(running.attempt)
 
     return finish
 
@@ -246,23 +239,17 @@ class LadderRun:
         result_key: Where the job's SUCCESS is stored: every conditional write checks it.
         stale_after: Seconds after which a success is checked like any other outcome (half the
             visibility timeout; before it no other worker can have been handed the job).
-        models_dir: Where rungs find their weights (``FARM_MODELS_DIR``); a rung whose weights
-            are absent is skipped before it is charged an attempt. None: not checked here.
         unwritten: Celery retry counts of earlier deliveries that retried the job themselves on a
             Redis error, each with that error (``FarmTask`` carries them in the retry's headers):
             such a delivery's attempt may still be open, its outcome unwritten, and it is settled
             as a transient failure (same rung), not as a lost child (next rung).
-        guard: The rung circuit breakers and the memory-pressure step-down (``tasks.breaker``):
-            asked before each rung, told each attempt's end. None: every rung runs.
-        resume: Asked just before an attempt on a rung is recorded: what it resumes from
-            (``tasks.checkpoint``), as ``(resumed_from, checkpoint_ignored)`` for its record.
-            None: the family does not resume.
-        language: Why a rung cannot handle the job's language (``tasks.languages.LanguageCheck``),
-            or None if it can: such a rung is skipped as unavailable, no attempt spent. None:
-            the job's language is not known, or its family's rungs declare none.
-        reroute: Asked when no rung the job has left can run on this worker, with each such rung
-            and why not, and the history: where to send the job back to (``tasks.reroute.decide``),
-            or NoRungLeft. None: such a job's rungs are marked unavailable one by one, as ever.
+        policies: Asked in order before each rung, told each attempt's end (``tasks.rung_policies``):
+            whether this pool can run the rung, its language, its breaker, the job's checkpoint.
+            The default checks only that this pool can run the rung (weights not looked for).
+        reroute: Asked, before anything runs, with the rung the job is at and its history: where to
+            send a job back that no rung it has left can run on this worker (``tasks.reroute.sender``),
+            None to run it here, or NoRungLeft. None: such a job's rungs are marked unavailable one
+            by one, as ever.
         move: Asked, before anything runs, with the rung the job is at and its history: another
             pool's queue to send it to (``tasks.routing.move``), or None to run it here. None: it
             runs here (a job routed to this pool at submit, on its first delivery).
@@ -280,12 +267,9 @@ class LadderRun:
     fresh: bool = False
     result_key: str = ""
     stale_after: float = 0.0
-    models_dir: Path | None = None
     unwritten: Mapping[int, str] = field(default_factory=dict)
-    guard: RungGuard | None = None
-    resume: Callable[[Rung], tuple[dict[str, Any] | None, str]] | None = None
-    language: Callable[[Rung], str | None] | None = None
-    reroute: Callable[[dict[str, str], list[Attempt]], Reroute] | None = None
+    policies: Sequence[RungPolicy] = (Availability(),)
+    reroute: Callable[[int, list[Attempt]], Reroute | None] | None = None
     move: Callable[[int, list[Attempt]], Route | None] | None = None
     route: str = ""
 
@@ -301,16 +285,15 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     stored SUCCESS raises StaleAttempt and writes nothing.
     """
     log, ladder, retries, worker, result_key = job.log, job.ladder, job.retries, job.worker, job.result_key
-    guard = job.guard
     attempts: list[Attempt] = []
     if not job.fresh:
         attempts, kill = log.read()
         changed = settle_open_attempts(attempts, kill, retries, job.transient_budget, job.unwritten)
         settled = [log.settle(i, attempts[i], result_key) for i in changed]
-        if guard is not None:  # a killed child's rung failed: its breaker counts it (once: the settler's)
-            for i, written in zip(changed, settled, strict=True):
-                if written:
-                    guard.ended(attempts[i])
+        for i, written in zip(changed, settled, strict=True):
+            if written:  # a killed child's rung failed: its breaker counts it (once: the settler's)
+                for policy in job.policies:
+                    policy.after(attempts[i])
         if not all(settled):  # an owner finished its attempt meanwhile: take the history as it is now
             attempts, _ = log.read()
         if kill is not None:
@@ -330,8 +313,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         if log.append(attempts[-1], result_key) < 0:
             raise StaleAttempt("job already succeeded elsewhere before this worker could move it")
         return RetryRequest(moved.reason, RungUnavailable(moved.reason), queue=moved.queue)
-    if job.reroute is not None and (why_not_here := none_runs_here(ladder, job.engines, job.models_dir, index, attempts)) is not None:
-        sent = job.reroute(why_not_here, attempts)  # or NoRungLeft
+    if job.reroute is not None and (sent := job.reroute(index, attempts)) is not None:  # or NoRungLeft
         at = min(index, len(ladder.rungs) - 1)
         attempts.append(rerouted_attempt(at, ladder.rungs[at].name, sent.reason, retries, worker))
         if first:
@@ -344,33 +326,23 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
     # earlier that is owed one try before a fallback or the end (tasks.ladder_choice).
     while (at := next_rung(index, attempts, fallback)) is not None:
         rung, owed = ladder.rungs[at], at < index
-        why_not = job.engines[rung.engine].unavailable(rung, job.models_dir) or (
-            job.language(rung) if job.language is not None else None
-        )
-        skipped = None
-        if guard is not None and not why_not:
-            if owed:  # run, whatever its breaker says: nothing else left answers
-                guard.owed(at)
-            else:
-                skipped = guard.skip(at, attempts, answers_below(at, fallback))
-        if why_not or skipped:
-            outcome = Outcome.UNAVAILABLE if why_not else Outcome.SKIPPED
-            attempts.append(Attempt(at, rung.name, outcome, why_not or skipped or "", retries, worker=worker,
+        step = RungStep(rung, at, job.engines[rung.engine], attempts, owed, answers_below(at, fallback))
+        decided = decide(job.policies, step)
+        if isinstance(decided, Skip):
+            attempts.append(Attempt(at, rung.name, decided.outcome, decided.reason, retries, worker=worker,
                                     route=job.route if not attempts else ""))  # fmt: skip
             if log.append(attempts[-1], result_key) < 0:
                 raise StaleAttempt(f"job already succeeded elsewhere before this run reached rung {rung.name}")
             index += 0 if owed else 1
             continue
-        note = owed_note(attempts, at) if owed else ""
+        note = "; ".join(n for n in (owed_note(attempts, at) if owed else "", decided.note) if n)
         attempt = Attempt(at, rung.name, retries=retries, worker=worker, oom_counts=snapshot(),
                           route=job.route if not attempts else "")  # fmt: skip
-        if job.resume is not None:
-            attempt.resumed_from, attempt.checkpoint_ignored = job.resume(rung)
+        for policy in job.policies:
+            policy.starting(rung, attempt)
         running = _Running(log, attempt, result_key, job.stale_after)
         attempts.append(running.attempt)
-        if guard is not None:
-            note = "; ".join(n for n in (note, guard.note(at)) if n)
-        finish = _noted(running.finish, note) if guard is None else _told(running, guard, note)
+        finish = _told(running, job.policies, note)
         try:
             with map_exceptions():
                 output, artifacts = run_rung(rung, at, len(attempts) - 1)

@@ -23,7 +23,7 @@ capability records (``tasks.capability``); a worker judges itself afresh (the ru
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +100,23 @@ def none_runs_here(ladder: Ladder, engines: Mapping[str, EngineSpec], models_dir
         if not why[rung.name]:
             return None  # the common case, at the first rung: one check
     return why or None
+
+
+# Where a job goes that no rung it has left can run here: (each such rung -> why not, the history).
+WhereTo = Callable[[dict[str, str], list[Attempt]], Reroute]
+
+
+def sender(ladder: Ladder, engines: Mapping[str, EngineSpec], models_dir: Path | None,
+           where_to: WhereTo) -> Callable[[int, list[Attempt]], Reroute | None]:  # fmt: skip
+    """What ``run_ladder`` asks before anything runs (its ``reroute``): where to send the job back when
+    no rung it has left can run on this worker (``where_to``, given each rung and why not, and the
+    history: :func:`decide` by the live capability records; or NoRungLeft), None when one can."""
+
+    def send(index: int, attempts: list[Attempt]) -> Reroute | None:
+        why_not_here = none_runs_here(ladder, engines, models_dir, index, attempts)
+        return None if why_not_here is None else where_to(why_not_here, attempts)
+
+    return send
 
 
 def rerouted_attempt(rung: int, variant: str, reason: str, retries: int, worker: str) -> Attempt:

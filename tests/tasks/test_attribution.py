@@ -13,6 +13,7 @@ from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder, settl
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.oom_killer import CHILD_LOST, snapshot
 from mediafarm.tasks.records import Attempt, KillRecord, Outcome
+from mediafarm.tasks.rung_policies import Availability, Breaker
 from tests.tasks.test_breaker import ENGINES, LADDER, Clock, guard, pool, worker  # noqa: F401 - pool: a fixture
 
 
@@ -129,7 +130,8 @@ def test_a_failure_of_an_attempt_settled_elsewhere_never_counts(redis_url: str, 
     def engine(rung_: Any, index: int, attempt: int) -> Any:
         raise MemoryError("woke after the pause")
 
-    job = LadderRun(log.job_id, LADDER, ENGINES, log, fresh=True, result_key=result_key, guard=guard(b, log.job_id))
+    job = LadderRun(log.job_id, LADDER, ENGINES, log, fresh=True, result_key=result_key,
+                    policies=(Availability(), Breaker(guard(b, log.job_id))))  # fmt: skip
     with pytest.raises(StaleAttempt):
         run_ladder(job, engine)
     assert log.client.zcard(keys.breaker_failures(pool, "lad", "big")) == 0

@@ -21,6 +21,7 @@ from mediafarm.tasks.errors import ResourceFailure
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import Attempt, Envelope, Outcome
+from mediafarm.tasks.rung_policies import Availability, Breaker
 
 POLICY = BreakerPolicy(failures=3, window_s=60, cooldown_s=30, refresh_s=0)
 
@@ -131,7 +132,8 @@ def run(
 ) -> Any:
     """One delivery of the job through ``run_ladder``; ``engine(rung)`` answers or raises."""
     engines = ENGINES if engines is None else engines
-    job = LadderRun(log.job_id, guard.ladder, engines, log, retries=retries, worker="bt@a", fresh=fresh, guard=guard)
+    job = LadderRun(log.job_id, guard.ladder, engines, log, retries=retries, worker="bt@a", fresh=fresh,
+                    policies=(Availability(), Breaker(guard)))  # fmt: skip
     return run_ladder(job, lambda rung_, index, attempt: (engine(rung_), ()))
 
 
@@ -262,7 +264,7 @@ def test_a_probe_whose_job_had_succeeded_elsewhere_still_closes_it(redis_url: st
     result_key = f"celery-task-meta-{log.job_id}"
     log.client.set(result_key, json.dumps({"status": "SUCCESS"}), ex=60)
     job = LadderRun(log.job_id, LADDER, ENGINES, log, worker="bt@a", fresh=True, result_key=result_key,
-                    guard=guard(b, log.job_id))  # fmt: skip
+                    policies=(Availability(), Breaker(guard(b, log.job_id))))  # fmt: skip
     with pytest.raises(StaleAttempt):
         run_ladder(job, lambda rung_, index, attempt: ({}, ()))
     assert read_breakers(b.client, pool) == []

@@ -19,7 +19,8 @@ from mediafarm.tasks.errors import NoRungLeft
 from mediafarm.tasks.family import EngineSpec
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import Attempt, Outcome
-from mediafarm.tasks.reroute import MAX_REROUTES, decide
+from mediafarm.tasks.reroute import MAX_REROUTES, decide, sender
+from mediafarm.tasks.rung_policies import Availability
 from tests.support import weighted
 
 QUEUES = {"weighted": "weighted", "toy": "toy"}
@@ -131,8 +132,10 @@ LADDER = Ladder("weighted", "weighted", (rung("from-file", "read"),))
 
 
 def test_run_ladder_sends_the_job_back_without_spending_a_rung(log: AttemptLog, tmp_path: Path) -> None:
-    job = LadderRun(log.job_id, LADDER, weighted.FAMILY.engines, log, worker="b@h", fresh=True, models_dir=tmp_path,
-                    reroute=lambda why, attempts: decision(attempts, []))  # fmt: skip
+    job = LadderRun(log.job_id, LADDER, weighted.FAMILY.engines, log, worker="b@h", fresh=True,
+                    policies=(Availability(tmp_path),),
+                    reroute=sender(LADDER, weighted.FAMILY.engines, tmp_path,
+                                   lambda why, attempts: decision(attempts, [])))  # fmt: skip
     outcome = run_ladder(job, lambda *a: pytest.fail("no rung may run here"))
     assert isinstance(outcome, RetryRequest) and outcome.queue == "weighted"
     attempts, _ = log.read()
@@ -142,7 +145,9 @@ def test_run_ladder_sends_the_job_back_without_spending_a_rung(log: AttemptLog, 
     (tmp_path / weighted.WEIGHTS).write_bytes(b"w")
     other = AttemptLog(log.client, f"{log.job_id}-2", 60)
     job = LadderRun(other.job_id, LADDER, weighted.FAMILY.engines, other, worker="a@h", fresh=True,
-                    models_dir=tmp_path, reroute=lambda *a: pytest.fail("not asked"))  # fmt: skip
+                    policies=(Availability(tmp_path),),
+                    reroute=sender(LADDER, weighted.FAMILY.engines, tmp_path,
+                                   lambda *a: pytest.fail("not asked")))  # fmt: skip
     assert run_ladder(job, lambda *a: ({"text": "hi", "weights_bytes": 1}, ())).variant == "from-file"
     log.client.delete(keys.history(other.job_id))
 

@@ -21,6 +21,7 @@ from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.languages import LanguageCheck, describe, normalize_language, script_language
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.rung_policies import Availability, Language
 
 
 @pytest.mark.parametrize(
@@ -120,7 +121,8 @@ def test_a_rung_that_cannot_handle_the_language_is_skipped_without_an_attempt(lo
         ran.append(rung_.name)
         return {"said": "ok"}, ()
 
-    job = LadderRun(log.job_id, ladder, SPEC.engines, log, worker="cpu@a", fresh=True, language=check.why_not)
+    job = LadderRun(log.job_id, ladder, SPEC.engines, log, worker="cpu@a", fresh=True,
+                    policies=(Availability(), Language(check.why_not)))  # fmt: skip
     envelope = run_ladder(job, run_rung)
     assert ran == ["mandarin"] and envelope.variant == "mandarin"
     attempts, _ = log.read()

@@ -17,6 +17,7 @@ from mediafarm.tasks.errors import MediaNotFound, PermanentFailure
 from mediafarm.tasks.family import EngineSpec, Params
 from mediafarm.tasks.history import AttemptLog
 from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.rung_policies import Availability
 
 
 class ModelParams(Params):
@@ -47,7 +48,8 @@ def test_a_bad_file_is_charged_to_the_first_rung_that_can_run(log: AttemptLog, t
         ran.append(rung_.name)
         raise MediaNotFound("talk.wav: no such file in the media roots")
 
-    job = LadderRun(log.job_id, ladder, {"e": ENGINE}, log, worker="cpu@a", fresh=True, models_dir=tmp_path)
+    job = LadderRun(log.job_id, ladder, {"e": ENGINE}, log, worker="cpu@a", fresh=True,
+                    policies=(Availability(tmp_path),))  # fmt: skip
     with pytest.raises(PermanentFailure, match="no such file"):
         run_ladder(job, run_rung)
     assert ran == ["tiny"]
