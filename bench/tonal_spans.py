@@ -15,13 +15,20 @@ spectral stability measure of ``tonal.py``). Every VAD span is put against the t
 
 Printed: each span's stable share and pairs (the measure the threshold is set on), the counts of
 each kind kept and set aside, and the CPU seconds of the VAD pass with and without the measure.
-Results go to ``bench/results/tonal_spans.json``.
+
+With ``--words``, also the words: the farm's engine on the ``whisper-tiny`` rung's params (in this
+process, one CPU thread, as bench/heldout_where.py runs it) with nothing set aside ("before": a
+threshold no span reaches) and as the job runs ("after"): errors against the reference, words in
+true silence (``subtitle_tracks.words_in_silence``: midpoint more than 0.5 s from every true span)
+and CPU seconds. Results go to ``bench/results/tonal_spans.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import tempfile
 import time
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.farm import REPO
+from bench.peers import ONE_THREAD
 
 RESULTS = REPO / "bench" / "results" / "tonal_spans.json"
 
@@ -39,7 +47,9 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mediafarm-peers")
     ap.add_argument("--names", default=None, help="only these tracks of the half, comma-separated")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--words", action="store_true", help="also recognise each track, before and after")
     args = ap.parse_args()
+    os.environ.update(ONE_THREAD)
 
     from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines, tonal
@@ -68,13 +78,16 @@ def main() -> None:
             rows.append({"track": name, "start": round(span.start, 3), "end": round(span.end, 3),
                          "kind": "speech" if overlap > 0 else "silence", "share": round(share, 3), "pairs": pairs,
                          "set_aside": (span.start, span.end) not in kept_at})  # fmt: skip
-    counts = {f"{kind} {'set aside' if aside else 'kept'}": sum(1 for r in rows if r["kind"] == kind and r["set_aside"] == aside)
+    words = {name: recognised(make(by_name[name], args.workdir / "heldout-corpus"), args.workdir)
+             for name in names} if args.words else {}  # fmt: skip
+    counts = {f"{kind} {'set aside' if aside else 'kept'}": sum(r["kind"] == kind and r["set_aside"] == aside for r in rows)
               for kind in ("speech", "silence") for aside in (True, False)}  # fmt: skip
     for r in sorted(rows, key=lambda r: (r["kind"], -r["share"])):
         if r["kind"] == "silence" or r["share"] >= 0.1:
             print(f"{r['track']} {r['kind']:<7} {r['start']:8.2f}-{r['end']:<8.2f} share {r['share']:.2f} "
                   f"pairs {r['pairs']:>4} {'SET ASIDE' if r['set_aside'] else 'kept'}")  # fmt: skip
-    top_speech = max((r["share"] for r in rows if r["kind"] == "speech" and r["pairs"] >= tonal.MIN_PAIRS), default=0.0)
+    judged = [r["share"] for r in rows if r["kind"] == "speech" and r["pairs"] >= tonal.MIN_PAIRS]
+    top_speech = max(judged, default=0.0)
     print(f"\n{args.half}: {len(names)} tracks, {len(rows)} spans; {counts}")
     print(f"highest stable share of a speech span (>= {tonal.MIN_PAIRS} pairs): {top_speech:.2f}; "
           f"threshold {tonal.TONAL_SHARE}")  # fmt: skip
@@ -83,10 +96,35 @@ def main() -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({
         "half": args.half, "tracks": names, "counts": counts, "top_speech_share": top_speech,
-        "threshold": tonal.TONAL_SHARE, "cpu": cpu, "spans": rows,
+        "threshold": tonal.TONAL_SHARE, "cpu": cpu, "spans": rows, "words": words,
         "command": " ".join([".venv/bin/python", "-m", "bench.tonal_spans", *sys.argv[1:]]),
     }, indent=1))  # fmt: skip
     print(f"wrote {args.results}")
+
+
+def recognised(track: Any, workdir: Path) -> dict[str, dict[str, Any]]:
+    """The engine's errors, words in true silence and CPU on ``track``, before and after."""
+    from bench.peers_subtitle import engine_words, linked_models
+    from mediafarm.tasks.families.subtitle import tonal
+    from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
+    from tests.support.subtitle_tracks import word_errors, words_in_silence
+
+    params = WhisperParams(**next(r for r in FAMILY.ladder if r.name == "whisper-tiny").params)
+    models, chosen = linked_models(workdir), tonal.TONAL_SHARE
+    out = {}
+    try:
+        for label, threshold in (("before", math.inf), ("after", chosen)):
+            tonal.TONAL_SHARE = threshold
+            c0 = time.process_time()
+            heard = engine_words(models, str(track.path), params)
+            cpu = time.process_time() - c0
+            silent = [w for w in heard if words_in_silence([(w[1], w[2])], track.truth)]
+            out[label] = {"errors": word_errors(track.words, [w for w, _, _ in heard]), "ref_words": len(track.words),
+                          "words_in_silence": len(silent), "silent": silent, "cpu": round(cpu, 2)}  # fmt: skip
+            print(f"{track.name} {label:<6} {out[label]}", flush=True)
+    finally:
+        tonal.TONAL_SHARE = chosen
+    return out
 
 
 if __name__ == "__main__":

@@ -300,7 +300,9 @@ def _publish(
         yield {"segment": f"{CHUNKS}/{name}"}
 
 
-def speech_only(ctx: EngineContext, path: Path, audio: KeptAudio | None = None) -> tuple[VadResult, list[RejectedSpan]]:
+def speech_only(
+    ctx: EngineContext, path: Path, audio: KeptAudio | None = None
+) -> tuple[VadResult, list[RejectedSpan]]:
     """The VAD's spans with the tonal ones (held notes, chords) set aside, and those set aside:
     measured on the VAD's own pass (tonal.py), so the audio is decoded no extra time."""
     stability = tonal.SpectralStability()
@@ -324,7 +326,9 @@ def speech_spans(
                       decode=decode)  # fmt: skip
 
 
-def _feeding(read: Callable[[Path], Iterable[np.ndarray]], stability: tonal.SpectralStability) -> Callable[[Path], Iterator[np.ndarray]]:
+def _feeding(
+    read: Callable[[Path], Iterable[np.ndarray]], stability: tonal.SpectralStability
+) -> Callable[[Path], Iterator[np.ndarray]]:
     """``read`` with each block it yields fed to ``stability`` on the way."""
 
     def decode(path: Path) -> Iterator[np.ndarray]:
