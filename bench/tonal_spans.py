@@ -80,7 +80,8 @@ def main() -> None:
                          "set_aside": (span.start, span.end) not in kept_at})  # fmt: skip
     words = {name: recognised(make(by_name[name], args.workdir / "heldout-corpus"), args.workdir)
              for name in names} if args.words else {}  # fmt: skip
-    counts = {f"{kind} {'set aside' if aside else 'kept'}": sum(r["kind"] == kind and r["set_aside"] == aside for r in rows)
+    counts = {f"{kind} {'set aside' if aside else 'kept'}":
+              sum(r["kind"] == kind and r["set_aside"] == aside for r in rows)
               for kind in ("speech", "silence") for aside in (True, False)}  # fmt: skip
     for r in sorted(rows, key=lambda r: (r["kind"], -r["share"])):
         if r["kind"] == "silence" or r["share"] >= 0.1:

@@ -3,7 +3,9 @@
 Both rungs' engines (``whisper``, ``pocketsphinx``) run the same pipeline with their own
 recogniser:
 
-1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing).
+1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing). Spans
+   that are held notes or chords, not speech, are set aside (tonal.py, measured on the same pass)
+   and listed in the result.
 2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows of
    up to ``WINDOW_SECONDS`` of speech (``FITTED_WINDOW_SECONDS`` where Whisper's encoder is
    fitted to the window: recognizers.encoder_frames), joined by a short silence; the silence
@@ -21,6 +23,7 @@ recogniser:
 
 Memory stays flat with the media's length: at most one window of audio is held, segments are
 written to the JSON file as they come, and only cues and speech spans (a few KB an hour) are kept.
+The one exception is the VAD pass's tonal measure (900 KB an hour), let go once the spans are judged.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class SubtitleResult(BaseModel):
         language_probability: The recogniser's confidence in it; None when given or not detected.
         model: The recogniser and its version.
         duration: Seconds of audio decoded.
-        speech_seconds: Seconds the VAD found speech in (only these were recognised).
+        speech_seconds: Seconds the VAD found speech in, tonal spans set aside (only these were recognised).
         spans: Speech spans recognised.
         words: Words recognised.
         cues: Cues written.

@@ -15,7 +15,7 @@ of speech and tone together is kept: a tone missed costs a word at worst, speech
 the whole span. The thresholds were chosen on the held-out corpus's tuning half only
 (docs/benchmarks/subtitle.md, "Tonal spans").
 
-Memory: two float16 figures per 16 ms hop (225 KB an hour of media).
+Memory: two float16 figures per 16 ms hop (900 KB an hour of media).
 """
 
 from __future__ import annotations
