@@ -3,7 +3,9 @@
 Both rungs' engines (``whisper``, ``pocketsphinx``) run the same pipeline with their own
 recogniser:
 
-1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing).
+1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing). Spans
+   that are held notes or chords, not speech, are set aside (tonal.py, measured on the same pass)
+   and listed in the result.
 2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows of
    up to ``WINDOW_SECONDS`` of speech (``FITTED_WINDOW_SECONDS`` where Whisper's encoder is
    fitted to the window: recognizers.encoder_frames), joined by a short silence; the silence
@@ -21,19 +23,20 @@ recogniser:
 
 Memory stays flat with the media's length: at most one window of audio is held, segments are
 written to the JSON file as they come, and only cues and speech spans (a few KB an hour) are kept.
+The one exception is the VAD pass's tonal measure (900 KB an hour), let go once the spans are judged.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from mediafarm.tasks.families.subtitle import onsets
+from mediafarm.tasks.families.subtitle import onsets, tonal
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
 from mediafarm.tasks.families.subtitle.recognizers import (
@@ -44,7 +47,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_whisper,
     transcribe_whisper_batch,
 )
-from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
+from mediafarm.tasks.families.subtitle.records import Cue, RejectedSpan, Segment, Word
 from mediafarm.tasks.families.subtitle.resume import JOURNAL, STATE_VERSION, Journal, Part, Resumed, tag_cues, vad_state
 from mediafarm.tasks.families.subtitle.second_look import second_look
 from mediafarm.tasks.families.subtitle.spec import (
@@ -155,7 +158,10 @@ def transcribe(
     path = Path(request.media)
     resumed = Resumed.of(ctx.resume, identity or {})
     audio = KeptAudio(path, KEEP_AUDIO_SECONDS)
-    vad = resumed.vad() if resumed is not None else speech_spans(ctx.part(0.0, VAD_SHARE), path, audio)
+    if resumed is not None:
+        vad, rejected = resumed.vad(), resumed.rejected()
+    else:
+        vad, rejected = speech_only(ctx.part(0.0, VAD_SHARE), path, audio)
     if resumed is not None:
         window_seconds = resumed.window_seconds
     windows = plan_windows(vad.spans, vad.duration, window_seconds)
@@ -224,7 +230,8 @@ def transcribe(
                 ctx.checkpoint(window.end, {
                     "subtitle": STATE_VERSION, "identity": dict(identity or {}), "windows": index,
                     "window_seconds": window_seconds,
-                    "vad": vad_state(vad), "pending": [w.model_dump(mode="json") for w in cues.pending],
+                    "vad": vad_state(vad), "rejected": [r.model_dump(mode="json") for r in rejected],
+                    "pending": [w.model_dump(mode="json") for w in cues.pending],
                     "chunks": chunks.state(), "heard_language": list(heard_language) if heard_language else None,
                     "model": _models(model_name, last_model), "first_language": first_language,
                 }, files=[*journal.parts, *(f"{CHUNKS}/{segment_name(k)}" for k in range(chunks.segment_count)),
@@ -244,6 +251,7 @@ def transcribe(
             rules=request.rules.model_dump(mode="json"),
             cues=[c.model_dump(mode="json") for c in tag_cues(cues.all, parts)],
             timing=report.model_dump(mode="json"), made=[p.to_json() for p in parts],
+            rejected=[r.model_dump(mode="json") for r in rejected],
         )  # fmt: skip
     journal.remove()
     files = {"json": JSON_NAME}
@@ -258,7 +266,7 @@ def transcribe(
         duration=round(vad.duration, 3), speech_seconds=round(sum(s.end - s.start for s in vad.spans), 3),
         spans=len(vad.spans), words=words, cues=len(cues.all), rules=request.rules, timing=report, files=files,
         playlist=PLAYLIST, confidence=confidence(probabilities),
-        made=[MadeBy(**p.to_json()) for p in parts] if resumed is not None else [],
+        made=[MadeBy(**p.to_json()) for p in parts] if resumed is not None else [], rejected=rejected,
     )  # fmt: skip
 
 
@@ -295,15 +303,43 @@ def _publish(
         yield {"segment": f"{CHUNKS}/{name}"}
 
 
-def speech_spans(ctx: EngineContext, path: Path, audio: KeptAudio | None = None) -> VadResult:
+def speech_only(
+    ctx: EngineContext, path: Path, audio: KeptAudio | None = None
+) -> tuple[VadResult, list[RejectedSpan]]:
+    """The VAD's spans with the tonal ones (held notes, chords) set aside, and those set aside:
+    measured on the VAD's own pass (tonal.py), so the audio is decoded no extra time."""
+    stability = tonal.SpectralStability()
+    found = speech_spans(ctx, path, audio, stability)
+    kept, rejected = tonal.set_aside(found.spans, stability)
+    return found.model_copy(update={"spans": kept}), rejected
+
+
+def speech_spans(
+    ctx: EngineContext, path: Path, audio: KeptAudio | None = None, stability: tonal.SpectralStability | None = None
+) -> VadResult:
     """The farm's own streaming VAD: silero, or webrtcvad on a pool without silero (as the VAD
     family's own needs for silero say). The job's checkpoints are the subtitle engine's, not the VAD's.
-    ``audio``: the VAD decodes through it, which keeps short audio for recognition."""
-    decode = audio.blocks if audio is not None else audio_blocks
+    ``audio``: the VAD decodes through it, which keeps short audio for recognition. ``stability``:
+    fed every block the VAD reads."""
+    read = audio.blocks if audio is not None else audio_blocks
+    decode = read if stability is None else _feeding(read, stability)
     if VAD_FAMILY.engines["silero"].missing() is None:
         return vad.silero(ctx, VadRequest(media=str(path)), VAD_PARAMS, resumable=False, decode=decode)
     return vad.webrtc(ctx, VadRequest(media=str(path)), WebrtcParams(min_silence_ms=250), resumable=False,
                       decode=decode)  # fmt: skip
+
+
+def _feeding(
+    read: Callable[[Path], Iterable[np.ndarray]], stability: tonal.SpectralStability
+) -> Callable[[Path], Iterator[np.ndarray]]:
+    """``read`` with each block it yields fed to ``stability`` on the way."""
+
+    def decode(path: Path) -> Iterator[np.ndarray]:
+        for block in read(path):
+            stability.feed(block)
+            yield block
+
+    return decode
 
 
 def _resumed_language(ctx: EngineContext, *, batched: bool) -> str | None:

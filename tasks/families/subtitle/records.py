@@ -30,6 +30,24 @@ class Word(BaseModel):
     probability: float | None = None
 
 
+class RejectedSpan(BaseModel):
+    """A span the VAD found that was not recognised (tonal.py: a held note or chord, not speech).
+
+    Attributes:
+        start: Seconds from the start of the media.
+        end: Seconds from the start of the media.
+        reason: Why it was set aside (``tonal``).
+        stable_share: Share of its frame pairs whose spectrum stayed the same (1: a held note).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    start: float
+    end: float
+    reason: str
+    stable_share: float
+
+
 class Segment(BaseModel):
     """A stretch of recognised speech (a Whisper segment, a pocketsphinx utterance).
 

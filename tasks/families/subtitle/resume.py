@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mediafarm.tasks.families.subtitle.records import Cue, Segment, Word
+from mediafarm.tasks.families.subtitle.records import Cue, RejectedSpan, Segment, Word
 from mediafarm.tasks.families.vad.spec import VadResult
 from mediafarm.tasks.kit import Checkpoint, EngineContext, Span
 
@@ -86,6 +86,10 @@ class Resumed:
         kept = self.state["vad"]
         return VadResult(spans=[Span(start, end) for start, end in kept["spans"]], duration=kept["duration"],
                          model=kept["model"])  # fmt: skip
+
+    def rejected(self) -> list[RejectedSpan]:
+        """The spans the first attempt set aside (a checkpoint from before they were kept: none)."""
+        return [RejectedSpan.model_validate(r) for r in self.state.get("rejected", [])]
 
     def pending_words(self) -> list[Word]:
         return [Word.model_validate(w) for w in self.state["pending"]]

@@ -12,7 +12,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from rich.table import Table
 
 from mediafarm.tasks.families.subtitle.languages import pocketsphinx_languages, request_language, whisper_languages
-from mediafarm.tasks.families.subtitle.records import CueRules
+from mediafarm.tasks.families.subtitle.records import CueRules, RejectedSpan
 from mediafarm.tasks.families.vad.spec import MadeBy
 from mediafarm.tasks.kit import (
     CommaList,
@@ -130,7 +130,7 @@ class SubtitleResult(BaseModel):
         language_probability: The recogniser's confidence in it; None when given or not detected.
         model: The recogniser and its version.
         duration: Seconds of audio decoded.
-        speech_seconds: Seconds the VAD found speech in (only these were recognised).
+        speech_seconds: Seconds the VAD found speech in, tonal spans set aside (only these were recognised).
         spans: Speech spans recognised.
         words: Words recognised.
         cues: Cues written.
@@ -143,6 +143,8 @@ class SubtitleResult(BaseModel):
         made: Which rung recognised which stretch of the media, when the job resumed from a
             checkpoint (issue #19); empty when one attempt made it all. Each cue in
             subtitles.json names its rung too.
+        rejected: Spans the VAD found that were not recognised, each with its reason (``tonal``:
+            a held note or chord, tonal.py); subtitles.json lists them too.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -161,6 +163,7 @@ class SubtitleResult(BaseModel):
     playlist: str | None = None
     confidence: Confidence = Field(default_factory=Confidence)
     made: list[MadeBy] = Field(default_factory=list)
+    rejected: list[RejectedSpan] = Field(default_factory=list)
 
 
 class WhisperParams(Params):
@@ -188,7 +191,8 @@ def summary(result: SubtitleResult) -> str:
     prob = f" ({result.language_probability:.2f})" if result.language_probability is not None else ""
     t = result.timing
     offsets = f"onset offset median {t.offset_ms_median:.0f} ms, p95 {t.offset_ms_p95:.0f} ms" if t.cues else ""
-    return (f"{result.cues} cues, {result.words} words, language {result.language}{prob}, "
+    aside = f", {len(result.rejected)} non-speech spans not recognised" if result.rejected else ""
+    return (f"{result.cues} cues, {result.words} words{aside}, language {result.language}{prob}, "
             f"model {result.model}  {offsets}")  # fmt: skip
 
 
