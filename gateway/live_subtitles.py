@@ -29,6 +29,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
+from mediafarm.gateway.common.submit_errors import SUBMIT_ERRORS, refusal
 from mediafarm.gateway.events import read_snapshot
 from mediafarm.gateway.job_watch import JobWatch
 from mediafarm.gateway.room_frames import CLOSE_NORMAL, CLOSE_SERVER_ERROR, error
@@ -37,7 +38,7 @@ from mediafarm.gateway.socket_admission import admit, close
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
+from mediafarm.tasks.errors import Overloaded
 from mediafarm.tasks.families.subtitle_live.push import MAX_AHEAD_SECONDS, AudioPush, PushFormatError
 from mediafarm.tasks.families.subtitle_live.spec import LiveSubtitleRequest
 from mediafarm.tasks.handles import JobHandle
@@ -166,19 +167,24 @@ async def _start(
 
     try:
         job = await anyio.to_thread.run_sync(send)
-    except (InvalidRequest, ValueError, TypeError) as exc:
-        # The reason may be longer than a close frame holds: it goes in an error frame first.
-        await websocket.send_json(error(f"start: {exc}", code="invalid"))
-        await close(websocket, CLOSE_INVALID, f"start: {exc}")
-        return None
-    except Overloaded as exc:
-        await websocket.send_json(error(str(exc), code="overloaded", retry_after=exc.retry_after))
-        await close(websocket, CLOSE_TRY_AGAIN, str(exc))
-        return None
-    except (RedisError, OperationalError) as exc:
-        await close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
+    except (*SUBMIT_ERRORS, TypeError) as exc:  # TypeError: a field submit does not take
+        await _refuse_start(websocket, exc)
         return None
     return push, job
+
+
+async def _refuse_start(websocket: WebSocket, exc: BaseException) -> None:
+    """Close the socket of a start the farm refused (``submit_errors``); the reason may be longer
+    than a close frame holds, so it goes in an error frame first."""
+    kind = "invalid" if isinstance(exc, TypeError) else refusal(exc, named_id=False)
+    if kind == "unavailable":
+        await close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
+    elif isinstance(exc, Overloaded):
+        await websocket.send_json(error(str(exc), code=kind, retry_after=exc.retry_after))
+        await close(websocket, CLOSE_TRY_AGAIN, str(exc))
+    else:
+        await websocket.send_json(error(f"start: {exc}", code=kind))
+        await close(websocket, CLOSE_INVALID, f"start: {exc}")
 
 
 def _whole(frame: dict[str, Any], name: str, default: int) -> int:

@@ -12,7 +12,7 @@ only what the live workers say they can run (``tasks.capability``), not what is 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -51,6 +51,16 @@ class OpenAIRoute(APIRoute):
                 return JSONResponse({"error": error, "detail": exc.detail}, exc.status_code, headers=exc.headers)
 
         return answer
+
+
+def in_openai_words(message: str, family: str, route: str, field_names: Mapping[str, str]) -> str:
+    """A family's request message in an OpenAI route's words (``tts request: text: ...`` becomes
+    ``speech request: input: ...``); any other message as it is."""
+    head, _, rest = message.partition(": ")
+    if head != f"{family} request":
+        return message
+    field, sep, tail = rest.partition(":")
+    return f"{route} request: {field_names.get(field, field)}{sep}{tail}"
 
 
 def openai_router(prefix: str) -> APIRouter:

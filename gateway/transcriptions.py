@@ -10,21 +10,20 @@ WebVTT files, in OpenAI's shapes. The upload is removed once the job has ended (
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
 
 from mediafarm.gateway.events import describe_failure
 from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
-from mediafarm.gateway.jobs import job_url, overloaded, webhook_options
+from mediafarm.gateway.common.submit import job_url, submitted, webhook_options
 from mediafarm.gateway.multipart import BadMultipart, FilePart, read_multipart
-from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, openai_router, resolve
+from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.upload_store import TooManyUploads, Upload, UploadStore, UploadTooLarge, UploadWriter
@@ -32,7 +31,6 @@ from mediafarm.gateway.uploads import MULTIPART_OVERHEAD, _Sink
 from mediafarm.tasks import families
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import describe_validation_error
 from mediafarm.tasks.handles import JobHandle
 from mediafarm.tasks.plan import READY
@@ -42,6 +40,8 @@ router = openai_router("/v1/audio")
 TranscriptFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 # OpenAI's field names for the subtitle request's, in the family's messages.
 FIELD_NAMES = {"media": "file", "ladder": "model"}
+_in_openai_words = functools.partial(in_openai_words, family=TRANSCRIPTION, route="transcription",
+                                     field_names=FIELD_NAMES)  # fmt: skip
 
 
 class TranscriptionForm(BaseModel):
@@ -116,14 +116,6 @@ async def _receive(request: Request, store: UploadStore, owner: str) -> tuple[Up
         raise
 
 
-def _in_openai_words(message: str) -> str:
-    head, _, rest = message.partition(": ")
-    field, sep, tail = rest.partition(":")
-    if head != "subtitle request":
-        return message
-    return f"transcription request: {FIELD_NAMES.get(field, field)}{sep}{tail}"
-
-
 @router.post(
     "/transcriptions", summary="Text of speech in an audio or video file (OpenAI's audio.transcriptions)",
     responses={404: {"description": "unknown model"}, 413: {"description": "larger than FARM_UPLOAD_MAX_MB"},
@@ -142,7 +134,8 @@ async def transcriptions(
             model = resolve(TRANSCRIPTION, form.model)
         except UnknownModel as exc:
             raise HTTPException(404, str(exc)) from None
-        job = await anyio.to_thread.run_sync(_send, form, model.ladder, upload, who.owner, store, config, hook)
+        job = await submitted(lambda: _send(form, model.ladder, upload, who.owner, store, config, hook),
+                              words=_in_openai_words)  # fmt: skip
         envelope = await _wait(request, job, config.poll_interval)
         answer = await anyio.to_thread.run_sync(_answer, form, envelope, job, config)
     finally:
@@ -162,17 +155,10 @@ def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: st
         body["language"] = form.language
     if ladder is not None:
         body["ladder"] = ladder
-    try:
-        intake = prepare(spec, body, owner, store, config.input_roots)
-        job = submit(spec.name, tenant=owner, **hook, **intake.fields)
-        store.attach(upload, job.id)
-        return job
-    except Overloaded as exc:
-        raise overloaded(exc) from None
-    except InvalidRequest as exc:
-        raise HTTPException(422, _in_openai_words(str(exc))) from None
-    except (RedisError, OperationalError) as exc:
-        raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
+    intake = prepare(spec, body, owner, store, config.input_roots)
+    job = submit(spec.name, tenant=owner, **hook, **intake.fields)
+    store.attach(upload, job.id)
+    return job
 
 
 async def _wait(request: Request, job: JobHandle, poll: float) -> dict[str, Any]:
