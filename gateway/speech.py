@@ -25,8 +25,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
-from mediafarm.gateway.job_watch import JobWatch
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
+from mediafarm.gateway.job_watch import JobWatch
 from mediafarm.gateway.openai_models import SPEECH, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig

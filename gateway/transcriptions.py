@@ -19,15 +19,14 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mediafarm.gateway.common.submit import job_url, submitted, webhook_options
+from mediafarm.gateway.common.upload_receiver import receive_form, refuse_declared_size, upload_refusals
 from mediafarm.gateway.events import describe_failure
 from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
-from mediafarm.gateway.common.submit import job_url, submitted, webhook_options
-from mediafarm.gateway.multipart import BadMultipart, FilePart, read_multipart
 from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.upload_store import TooManyUploads, Upload, UploadStore, UploadTooLarge, UploadWriter
-from mediafarm.gateway.uploads import MULTIPART_OVERHEAD, _Sink
+from mediafarm.gateway.upload_store import Upload, UploadStore
 from mediafarm.tasks import families
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.client import submit
@@ -79,41 +78,9 @@ async def _receive(request: Request, store: UploadStore, owner: str) -> tuple[Up
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise HTTPException(422, "transcription request: the body must be multipart/form-data with the audio in 'file'")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > store.max_bytes + MULTIPART_OVERHEAD:
-        raise HTTPException(413, f"the file is larger than this gateway takes: {store.max_bytes:,} bytes "
-                                 "(FARM_UPLOAD_MAX_MB)")  # fmt: skip
-    fields: dict[str, list[str]] = {}
-    writer: UploadWriter | None = None
-    sink: _Sink | None = None
-    try:
-        async for kind, value in read_multipart(content_type, request.stream()):
-            if kind == "field":
-                name, text = value  # type: ignore[misc]
-                fields.setdefault(name, []).append(text)
-            elif kind == "file":
-                part: FilePart = value  # type: ignore[assignment]
-                if writer is not None or part.name != "file":
-                    raise BadMultipart(f"one file, in the form field 'file', is taken; got one in {part.name!r}")
-                writer = await anyio.to_thread.run_sync(store.begin, owner, part.filename, part.content_type)
-                sink = _Sink(writer)
-            elif kind == "data" and sink is not None:
-                await sink.add(value)  # type: ignore[arg-type]
-            elif kind == "end" and sink is not None:
-                await sink.flush()
-        if writer is None:
-            raise BadMultipart("the form holds no file: send the audio in the field 'file'")
-        return await anyio.to_thread.run_sync(writer.finish), fields
-    except BaseException as exc:
-        if writer is not None:  # cut short or refused: nothing is kept
-            await anyio.to_thread.run_sync(writer.abort)
-        if isinstance(exc, UploadTooLarge):
-            raise HTTPException(413, str(exc)) from None
-        if isinstance(exc, TooManyUploads):
-            raise HTTPException(429, str(exc)) from None
-        if isinstance(exc, ValueError):  # BadMultipart, an empty file
-            raise HTTPException(422, f"transcription request: {exc}") from None
-        raise
+    refuse_declared_size(request, store, multipart=True)
+    with upload_refusals("transcription request: "):
+        return await receive_form(store, owner, content_type, request.stream())
 
 
 @router.post(
