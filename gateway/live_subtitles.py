@@ -30,11 +30,19 @@ from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
 from mediafarm.gateway.common.submit_errors import SUBMIT_ERRORS, refusal
+from mediafarm.gateway.common.ws_close import (
+    CLOSE_INVALID,
+    CLOSE_NORMAL,
+    CLOSE_SERVER_ERROR,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
+    close,
+    error,
+)
 from mediafarm.gateway.events import read_snapshot
 from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.room_frames import CLOSE_NORMAL, CLOSE_SERVER_ERROR, error
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.socket_admission import admit, close
+from mediafarm.gateway.socket_admission import admit
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
@@ -46,9 +54,6 @@ from mediafarm.tasks.plan import READY
 
 router = APIRouter()
 FAMILY = "subtitle-live"
-CLOSE_INVALID = 4400  # a start frame that does not fit
-CLOSE_TOO_BIG = 1009  # an audio frame over MAX_AUDIO_FRAME (RFC 6455 "Message Too Big")
-CLOSE_TRY_AGAIN = 1013  # the farm is overloaded, or the client ignored a hold (RFC 6455 "Try Again Later")
 # What a start frame may hold besides its type and the PCM format: the request's own fields, but the
 # stream (the socket's audio). Nothing of submit's own (queue, job_id, priority, tenant) gets through.
 START_FIELDS = frozenset(LiveSubtitleRequest.model_fields) - {"stream"}

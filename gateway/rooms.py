@@ -31,26 +31,14 @@ from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
 from mediafarm.gateway.common.submit_errors import BROKER_AWAY, SUBMIT_ERRORS, refusal
+from mediafarm.gateway.common.ws_close import CLOSE_INVALID, CLOSE_NORMAL, CLOSE_SERVER_ERROR, close, error
 from mediafarm.gateway.events import Snapshot, read_snapshot
 from mediafarm.gateway.job_watch import JobWatch
 from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
-from mediafarm.gateway.room_frames import (
-    CLOSE_BAD_ROOM,
-    CLOSE_NORMAL,
-    CLOSE_SERVER_ERROR,
-    PROTOCOL,
-    ROOM_NAME,
-    End,
-    FrameError,
-    Line,
-    audio_frames,
-    error,
-    parse_frame,
-    room_job_id,
-)
+from mediafarm.gateway.room_frames import ROOM_NAME, End, FrameError, Line, audio_frames, parse_frame, room_job_id
 from mediafarm.gateway.room_lease import Lease
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.socket_admission import admit, close
+from mediafarm.gateway.socket_admission import PROTOCOL, admit
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
@@ -106,7 +94,7 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
     if owner is None:
         return
     if not _ROOM.match(room):
-        await close(websocket, CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
+        await close(websocket, CLOSE_INVALID, "a room name is 1-100 letters, digits, '.', '_' or '-'")
         return
     state = _Room(websocket, config, owner, room)
     lease = Lease(owner, room, state.connection)
