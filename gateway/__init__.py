@@ -10,6 +10,7 @@ line order. docs/gateway.md is the manual.
 
 The gateway submits and follows jobs with the producer API (``tasks.client``, ``tasks.handles``)
 and never imports the worker side. Nothing here is imported by ``import mediafarm``: the FastAPI
-app needs the ``gateway`` extra; :mod:`mediafarm.gateway.upload_store` (what ``farm gc`` reads)
-needs nothing beyond the core.
+app needs the ``gateway`` extra. The uploads' layout on disk, which ``farm gc`` reads too, is
+:mod:`mediafarm.tasks.upload_store`, beside the artifact store, so the worker side never imports
+the gateway.
 """

@@ -18,10 +18,10 @@ from mediafarm.gateway import jobs, live_subtitles, openai_models, rooms, speech
 from mediafarm.gateway import metrics as gateway_metrics
 from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.upload_store import UploadStore
 from mediafarm.tasks import families
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.upload_store import UploadStore
 
 DESCRIPTION = (
     "Submit the farm's jobs, follow them as they run (Server-Sent Events), fetch what they made. "

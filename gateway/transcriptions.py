@@ -26,13 +26,13 @@ from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
 from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.upload_store import Upload, UploadStore
 from mediafarm.tasks import families
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.client import submit
 from mediafarm.tasks.family import describe_validation_error
 from mediafarm.tasks.handles import JobHandle
 from mediafarm.tasks.plan import READY
+from mediafarm.tasks.upload_store import Upload, UploadStore
 
 router = openai_router("/v1/audio")
 
