@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import anyio
 from fastapi import HTTPException, Request
 
-from mediafarm.gateway.multipart import BadMultipart, FilePart, read_multipart
+from mediafarm.gateway.common.multipart import BadMultipart, FilePart, read_multipart
 from mediafarm.tasks.upload_store import TooManyUploads, Upload, UploadStore, UploadTooLarge, UploadWriter
 
 # Bytes gathered before one write to disk (in a worker thread): few thread hops, bounded memory.

@@ -39,10 +39,10 @@ from mediafarm.gateway.common.ws_close import (
     close,
     error,
 )
-from mediafarm.gateway.events import read_snapshot
-from mediafarm.gateway.job_watch import JobWatch
+from mediafarm.gateway.common.events import read_snapshot
+from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.socket_admission import admit
+from mediafarm.gateway.ws.socket_admission import admit
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit

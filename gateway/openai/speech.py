@@ -25,12 +25,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
-from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.openai_models import SPEECH, UnknownModel, in_openai_words, openai_router, resolve
+from mediafarm.gateway.openai.models import SPEECH, UnknownModel, in_openai_words, openai_router, resolve
+from mediafarm.gateway.openai.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.client import submit
 from mediafarm.tasks.errors import InvalidRequest, PermanentFailure

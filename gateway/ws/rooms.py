@@ -30,15 +30,15 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
+from mediafarm.gateway.common.events import Snapshot, read_snapshot
+from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.common.submit_errors import BROKER_AWAY, SUBMIT_ERRORS, refusal
 from mediafarm.gateway.common.ws_close import CLOSE_INVALID, CLOSE_NORMAL, CLOSE_SERVER_ERROR, close, error
-from mediafarm.gateway.events import Snapshot, read_snapshot
-from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
-from mediafarm.gateway.room_frames import ROOM_NAME, End, FrameError, Line, audio_frames, parse_frame, room_job_id
-from mediafarm.gateway.room_lease import Lease
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.socket_admission import PROTOCOL, admit
+from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restart
+from mediafarm.gateway.ws.room_frames import ROOM_NAME, End, FrameError, Line, audio_frames, parse_frame, room_job_id
+from mediafarm.gateway.ws.room_lease import Lease
+from mediafarm.gateway.ws.socket_admission import PROTOCOL, admit
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName

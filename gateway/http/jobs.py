@@ -21,9 +21,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from mediafarm.gateway.common.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
+from mediafarm.gateway.common.intake import prepare
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
-from mediafarm.gateway.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
-from mediafarm.gateway.intake import prepare
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks import keys

@@ -19,11 +19,11 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mediafarm.gateway.common.events import describe_failure
+from mediafarm.gateway.common.intake import UPLOAD_PREFIX, prepare
 from mediafarm.gateway.common.submit import job_url, submitted, webhook_options
 from mediafarm.gateway.common.upload_receiver import receive_form, refuse_declared_size, upload_refusals
-from mediafarm.gateway.events import describe_failure
-from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
-from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
+from mediafarm.gateway.openai.models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks import families
