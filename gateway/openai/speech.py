@@ -113,8 +113,11 @@ async def speech(
     if model.ladder is not None:
         fields["ladder"] = model.ladder
     job_id = idempotency_key or str(uuid.uuid4())
-    job = await submitted(lambda: submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **fields),
-                          idempotency_key, _in_openai_words)  # fmt: skip
+
+    def send() -> JobHandle:
+        return submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **fields)
+
+    job = await submitted(send, idempotency_key, _in_openai_words)
     config: GatewayConfig = request.app.state.config
     return await _stream(request, job, asked.response_format, config, cancel_on_hang_up=idempotency_key is None)
 

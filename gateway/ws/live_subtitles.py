@@ -29,6 +29,8 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
+from mediafarm.gateway.common.events import read_snapshot
+from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.common.submit_errors import SUBMIT_ERRORS, refusal
 from mediafarm.gateway.common.ws_close import (
     CLOSE_INVALID,
@@ -39,8 +41,6 @@ from mediafarm.gateway.common.ws_close import (
     close,
     error,
 )
-from mediafarm.gateway.common.events import read_snapshot
-from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws.socket_admission import admit
 from mediafarm.tasks.app import app as celery_app
