@@ -64,7 +64,7 @@ def webhook_options(
 
 
 async def submitted(send: Callable[[], JobHandle], idempotency_key: str | None = None,
-                    words: Callable[[str], str] = str) -> JobHandle:  # fmt: skip
+                    words: Callable[[BaseException], str] = str) -> JobHandle:  # fmt: skip
     """The job ``send`` submits, called in a worker thread (it blocks on Redis); a refusal is
     raised as its HTTPException (``words``: the route's wording of an invalid request)."""
     try:

@@ -43,9 +43,9 @@ def retry_after(exc: Overloaded) -> str:
 
 
 def http_refusal(exc: BaseException, idempotency_key: str | None = None,
-                 words: Callable[[str], str] = str) -> HTTPException:  # fmt: skip
+                 words: Callable[[BaseException], str] = str) -> HTTPException:  # fmt: skip
     """The HTTP answer to a refused submit. ``words``: the route's own wording of an invalid
-    request's message (OpenAI's field names on OpenAI's routes)."""
+    request (OpenAI's field names on OpenAI's routes)."""
     kind = refusal(exc, named_id=idempotency_key is not None)
     status = HTTP_STATUS[kind]
     if isinstance(exc, Overloaded):
@@ -54,4 +54,4 @@ def http_refusal(exc: BaseException, idempotency_key: str | None = None,
         return HTTPException(status, f"{BROKER_AWAY}: {exc}")
     if kind == "conflict":
         return HTTPException(status, f"Idempotency-Key {idempotency_key!r}: {exc}")
-    return HTTPException(status, words(str(exc)))
+    return HTTPException(status, words(exc))

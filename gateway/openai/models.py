@@ -25,6 +25,7 @@ from mediafarm.gateway.security import caller
 from mediafarm.tasks import capability, families
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.capability import WorkerCapability
+from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.family import FamilySpec
 
 SPEECH, TRANSCRIPTION = "tts", "subtitle"
@@ -53,14 +54,12 @@ class OpenAIRoute(APIRoute):
         return answer
 
 
-def in_openai_words(message: str, family: str, route: str, field_names: Mapping[str, str]) -> str:
-    """A family's request message in an OpenAI route's words (``tts request: text: ...`` becomes
-    ``speech request: input: ...``); any other message as it is."""
-    head, _, rest = message.partition(": ")
-    if head != f"{family} request":
-        return message
-    field, sep, tail = rest.partition(":")
-    return f"{route} request: {field_names.get(field, field)}{sep}{tail}"
+def in_openai_words(exc: BaseException, family: str, route: str, field_names: Mapping[str, str]) -> str:
+    """An invalid request of ``family`` in an OpenAI route's words (``tts request: text: ...``
+    becomes ``speech request: input: ...``), from the fields it names; any other error as it is."""
+    if not isinstance(exc, InvalidRequest) or exc.request != family or not exc.problems:
+        return str(exc)
+    return f"{route} request: " + "; ".join(f"{field_names.get(f, f)}: {p}" for f, p in exc.problems)
 
 
 def openai_router(prefix: str) -> APIRouter:
