@@ -14,14 +14,17 @@ from pydantic.json_schema import models_json_schema
 
 from mediafarm import __version__
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway import jobs, live_subtitles, openai_models, rooms, speech, transcriptions, uploads
 from mediafarm.gateway import metrics as gateway_metrics
+from mediafarm.gateway.http import jobs, uploads
+from mediafarm.gateway.openai import models as openai_models
+from mediafarm.gateway.openai import speech, transcriptions
 from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.upload_store import UploadStore
+from mediafarm.gateway.ws import live_subtitles, rooms
 from mediafarm.tasks import families
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.upload_store import UploadStore
 
 DESCRIPTION = (
     "Submit the farm's jobs, follow them as they run (Server-Sent Events), fetch what they made. "

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -78,7 +78,23 @@ class PermanentFailure(FarmError):
 
 
 class InvalidRequest(PermanentFailure, ValueError):
-    """The job's fields do not fit the family's request schema (unknown, missing or mistyped)."""
+    """The job's fields do not fit the family's request schema (unknown, missing or mistyped).
+
+    Attributes: ``request`` (the family whose request names the fields, "" when no field is at
+    fault) and ``problems`` (``(field, problem)`` pairs, what the message says), so a route can
+    name the fields in its own words without reading the message back. Both are lost when the
+    error crosses Celery; the message is not.
+    """
+
+    def __init__(self, message: str, request: str = "", problems: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.request, self.problems = request, problems
+
+    @classmethod
+    def of_fields(cls, request: str, problems: Sequence[tuple[str, str]]) -> InvalidRequest:
+        """``<request> request: <field>: <problem>; ...`` for each of ``problems``."""
+        words = "; ".join(f"{field}: {problem}" for field, problem in problems)
+        return cls(f"{request} request: {words}", request, tuple(problems))
 
 
 class MediaNotFound(PermanentFailure):

@@ -89,13 +89,15 @@ class NoParams(Params):
     """The parameters of an engine that takes none."""
 
 
+def validation_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """``(field, problem)`` for each of the error's problems, in the words pydantic uses."""
+    return [(".".join(str(p) for p in error["loc"]) or "(request)", error["msg"])
+            for error in exc.errors(include_url=False)]  # fmt: skip
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     """``field: problem; field: problem`` in the words pydantic uses, without its URLs."""
-    parts = []
-    for error in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in error["loc"]) or "(request)"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
+    return "; ".join(f"{field}: {problem}" for field, problem in validation_problems(exc))
 
 
 @dataclass(frozen=True)
@@ -348,7 +350,7 @@ class FamilySpec:
         try:
             return self.request.model_validate(dict(fields), context=context)
         except ValidationError as exc:
-            raise InvalidRequest(f"{self.name} request: {describe_validation_error(exc)}") from None
+            raise InvalidRequest.of_fields(self.name, validation_problems(exc)) from None
 
     def parse_result(self, output: Mapping[str, Any]) -> BaseModel:
         """A stored output (the envelope's ``output``) as the result model."""

@@ -53,7 +53,7 @@ def cancel(job_id: str) -> str:
 
 
 def room_lease(owner: str, room: str) -> str:
-    """The connection that holds a gateway's dialogue room (``gateway.rooms``): a random id, set as
+    """The connection that holds a gateway's dialogue room (``gateway.ws.rooms``): a random id, set as
     it connects. A connection that drops cancels its unfinished lines after a grace period only if
     no newer connection to the room has taken this key. Kept a day after the last connection."""
     return f"{PREFIX}:room-lease:{owner}:{room}"

@@ -146,14 +146,14 @@ def test_tasks_never_import_workers() -> None:
 
 def test_the_gateway_is_a_producer_it_never_imports_workers_and_nothing_but_the_cli_imports_it() -> None:
     edges = graph(modules())
-    assert "mediafarm.tasks.client" in edges["mediafarm.gateway.jobs"]  # the walk sees the gateway
+    assert "mediafarm.tasks.client" in edges["mediafarm.gateway.http.jobs"]  # the walk sees the gateway
     gateway, workers = "mediafarm.gateway", "mediafarm.workers"
     wrong = sorted(
         f"{module} -> {target}"
         for module, targets in edges.items()
         for target in targets
         if (module.startswith(gateway) and target.startswith(workers))
-        or (target.startswith(gateway) and not module.startswith((gateway, workers)))
+        or (target.startswith(gateway) and not module.startswith(gateway) and module != "mediafarm.workers.cli")
     )
     assert wrong == [], "the gateway submits with the producer API; only the CLI starts it: " + ", ".join(wrong)
     # JSON only on the wire, as in the Celery configuration: no pickle, marshal or shelve.
@@ -165,3 +165,23 @@ def test_the_gateway_is_a_producer_it_never_imports_workers_and_nothing_but_the_
         if name.split(".")[0] in ("pickle", "marshal", "shelve", "dill", "cloudpickle")
     )
     assert unsafe == []
+
+
+def test_the_gateway_s_route_parts_share_only_its_common_part_and_only_the_app_wires_them() -> None:
+    edges = graph(modules())
+    parts = ("mediafarm.gateway.http", "mediafarm.gateway.openai", "mediafarm.gateway.ws")
+
+    def part_of(module: str) -> str | None:
+        return next((p for p in parts if module == p or module.startswith(p + ".")), None)
+
+    assert "mediafarm.gateway.common.submit" in edges["mediafarm.gateway.openai.speech"]  # the walk sees the parts
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges.items()
+        if module.startswith("mediafarm.gateway") and module != "mediafarm.gateway.app"
+        for target in targets
+        if part_of(target) is not None and part_of(target) != part_of(module)
+    )
+    assert wrong == [], "a route part (or common) imports another part; share it through gateway.common: " + ", ".join(
+        wrong
+    )

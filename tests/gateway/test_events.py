@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mediafarm.gateway.events import Cursor, Follower, Snapshot, advance
+from mediafarm.gateway.common.events import Cursor, Follower, Snapshot, advance
 from tests.support.sse import SseEvent, SseStream, read_events
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from mediafarm.gateway.job_watch import JobWatch
+from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 

@@ -1,9 +1,9 @@
-"""``/v1/models`` as a function of the live capability records (``gateway.openai_models.listing``):
+"""``/v1/models`` as a function of the live capability records (``gateway.openai.models.listing``):
 what no live worker can run is not listed, and with no live worker at all the list says so."""
 
 from __future__ import annotations
 
-from mediafarm.gateway.openai_models import listing
+from mediafarm.gateway.openai.models import listing
 from mediafarm.tasks.capability import WorkerCapability
 
 GPU = "rung needs a GPU and this pool has none"

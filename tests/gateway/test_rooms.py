@@ -27,10 +27,10 @@ import soundfile as sf
 
 from mediafarm import register_speaker, remove_speaker
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway.events import Snapshot
-from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
-from mediafarm.gateway.room_frames import FrameError, parse_frame, room_job_id
+from mediafarm.gateway.common.events import Snapshot
 from mediafarm.gateway.security import owner_of
+from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restart
+from mediafarm.gateway.ws.room_frames import FrameError, parse_frame, room_job_id
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from mediafarm.tasks.handles import JobHandle

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway.speech_stream import SpeechFollower, StorageMissing, StreamBroken, StreamEncoder, wav_header
+from mediafarm.gateway.openai.speech_stream import SpeechFollower, StorageMissing, StreamBroken, StreamEncoder, wav_header
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
 from mediafarm.tasks.artifacts import ArtifactStore

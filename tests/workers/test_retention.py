@@ -164,7 +164,7 @@ def test_farm_gc_removes_uploads_whose_jobs_results_expired(storage: Path, backe
     import subprocess
     import sys
 
-    from mediafarm.gateway.upload_store import UploadStore
+    from mediafarm.tasks.upload_store import UploadStore
     from tests.conftest import REPO
 
     store = UploadStore(storage / ".uploads", max_bytes=1000, max_count=10)  # the default FARM_UPLOADS_DIR

@@ -220,7 +220,7 @@ def _usable(attempt: dict[str, Any]) -> bool:
 
 
 def _failure(job: JobHandle) -> dict[str, Any] | None:
-    from mediafarm.gateway.events import describe_failure
+    from mediafarm.gateway.common.events import describe_failure
 
     return describe_failure(job.failure())
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from fastapi import WebSocket
 
-from mediafarm.gateway.room_frames import CLOSE_POLICY, PROTOCOL, TOKEN_PROTOCOL_PREFIX
+from mediafarm.gateway.common.ws_close import CLOSE_POLICY, close
 from mediafarm.gateway.security import LOCAL, known_token, owner_of
 from mediafarm.gateway.settings import GatewayConfig
+
+# The subprotocol the gateway's sockets speak (``Sec-WebSocket-Protocol``), and the prefix of the
+# one that carries a browser's token (browsers cannot set an Authorization header on a WebSocket).
+PROTOCOL = "farm.v1"
+TOKEN_PROTOCOL_PREFIX = "bearer."
 
 
 def credentials(websocket: WebSocket) -> str | None:
@@ -23,11 +28,6 @@ def credentials(websocket: WebSocket) -> str | None:
         if offered.startswith(TOKEN_PROTOCOL_PREFIX) and len(offered) > len(TOKEN_PROTOCOL_PREFIX):
             return offered[len(TOKEN_PROTOCOL_PREFIX) :]
     return None
-
-
-async def close(websocket: WebSocket, code: int, reason: str) -> None:
-    # A close frame's reason holds at most 123 bytes of UTF-8 (RFC 6455 5.5); longer ones fail.
-    await websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
 
 
 async def admit(websocket: WebSocket, config: GatewayConfig, what: str) -> str | None:

@@ -30,31 +30,20 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
-from mediafarm.gateway.events import Snapshot, read_snapshot
-from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.room_feed import Chunk, Done, Failed, LineFeed, Restart
-from mediafarm.gateway.room_frames import (
-    CLOSE_BAD_ROOM,
-    CLOSE_NORMAL,
-    CLOSE_SERVER_ERROR,
-    PROTOCOL,
-    ROOM_NAME,
-    End,
-    FrameError,
-    Line,
-    audio_frames,
-    error,
-    parse_frame,
-    room_job_id,
-)
-from mediafarm.gateway.room_lease import Lease
+from mediafarm.gateway.common.events import Snapshot, read_snapshot
+from mediafarm.gateway.common.job_watch import JobWatch
+from mediafarm.gateway.common.submit_errors import BROKER_AWAY, SUBMIT_ERRORS, refusal
+from mediafarm.gateway.common.ws_close import CLOSE_INVALID, CLOSE_NORMAL, CLOSE_SERVER_ERROR, close, error
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.socket_admission import admit, close
+from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restart
+from mediafarm.gateway.ws.room_frames import ROOM_NAME, End, FrameError, Line, audio_frames, parse_frame, room_job_id
+from mediafarm.gateway.ws.room_lease import Lease
+from mediafarm.gateway.ws.socket_admission import PROTOCOL, admit
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded, PermanentFailure
+from mediafarm.tasks.errors import Overloaded, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
 from mediafarm.tasks.handles import JobHandle
 
@@ -65,6 +54,10 @@ _ROOM = re.compile(ROOM_NAME)
 MAX_FRAME_CHARS = 500_000
 # How long the sender waits out an unreachable Redis before it tries again.
 REDIS_RETRY_S = 1.0
+
+
+class _UnknownSpeaker(Exception):
+    """The line's speaker is not registered (not one of submit's refusals: the line names it)."""
 
 
 @dataclass
@@ -101,7 +94,7 @@ async def room_socket(websocket: WebSocket, room: str) -> None:
     if owner is None:
         return
     if not _ROOM.match(room):
-        await close(websocket, CLOSE_BAD_ROOM, "a room name is 1-100 letters, digits, '.', '_' or '-'")
+        await close(websocket, CLOSE_INVALID, "a room name is 1-100 letters, digits, '.', '_' or '-'")
         return
     state = _Room(websocket, config, owner, room)
     lease = Lease(owner, room, state.connection)
@@ -188,33 +181,39 @@ async def _accept(room: _Room, line: Line) -> None:
     job_id = room_job_id(room.owner, room.name, line.seq)
 
     def send() -> JobHandle:
-        get_speaker(line.speaker, celery_app.backend.client)  # PermanentFailure: no such speaker
+        try:
+            get_speaker(line.speaker, celery_app.backend.client)
+        except PermanentFailure as exc:  # no such speaker
+            raise _UnknownSpeaker(str(exc)) from None
         return submit("tts", queue=room.config.room_queue, job_id=job_id, tenant=room.owner, **line.fields)
 
     try:
         job = await anyio.to_thread.run_sync(send)
-    except PermanentFailure as exc:
+    except _UnknownSpeaker as exc:
         await room.send_json(error(f"speaker: {exc}", code="invalid", seq=line.seq, field="speaker"))
         return
-    except Overloaded as exc:  # admission control: nothing was sent, the seq stays free
-        await room.send_json(error(f"{exc}; send seq {line.seq} again in {exc.retry_after:g} s", code="overloaded",
-                                   seq=line.seq, retry_after=exc.retry_after, reason=exc.reason))  # fmt: skip
-        return
-    except InvalidRequest as exc:
-        await room.send_json(error(str(exc), code="invalid", seq=line.seq))
-        return
-    except ValueError as exc:  # the id was used before with another line
-        await room.send_json(error(f"seq {line.seq} was sent to this room before with another line: {exc}",
-                                   code="conflict", seq=line.seq, field="seq"))  # fmt: skip
-        return
-    except (RedisError, OperationalError) as exc:
-        await room.send_json(error(f"the farm's broker cannot be reached: {exc}", code="unavailable", seq=line.seq))
+    except SUBMIT_ERRORS as exc:
+        await room.send_json(_refused(exc, line.seq))
         return
     room.pending.append(_Accepted(line, job))
     room.next_seq = line.seq + 1
     room.wake.set()
     await room.send_json({"type": "accepted", "seq": line.seq, "job": job.id, "in_flight": len(room.pending),
                           "max_lines": limit})  # fmt: skip
+
+
+def _refused(exc: BaseException, seq: int) -> dict[str, Any]:
+    """The error frame of a line the farm refused (``submit_errors``)."""
+    code = refusal(exc, named_id=True)  # a line's job id is the room's and the seq's
+    if isinstance(exc, Overloaded):  # admission control: nothing was sent, the seq stays free
+        return error(f"{exc}; send seq {seq} again in {exc.retry_after:g} s", code=code, seq=seq,
+                     retry_after=exc.retry_after, reason=exc.reason)  # fmt: skip
+    if code == "conflict":  # the id was used before with another line
+        return error(f"seq {seq} was sent to this room before with another line: {exc}", code=code, seq=seq,
+                     field="seq")  # fmt: skip
+    if code == "unavailable":
+        return error(f"{BROKER_AWAY}: {exc}", code=code, seq=seq)
+    return error(str(exc), code=code, seq=seq)
 
 
 async def _sender(room: _Room, leave: Callable[[], Any]) -> None:

@@ -13,6 +13,7 @@ job's audio again from its start, without speaking it twice.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -21,20 +22,18 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import Depends, Header, HTTPException, Request
 from fastapi.responses import StreamingResponse
-from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
-from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.jobs import IDEMPOTENCY_KEY, job_url, json_body, overloaded, webhook_options
-from mediafarm.gateway.openai_models import SPEECH, UnknownModel, openai_router, resolve
+from mediafarm.gateway.common.job_watch import JobWatch
+from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
+from mediafarm.gateway.openai.models import SPEECH, UnknownModel, in_openai_words, openai_router, resolve
+from mediafarm.gateway.openai.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded, PermanentFailure
+from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
 from mediafarm.tasks.family import describe_validation_error
 from mediafarm.tasks.handles import JobHandle
@@ -48,6 +47,7 @@ MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus", "wav": "au
 JOB_FORMAT = {"mp3": "mp3", "opus": "opus", "wav": "wav", "pcm": "wav"}
 # OpenAI's field names for the TTS request's, in the family's messages.
 FIELD_NAMES = {"text": "input", "speaker": "voice", "format": "response_format", "ladder": "model"}
+_in_openai_words = functools.partial(in_openai_words, family=SPEECH, route="speech", field_names=FIELD_NAMES)
 
 
 class SpeechRequest(BaseModel):
@@ -76,13 +76,6 @@ def _parse(body: Any) -> SpeechRequest:
         raise HTTPException(422, f"speech request: {describe_validation_error(exc)}") from None
 
 
-def _in_openai_words(message: str) -> str:
-    """A tts request's message with OpenAI's field names (``tts request: text: ...`` → ``input``)."""
-    head, _, rest = message.partition(": ")
-    field, sep, tail = rest.partition(":")
-    return f"speech request: {FIELD_NAMES.get(field, field)}{sep}{tail}" if head == "tts request" else message
-
-
 @router.post(
     "/speech", summary="Speech from text, streamed as it is made (OpenAI's audio.speech)",
     response_class=StreamingResponse,
@@ -102,9 +95,7 @@ async def speech(
         int, Header(ge=MIN_PRIORITY, le=MAX_PRIORITY, description="The job's priority: higher runs first")
     ] = DEFAULT_PRIORITY,
 ) -> StreamingResponse:
-    if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
-        raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
-                                 "starting with a letter or digit")  # fmt: skip
+    check_idempotency_key(idempotency_key)
     asked = _parse(await json_body(request))
     try:
         model = resolve(SPEECH, asked.model)
@@ -122,18 +113,11 @@ async def speech(
     if model.ladder is not None:
         fields["ladder"] = model.ladder
     job_id = idempotency_key or str(uuid.uuid4())
-    try:
-        job = await anyio.to_thread.run_sync(
-            lambda: submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **fields)
-        )
-    except Overloaded as exc:
-        raise overloaded(exc) from None
-    except InvalidRequest as exc:
-        raise HTTPException(422, _in_openai_words(str(exc))) from None
-    except ValueError as exc:  # the key was used before for another family or other fields
-        raise HTTPException(409, f"Idempotency-Key {idempotency_key!r}: {exc}") from None
-    except (RedisError, OperationalError) as exc:
-        raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
+
+    def send() -> JobHandle:
+        return submit(SPEECH, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **fields)
+
+    job = await submitted(send, idempotency_key, _in_openai_words)
     config: GatewayConfig = request.app.state.config
     return await _stream(request, job, asked.response_format, config, cancel_on_hang_up=idempotency_key is None)
 

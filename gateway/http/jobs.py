@@ -8,8 +8,6 @@ Every call into the farm (Redis, Celery) blocks, so each runs in a worker thread
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -20,32 +18,23 @@ from urllib.parse import quote
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
-from mediafarm.gateway.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
-from mediafarm.gateway.intake import prepare
+from mediafarm.gateway.common.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
+from mediafarm.gateway.common.intake import prepare
+from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
 from mediafarm.gateway.security import Caller, caller
-from mediafarm.gateway.settings import MAX_JSON_BYTES, GatewayConfig
+from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import MAX_JOB_ID, ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.handles import JobHandle, PipelineHandle
 from mediafarm.tasks.webhooks import Outbox
 
-# An Idempotency-Key becomes the job's id, so it must be one a URL path and a storage folder hold.
-IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
-
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(caller)])
-
-
-def job_url(job_id: str, tail: str = "") -> str:
-    return f"/v1/jobs/{quote(job_id, safe='')}{tail}"
 
 
 def find_job(job_id: str) -> JobHandle | None:
@@ -88,42 +77,6 @@ def _view(job: JobHandle, snapshot: Snapshot) -> dict[str, Any]:
     return view
 
 
-async def json_body(request: Request) -> Any:
-    """The body as JSON, read to at most MAX_JSON_BYTES (413 past it)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_JSON_BYTES:
-        raise HTTPException(413, f"a job's body may hold at most {MAX_JSON_BYTES:,} bytes; upload media instead")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_JSON_BYTES:
-            raise HTTPException(413, f"a job's body may hold at most {MAX_JSON_BYTES:,} bytes; upload media instead")
-    try:
-        return json.loads(body or b"null")
-    except ValueError as exc:
-        raise HTTPException(422, f"the body is not JSON: {exc}") from None
-
-
-def webhook_options(
-    x_webhook: Annotated[
-        str | None,
-        Header(description="A URL the farm posts the job's events to, signed (Standard Webhooks; docs/operating.md)"),
-    ] = None,
-    x_webhook_events: Annotated[
-        str | None,
-        Header(description="Which events, comma-separated: start, progress, attempt, completed (default: completed)"),
-    ] = None,
-) -> dict[str, Any]:
-    """A job's webhook, from its request's headers, as ``submit``'s keywords (it checks them:
-    a bad URL is an InvalidRequest, a 422)."""
-    return {"webhook": x_webhook, "webhook_events": x_webhook_events}
-
-
-def overloaded(exc: Overloaded) -> HTTPException:
-    """The answer to a job admission control refused: 429 with Retry-After in whole seconds."""
-    return HTTPException(429, str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
-
-
 def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
     async def submit_job(
         request: Request,
@@ -141,9 +94,7 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
                    description=f"The job's priority, {MIN_PRIORITY}-{MAX_PRIORITY}: higher runs first"),
         ] = DEFAULT_PRIORITY,
     ) -> JSONResponse:
-        if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
-            raise HTTPException(422, "Idempotency-Key: 1 to 200 letters, digits, '.', '_', ':' or '-', "
-                                     "starting with a letter or digit")  # fmt: skip
+        check_idempotency_key(idempotency_key)
         body = await json_body(request)
         config: GatewayConfig = request.app.state.config
         job_id = idempotency_key or str(uuid.uuid4())
@@ -154,19 +105,7 @@ def _submit_route(spec: FamilySpec) -> Callable[..., Any]:
                 request.app.state.uploads.attach(upload, job_id)
             return submit(spec.name, job_id=job_id, priority=x_priority, tenant=who.owner, **hook, **intake.fields)
 
-        try:
-            job = await anyio.to_thread.run_sync(send)
-        except Overloaded as exc:
-            raise overloaded(exc) from None
-        except InvalidRequest as exc:
-            raise HTTPException(422, str(exc)) from None
-        except ValueError as exc:
-            if idempotency_key is None:
-                raise HTTPException(422, str(exc)) from None
-            # The key was used before for another family or other fields.
-            raise HTTPException(409, f"Idempotency-Key {idempotency_key!r}: {exc}") from None
-        except (RedisError, OperationalError) as exc:
-            raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
+        job = await submitted(send, idempotency_key)
         body = {"id": job.id, "family": spec.name, "pipeline": isinstance(job, PipelineHandle),
                 "links": {"self": job_url(job.id), "events": job_url(job.id, "/events")}}  # fmt: skip
         return JSONResponse(body, status_code=202, headers={"Location": job_url(job.id)})

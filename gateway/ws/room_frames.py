@@ -9,7 +9,12 @@ A client sends JSON text frames:
 - ``{"type": "end"}``: leave the room now (unfinished lines are cancelled), or
   ``{"type": "end", "finish": true}``: no more lines; send every accepted line, then close.
 
-A frame that does not fit is answered with an ``error`` frame naming the field; the room lives on.
+A frame that does not fit is answered with an ``error`` frame (``common.ws_close.error``) naming
+the field; the room lives on. Its codes: ``invalid`` (a frame that does not fit), ``out_of_order``
+(a seq other than the next one), ``busy`` (past the room's bound), ``conflict`` (a seq sent before
+with another line), ``failed`` (the line's job failed for good), ``overloaded`` (the farm's
+admission control refused the job: ``retry_after``), ``unavailable`` (the farm's broker cannot be
+reached).
 """
 
 from __future__ import annotations
@@ -24,10 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from mediafarm.tasks.families.tts.spec import TtsRequest
 
-# The subprotocol a room speaks (``Sec-WebSocket-Protocol``), and the prefix of the one that
-# carries a browser's token (browsers cannot set an Authorization header on a WebSocket).
-PROTOCOL = "farm.v1"
-TOKEN_PROTOCOL_PREFIX = "bearer."
 # A room name is a part of its lines' job ids (``room_job_id``): a storage folder and a URL hold it.
 ROOM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 # The largest line number: job ids stay short, and JSON numbers exact in every client language.
@@ -36,11 +37,6 @@ MAX_SEQ = 2**31 - 1
 # an engine's chunk can hold 25 s (over 1 MB), past the message size clients accept by default
 # (1 MiB in the Python websockets client), and a second is a jitter buffer's natural step.
 AUDIO_FRAME_SECONDS = 1.0
-# Close codes (RFC 6455 and the 4000-4999 range left to applications).
-CLOSE_NORMAL = 1000  # the room ended: the client's end, every line sent or cancelled
-CLOSE_POLICY = 1008  # no token, or one the gateway does not accept
-CLOSE_SERVER_ERROR = 1011  # the farm's Redis stayed unreachable
-CLOSE_BAD_ROOM = 4400  # the room's name cannot name its jobs
 
 
 class FrameError(ValueError):
@@ -129,16 +125,6 @@ def room_job_id(owner: str, room: str, seq: int) -> str:
     """The id of a room's line job: the same owner, room and seq are the same job, so a line sent
     again (a reconnect) is never spoken twice. The owner keeps two tokens' rooms apart."""
     return f"room:{owner}:{room}:{seq}"
-
-
-def error(message: str, *, code: str, seq: int | None = None, field: str | None = None,
-          **extra: Any) -> dict[str, Any]:  # fmt: skip
-    """An ``error`` frame. ``code``: ``invalid`` (a frame that does not fit), ``out_of_order`` (a
-    seq other than the next one), ``busy`` (past the room's bound), ``conflict`` (a seq sent
-    before with another line), ``failed`` (the line's job failed for good), ``overloaded`` (the
-    farm's admission control refused the job: ``retry_after``), ``unavailable`` (the farm's broker
-    cannot be reached)."""
-    return {"type": "error", "code": code, "seq": seq, "field": field, "message": message, **extra}
 
 
 @dataclass(frozen=True)

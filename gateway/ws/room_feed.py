@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.gateway.events import Snapshot
+from mediafarm.gateway.common.events import Snapshot
 from mediafarm.tasks.plan import READY
 
 

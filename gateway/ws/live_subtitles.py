@@ -29,15 +29,24 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
-from mediafarm.gateway.events import read_snapshot
-from mediafarm.gateway.job_watch import JobWatch
-from mediafarm.gateway.room_frames import CLOSE_NORMAL, CLOSE_SERVER_ERROR, error
+from mediafarm.gateway.common.events import read_snapshot
+from mediafarm.gateway.common.job_watch import JobWatch
+from mediafarm.gateway.common.submit_errors import SUBMIT_ERRORS, refusal
+from mediafarm.gateway.common.ws_close import (
+    CLOSE_INVALID,
+    CLOSE_NORMAL,
+    CLOSE_SERVER_ERROR,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
+    close,
+    error,
+)
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.socket_admission import admit, close
+from mediafarm.gateway.ws.socket_admission import admit
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
+from mediafarm.tasks.errors import Overloaded
 from mediafarm.tasks.families.subtitle_live.push import MAX_AHEAD_SECONDS, AudioPush, PushFormatError
 from mediafarm.tasks.families.subtitle_live.spec import LiveSubtitleRequest
 from mediafarm.tasks.handles import JobHandle
@@ -45,9 +54,6 @@ from mediafarm.tasks.plan import READY
 
 router = APIRouter()
 FAMILY = "subtitle-live"
-CLOSE_INVALID = 4400  # a start frame that does not fit
-CLOSE_TOO_BIG = 1009  # an audio frame over MAX_AUDIO_FRAME (RFC 6455 "Message Too Big")
-CLOSE_TRY_AGAIN = 1013  # the farm is overloaded, or the client ignored a hold (RFC 6455 "Try Again Later")
 # What a start frame may hold besides its type and the PCM format: the request's own fields, but the
 # stream (the socket's audio). Nothing of submit's own (queue, job_id, priority, tenant) gets through.
 START_FIELDS = frozenset(LiveSubtitleRequest.model_fields) - {"stream"}
@@ -166,19 +172,24 @@ async def _start(
 
     try:
         job = await anyio.to_thread.run_sync(send)
-    except (InvalidRequest, ValueError, TypeError) as exc:
-        # The reason may be longer than a close frame holds: it goes in an error frame first.
-        await websocket.send_json(error(f"start: {exc}", code="invalid"))
-        await close(websocket, CLOSE_INVALID, f"start: {exc}")
-        return None
-    except Overloaded as exc:
-        await websocket.send_json(error(str(exc), code="overloaded", retry_after=exc.retry_after))
-        await close(websocket, CLOSE_TRY_AGAIN, str(exc))
-        return None
-    except (RedisError, OperationalError) as exc:
-        await close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
+    except (*SUBMIT_ERRORS, TypeError) as exc:  # TypeError: a field submit does not take
+        await _refuse_start(websocket, exc)
         return None
     return push, job
+
+
+async def _refuse_start(websocket: WebSocket, exc: BaseException) -> None:
+    """Close the socket of a start the farm refused (``submit_errors``); the reason may be longer
+    than a close frame holds, so it goes in an error frame first."""
+    kind = "invalid" if isinstance(exc, TypeError) else refusal(exc, named_id=False)
+    if kind == "unavailable":
+        await close(websocket, CLOSE_SERVER_ERROR, f"the farm's Redis cannot be reached: {exc}")
+    elif isinstance(exc, Overloaded):
+        await websocket.send_json(error(str(exc), code=kind, retry_after=exc.retry_after))
+        await close(websocket, CLOSE_TRY_AGAIN, str(exc))
+    else:
+        await websocket.send_json(error(f"start: {exc}", code=kind))
+        await close(websocket, CLOSE_INVALID, f"start: {exc}")
 
 
 def _whole(frame: dict[str, Any], name: str, default: int) -> int:

@@ -12,7 +12,7 @@ only what the live workers say they can run (``tasks.capability``), not what is 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -25,6 +25,7 @@ from mediafarm.gateway.security import caller
 from mediafarm.tasks import capability, families
 from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.capability import WorkerCapability
+from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.family import FamilySpec
 
 SPEECH, TRANSCRIPTION = "tts", "subtitle"
@@ -51,6 +52,14 @@ class OpenAIRoute(APIRoute):
                 return JSONResponse({"error": error, "detail": exc.detail}, exc.status_code, headers=exc.headers)
 
         return answer
+
+
+def in_openai_words(exc: BaseException, family: str, route: str, field_names: Mapping[str, str]) -> str:
+    """An invalid request of ``family`` in an OpenAI route's words (``tts request: text: ...``
+    becomes ``speech request: input: ...``), from the fields it names; any other error as it is."""
+    if not isinstance(exc, InvalidRequest) or exc.request != family or not exc.problems:
+        return str(exc)
+    return f"{route} request: " + "; ".join(f"{field_names.get(f, f)}: {p}" for f, p in exc.problems)
 
 
 def openai_router(prefix: str) -> APIRouter:

@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mediafarm.gateway.upload_store import UnknownUpload, Upload, UploadStore
 from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.family import FamilySpec
 from mediafarm.tasks.media.paths import resolve_media
+from mediafarm.tasks.upload_store import UnknownUpload, Upload, UploadStore
 
 UPLOAD_PREFIX = "upload:"
 
@@ -85,8 +85,8 @@ def prepare(spec: FamilySpec, body: Any, owner: str, store: UploadStore, roots: 
                              f"got {_json_type(body)}")  # fmt: skip
     for field in sorted(structured_fields(spec.request) & body.keys()):
         if isinstance(body[field], str):
-            raise InvalidRequest(f"{name} request: {field}: over HTTP this field is given as its JSON value, "
-                                 "a list or an object (see the schema at /docs), not as a string")  # fmt: skip
+            raise InvalidRequest.of_fields(name, [(field, "over HTTP this field is given as its JSON value, a list "
+                                                   "or an object (see the schema at /docs), not as a string")])
     spec.parse_request(body)  # the request's own checks, in its own words
     fields = dict(body)
     uploads = []
@@ -99,14 +99,14 @@ def prepare(spec: FamilySpec, body: Any, owner: str, store: UploadStore, roots: 
             try:
                 upload = store.get(owner, value[len(UPLOAD_PREFIX) :])
             except UnknownUpload as exc:
-                raise InvalidRequest(f"{name} request: {field}: {exc}") from None
+                raise InvalidRequest.of_fields(name, [(field, str(exc))]) from None
             uploads.append(upload)
             fields[field] = value = str(upload.path)
         try:
             real = resolve_media(value, list(roots))
         except PermanentFailure as exc:
-            raise InvalidRequest(f"{name} request: {field}: {exc}") from None
+            raise InvalidRequest.of_fields(name, [(field, str(exc))]) from None
         if not named_upload and real.is_relative_to(store.root.resolve()):
             # By its path, an upload would escape its owner's check: only upload:<id> names one.
-            raise InvalidRequest(f"{name} request: {field}: name an upload as upload:<id>, not by its path")
+            raise InvalidRequest.of_fields(name, [(field, "name an upload as upload:<id>, not by its path")])
     return Intake(fields, tuple(uploads))

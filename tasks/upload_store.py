@@ -7,7 +7,8 @@
 The uploads folder is one of the input roots (``FarmSettings.input_roots``), so a worker reads an
 upload like any other media file, through the same checks. ``farm gc`` removes an upload once the
 results of every job that named it have expired (``workers.retention.expired_uploads``). No
-FastAPI here: ``farm gc`` reads this layout on an install without the gateway extra.
+FastAPI here: the gateway writes this layout and ``farm gc`` reads it, on an install without the
+gateway extra, so it sits beside the artifact store rather than in the gateway.
 """
 
 from __future__ import annotations

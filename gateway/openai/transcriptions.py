@@ -10,38 +10,37 @@ WebVTT files, in OpenAI's shapes. The upload is removed once the job has ended (
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from kombu.exceptions import OperationalError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
 
-from mediafarm.gateway.events import describe_failure
-from mediafarm.gateway.intake import UPLOAD_PREFIX, prepare
-from mediafarm.gateway.jobs import job_url, overloaded, webhook_options
-from mediafarm.gateway.multipart import BadMultipart, FilePart, read_multipart
-from mediafarm.gateway.openai_models import TRANSCRIPTION, UnknownModel, openai_router, resolve
+from mediafarm.gateway.common.events import describe_failure
+from mediafarm.gateway.common.intake import UPLOAD_PREFIX, prepare
+from mediafarm.gateway.common.submit import job_url, submitted, webhook_options
+from mediafarm.gateway.common.upload_receiver import receive_form, refuse_declared_size, upload_refusals
+from mediafarm.gateway.openai.models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.gateway.upload_store import TooManyUploads, Upload, UploadStore, UploadTooLarge, UploadWriter
-from mediafarm.gateway.uploads import MULTIPART_OVERHEAD, _Sink
 from mediafarm.tasks import families
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.family import describe_validation_error
 from mediafarm.tasks.handles import JobHandle
 from mediafarm.tasks.plan import READY
+from mediafarm.tasks.upload_store import Upload, UploadStore
 
 router = openai_router("/v1/audio")
 
 TranscriptFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 # OpenAI's field names for the subtitle request's, in the family's messages.
 FIELD_NAMES = {"media": "file", "ladder": "model"}
+_in_openai_words = functools.partial(in_openai_words, family=TRANSCRIPTION, route="transcription",
+                                     field_names=FIELD_NAMES)  # fmt: skip
 
 
 class TranscriptionForm(BaseModel):
@@ -79,49 +78,9 @@ async def _receive(request: Request, store: UploadStore, owner: str) -> tuple[Up
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise HTTPException(422, "transcription request: the body must be multipart/form-data with the audio in 'file'")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > store.max_bytes + MULTIPART_OVERHEAD:
-        raise HTTPException(413, f"the file is larger than this gateway takes: {store.max_bytes:,} bytes "
-                                 "(FARM_UPLOAD_MAX_MB)")  # fmt: skip
-    fields: dict[str, list[str]] = {}
-    writer: UploadWriter | None = None
-    sink: _Sink | None = None
-    try:
-        async for kind, value in read_multipart(content_type, request.stream()):
-            if kind == "field":
-                name, text = value  # type: ignore[misc]
-                fields.setdefault(name, []).append(text)
-            elif kind == "file":
-                part: FilePart = value  # type: ignore[assignment]
-                if writer is not None or part.name != "file":
-                    raise BadMultipart(f"one file, in the form field 'file', is taken; got one in {part.name!r}")
-                writer = await anyio.to_thread.run_sync(store.begin, owner, part.filename, part.content_type)
-                sink = _Sink(writer)
-            elif kind == "data" and sink is not None:
-                await sink.add(value)  # type: ignore[arg-type]
-            elif kind == "end" and sink is not None:
-                await sink.flush()
-        if writer is None:
-            raise BadMultipart("the form holds no file: send the audio in the field 'file'")
-        return await anyio.to_thread.run_sync(writer.finish), fields
-    except BaseException as exc:
-        if writer is not None:  # cut short or refused: nothing is kept
-            await anyio.to_thread.run_sync(writer.abort)
-        if isinstance(exc, UploadTooLarge):
-            raise HTTPException(413, str(exc)) from None
-        if isinstance(exc, TooManyUploads):
-            raise HTTPException(429, str(exc)) from None
-        if isinstance(exc, ValueError):  # BadMultipart, an empty file
-            raise HTTPException(422, f"transcription request: {exc}") from None
-        raise
-
-
-def _in_openai_words(message: str) -> str:
-    head, _, rest = message.partition(": ")
-    field, sep, tail = rest.partition(":")
-    if head != "subtitle request":
-        return message
-    return f"transcription request: {FIELD_NAMES.get(field, field)}{sep}{tail}"
+    refuse_declared_size(request, store, multipart=True)
+    with upload_refusals("transcription request: "):
+        return await receive_form(store, owner, content_type, request.stream())
 
 
 @router.post(
@@ -142,7 +101,8 @@ async def transcriptions(
             model = resolve(TRANSCRIPTION, form.model)
         except UnknownModel as exc:
             raise HTTPException(404, str(exc)) from None
-        job = await anyio.to_thread.run_sync(_send, form, model.ladder, upload, who.owner, store, config, hook)
+        job = await submitted(lambda: _send(form, model.ladder, upload, who.owner, store, config, hook),
+                              words=_in_openai_words)  # fmt: skip
         envelope = await _wait(request, job, config.poll_interval)
         answer = await anyio.to_thread.run_sync(_answer, form, envelope, job, config)
     finally:
@@ -162,17 +122,10 @@ def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: st
         body["language"] = form.language
     if ladder is not None:
         body["ladder"] = ladder
-    try:
-        intake = prepare(spec, body, owner, store, config.input_roots)
-        job = submit(spec.name, tenant=owner, **hook, **intake.fields)
-        store.attach(upload, job.id)
-        return job
-    except Overloaded as exc:
-        raise overloaded(exc) from None
-    except InvalidRequest as exc:
-        raise HTTPException(422, _in_openai_words(str(exc))) from None
-    except (RedisError, OperationalError) as exc:
-        raise HTTPException(503, f"the farm's broker cannot be reached: {exc}") from None
+    intake = prepare(spec, body, owner, store, config.input_roots)
+    job = submit(spec.name, tenant=owner, **hook, **intake.fields)
+    store.attach(upload, job.id)
+    return job
 
 
 async def _wait(request: Request, job: JobHandle, poll: float) -> dict[str, Any]:

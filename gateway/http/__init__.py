@@ -1,0 +1,1 @@
+"""The gateway's own HTTP routes: jobs (submit, follow, events, artifacts, cancel, webhooks) and uploads."""
