@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from mediafarm.workers.embedded import EmbeddedRedis
-from tests.support.chaos_suite import TWO_POOL_MIX, TWO_POOLS, ChaosSuite, short_limits_config
+from tests.support import chaos_pools
+from tests.support.chaos_suite import ChaosSuite, short_limits_config
 from tests.support.farm_app import farm_app, release
 from tests.support.netns import Link, NamespaceUnavailable, TcpForward, veth_link
 
@@ -63,7 +64,7 @@ def run_suite(
         suite = ChaosSuite(producer=app, broker_url=broker_url, redis_server=server, workdir=workdir,
                            env=suite_env(workdir, broker_url, server.url), jobs=JOBS, link=link,
                            broker_name=name, inside_broker_url=inside_broker_url,
-                           **({"pools": TWO_POOLS, "mix": TWO_POOL_MIX} if two_pools else {}))  # fmt: skip
+                           two_pools=two_pools, **({"mix": chaos_pools.MIX} if two_pools else {}))  # fmt: skip
         report = suite.run()
     finally:
         release(app)

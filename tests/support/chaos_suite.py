@@ -6,13 +6,10 @@ pauses a worker past the visibility timeout (on RabbitMQ: past three missed hear
 FARM_BROKER_HEARTBEAT) and cuts a worker's network link while Redis drops its connections (when a
 veth namespace can be made and the broker is reachable through it).
 
-On Redis it may run two pools that both serve the chaos family (``pools``): ``chaos``, whose
-models folder holds the weights the top rung of the ``routed`` and ``moving`` ladders needs, and
-``chaos-b``, without them. Each job is then sent to the queue routing chooses
-(``tasks.routing.choose``, as ``tasks.client.submit``), a job sent down to ``chaos-b``'s best rung
-moves there (``routing.move``), and the worker kills take a worker of each pool in turn. Neither
-the suite nor its workers spill (``FARM_ROUTE_SPILL_DEPTH=0``): a job whose next rung is the other
-pool's best always moves. Then it counts:
+On Redis it may run two pools that both serve the chaos family and differ in what they can run
+(``two_pools``, tests/support/chaos_pools.py): each job is then sent to the queue routing chooses
+(``tasks.routing.choose``), a job whose next rung is the other pool's best moves there
+(``routing.move``), and the worker kills take a worker of each pool in turn. Then it counts:
 
 - submitted, terminal, succeeded per rung, failed with history;
 - lost: jobs with no final state by the deadline (must be 0);
@@ -60,28 +57,21 @@ import psutil
 import redis
 
 from mediafarm.config.pools import get_pool
-from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import capability, families, keys, routing
+from mediafarm.tasks import families, keys, routing
 from mediafarm.tasks.breaker import read_breakers
 from mediafarm.tasks.downgrade import TERMINAL_OUTCOMES
 from mediafarm.tasks.oom_killer import OUTSIDE_KILL, UNDECIDED
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
+from tests.support import chaos_pools
+from tests.support.chaos_pools import RoutingCounts
 
 QUEUE = "chaos-suite"
-FAMILY = "chaos"
 TASK = "farm.test.chaos"
 # The mix: mostly jobs that must succeed (on whichever rung), some that go down a rung by design,
 # some that must fail at once (bad input: the only failures allowed).
 MIX = (("steady", 0.7), ("memerr", 0.1), ("kill_once", 0.1), ("bad", 0.1))
 EXPECTED_FAILURES = {"bad"}
-# With two pools: as many jobs on each pool's best rungs (``routed`` and ``moving`` go to the
-# first pool, the rest to the least deep queue), and a ladder whose every job moves.
-TWO_POOLS = ("chaos", "chaos-b")
-TWO_POOL_MIX = (("steady", 0.3), ("routed", 0.3), ("moving", 0.1), ("memerr", 0.1), ("kill_once", 0.1), ("bad", 0.1))
-# The file the top rung of ``routed`` and ``moving`` needs (tests.support.chaos.WeightedParams):
-# in the first pool's models folder only.
-WEIGHTS = "chaos-weights.bin"
 TERMINAL = ("SUCCESS", "FAILURE", "REVOKED")
 # Outcomes that may use up a ladder: the suite's own kills and the ladders' designed failures.
 RESOURCE_OUTCOMES = {"oom", "killed", "timeout", "unavailable"}
@@ -120,14 +110,8 @@ class Report:
     counted_failures: int = 0
     skipped_by_breaker: int = 0
     breakers_open_at_end: list[str] = field(default_factory=list)
-    # Routing, with two pools: jobs sent to each pool's queue, answered on each, moved (an attempt of
-    # outcome ``moved``), workers SIGKILLed whole per pool, and routed jobs whose first attempt kept no route.
-    pools: tuple[str, ...] = ()
-    routed_to: Counter[str] = field(default_factory=Counter)
-    answered_on: Counter[str] = field(default_factory=Counter)
-    moved: int = 0
-    workers_killed_by_pool: Counter[str] = field(default_factory=Counter)
-    routes_not_kept: list[str] = field(default_factory=list)
+    # With two pools: what the run showed of routing.
+    routing: RoutingCounts | None = None
 
     def problems(self) -> list[str]:
         return [
@@ -138,18 +122,9 @@ class Report:
                                  ("re-runs after the end was recorded", self.reruns_after_end),
                                  ("faults not reached (the run ended first)", self.missed),
                                  ("child kills that hit no running attempt", self._kills_unseen()),
-                                 *self._routing_problems())  # fmt: skip
+                                 *(self.routing.problems() if self.routing else ()))  # fmt: skip
             if values
         ]
-
-    def _routing_problems(self) -> list[tuple[str, list[str]]]:
-        if len(self.pools) < 2:
-            return []
-        return [("pools no job was routed to", [p for p in self.pools if not self.routed_to[p]]),
-                ("pools no job was answered on", [p for p in self.pools if not self.answered_on[p]]),
-                ("pools none of whose workers was killed", [p for p in self.pools if not self.workers_killed_by_pool[p]]),
-                ("routed jobs whose first attempt kept no route", self.routes_not_kept),
-                ("no job moved to another pool", [] if self.moved else ["0 attempts of outcome moved"])]  # fmt: skip
 
     def _kills_unseen(self) -> list[str]:
         if self.children_killed and not self.attempts_killed_from_outside:
@@ -169,8 +144,7 @@ class Report:
             f"  ended by ladder: {dict(sorted(self.ended_by_ladder.items()))}",
             f"  rung breakers: {self.counted_failures} failures counted against a rung, {self.skipped_by_breaker} "
             f"rungs skipped as open, open at the end: {self.breakers_open_at_end or 'none'}",
-            *([f"  pools: routed to {dict(self.routed_to)}, answered on {dict(self.answered_on)}, jobs moved "
-               f"{self.moved}, workers SIGKILLed whole {dict(self.workers_killed_by_pool)}"] if len(self.pools) > 1 else []),
+            *([self.routing.text()] if self.routing else []),
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
             f"history/envelope disagreements: {len(self.disagreements)}  "
@@ -229,13 +203,13 @@ class ChaosSuite:
     """One run of the suite. ``broker_url``: the broker the workers and the producer use;
     ``redis_server``: the suite's own Redis (the result backend, and the broker when it is Redis);
     ``link``: a veth link (``tests.support.netns``) for the worker whose network is cut, or None;
-    ``pools``: one pool, or two (Redis only) that differ by the weights in their models folders."""
+    ``two_pools``: the pools of tests.support.chaos_pools (Redis only) instead of ``chaos`` alone."""
 
     def __init__(
         self, *, producer: Any, broker_url: str, redis_server: EmbeddedRedis, workdir: Path, env: dict[str, str],
         jobs: int, link: Any = None, broker_name: str = "redis", inside_broker_url: str = "",
         mix: tuple[tuple[str, float], ...] = MIX, kill_share: float = 0.1, send_rate: float | None = None,
-        pools: tuple[str, ...] = ("chaos",),
+        two_pools: bool = False,
     ) -> None:  # fmt: skip
         self.producer, self.broker_url, self.redis_server = producer, broker_url, redis_server
         # How the namespaced worker reaches the broker: the broker's URL on the link's host address
@@ -247,17 +221,18 @@ class ChaosSuite:
         # Jobs sent a second, as traffic arrives (the child kills paced with them); None: all at once.
         # Arriving jobs meet a breaker as it changes, and a killed job's retry is not behind the whole run.
         self.send_rate = send_rate
-        self.report = Report(broker_name, pools=pools)
+        self.report = Report(broker_name, routing=RoutingCounts() if two_pools else None)
         self.is_redis_broker = broker_name == "redis"
-        # Two pools: workers take the family's queue and their pool's own; jobs are routed. The
+        # Two pools: workers take the family's queue and their pool's own, and jobs are routed. The
         # orphan sweep that keeps a dead pool's queue from holding jobs is Redis-only (tasks.orphans).
-        self.pools, self.routed = pools, len(pools) > 1
-        if self.routed and not self.is_redis_broker:
-            raise ValueError("two pools are run on a Redis broker only")
-        if self.routed:
-            env = {**env, "FARM_ROUTE_SPILL_DEPTH": "0"}
-        self.sent_to: dict[str, str] = {}  # job -> the pool routing sent it to
+        self.routed, self.pools = two_pools, chaos_pools.POOLS if two_pools else ("chaos",)
+        if two_pools:
+            if not self.is_redis_broker:
+                raise ValueError("two pools are run on a Redis broker only")
+            env = {**env, "FARM_ROUTE_SPILL_DEPTH": str(chaos_pools.SPILL_DEPTH)}
         self.env = env
+        self.sent_to: dict[str, str] = {}  # job -> the pool routing sent it to
+        self.workers_killed = 0
         self.visibility = float(env.get("FARM_VISIBILITY_TIMEOUT", "10"))
         self.heartbeat = float(env.get("FARM_BROKER_HEARTBEAT", "120"))
         self.workers: list[Worker] = []
@@ -281,8 +256,10 @@ class ChaosSuite:
 
     def start_worker(self, pool: str, *, inside_namespace: bool = False) -> Worker:
         node = f"suite-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
-        env = {**self.env, "FARM_MODELS_DIR": str(self._models_dir(pool))}
-        queues = [families.get(FAMILY).queue] if self.routed else [QUEUE]
+        env = dict(self.env)
+        if self.routed:
+            env["FARM_MODELS_DIR"] = str(chaos_pools.models_dir(self.workdir, pool))
+        queues = [families.get(chaos_pools.FAMILY).queue] if self.routed else [QUEUE]
         argv = worker_argv(get_pool(pool), queues=queues, concurrency=2, node=node, loglevel="INFO")
         if inside_namespace:
             backend = self.redis_server.url.replace("127.0.0.1", self.link.host_address)
@@ -310,23 +287,6 @@ class ChaosSuite:
                     raise
                 time.sleep(0.5)
 
-    def _models_dir(self, pool: str) -> Path:
-        """The pool's models folder: the first pool's holds the weights of the weighted rungs."""
-        folder = self.workdir / f"models-{pool}"
-        if not folder.exists():
-            folder.mkdir()
-            if pool == self.pools[0]:
-                (folder / WEIGHTS).write_bytes(b"chaos")
-        return folder
-
-    def _wait_for_records(self, timeout: float = 3 * capability.INTERVAL_S) -> None:
-        """Until every pool has a live capability record: routing sends jobs to live pools only."""
-        deadline = time.monotonic() + timeout
-        while {r.pool for r in capability.live(self.client)} < set(self.pools):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no live capability record of every pool of {self.pools} in {timeout:g} s")
-            time.sleep(0.2)
-
     def stop_workers(self) -> None:
         for worker in self.workers:
             if worker.paused:
@@ -346,7 +306,7 @@ class ChaosSuite:
         if self.link is not None:
             self.start_worker(self.pools[0], inside_namespace=True)
         if self.routed:
-            self._wait_for_records()
+            chaos_pools.wait_for_records(self.client)
         ladders = self._ladders()
         jobs: dict[str, str] = {}
         total, started = len(ladders), time.monotonic()
@@ -397,7 +357,7 @@ class ChaosSuite:
         while len(jobs) < min(upto, len(ladders)):
             ladder = ladders[len(jobs)]
             try:
-                route = self._route(ladder)
+                route = chaos_pools.route(self.client, ladder) if self.routed else None
                 sent = self.producer.send_task(TASK, kwargs={"ladder": ladder, "plan": {"sleep": JOB_SECONDS}},
                                                **self._where(route))  # fmt: skip
             except Exception:  # noqa: BLE001 - the broker is restarting: the next round sends it
@@ -406,33 +366,12 @@ class ChaosSuite:
             if route is not None:
                 self.sent_to[sent.id] = route.pool
 
-    def _route(self, ladder: str) -> routing.Route | None:
-        """With two pools, where routing sends a job of ``ladder`` by the live records, as
-        ``tasks.client.submit`` does (the producer here is the suite's own app, not the farm's)."""
-        if not self.routed:
-            return None
-        spec = families.get(FAMILY)
-        rungs = [r.name for r in families.ladder_for(spec, ladder).rungs]
-        return routing.choose(family=FAMILY, family_queue=spec.queue, ladder=ladder, rungs=rungs,
-                              records=capability.live(self.client), spill_depth=0,
-                              depths=self._depths)  # fmt: skip
-
-    def _depths(self, queues: list[str]) -> dict[str, int]:
-        """Queue -> the jobs waiting in it, on the suite's broker (``admission.queue_depths`` reads
-        the broker of this process's settings, the session's)."""
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            for name in redis_lists(queue):
-                pipe.llen(name)
-        lengths = iter(pipe.execute())
-        return {queue: sum(int(next(lengths)) for _ in redis_lists(queue)) for queue in queues}
-
     def _where(self, route: routing.Route | None) -> dict[str, Any]:
         """send_task's queue and headers: the route's, the family's queue when no pool is live, or
         the suite's own queue with one pool."""
         if route is not None:
             return {"queue": route.queue, "headers": {routing.ROUTE_HEADER: route.reason}}
-        return {"queue": families.get(FAMILY).queue if self.routed else QUEUE}
+        return {"queue": families.get(chaos_pools.FAMILY).queue if self.routed else QUEUE}
 
     def _ladders(self) -> list[str]:
         ladders = [name for name, share in self.mix for _ in range(max(1, round(share * self.jobs)))]
@@ -475,13 +414,14 @@ class ChaosSuite:
     def kill_a_worker(self) -> None:
         """SIGKILL a whole worker and start another of its pool; with two pools, each kill takes the
         next pool's worker (one paused just now is not live: then another's)."""
-        killed = self.report.workers_killed_by_pool
-        pool = self.pools[sum(killed.values()) % len(self.pools)]
+        pool = self.pools[self.workers_killed % len(self.pools)]
         candidates = [w for w in self._live() if not w.inside_namespace]
         victim = next((w for w in candidates if w.pool == pool), candidates[0])
         os.killpg(victim.process.pid, signal.SIGKILL)
         victim.process.wait(10)
-        killed[victim.pool] += 1
+        self.workers_killed += 1
+        if self.report.routing is not None:
+            self.report.routing.workers_killed[victim.pool] += 1
         self.start_worker(victim.pool)
         self.report.events.append(f"worker {victim.node} (pool {victim.pool}) SIGKILLed whole; a replacement started")
 
@@ -532,8 +472,9 @@ class ChaosSuite:
 
     def _count(self, jobs: dict[str, str], states: dict[str, dict[str, Any]], watch: SuccessWatch) -> None:
         report = self.report
-        report.routed_to.update(self.sent_to.values())
         pool_of = {w.node: w.pool for w in self.workers}
+        if report.routing is not None:
+            report.routing.routed_to.update(self.sent_to.values())
         for job, ladder in jobs.items():
             meta = states.get(job) or {}
             status = meta.get("status")
@@ -550,9 +491,8 @@ class ChaosSuite:
             )
             report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
             report.attempts_killed_from_outside += sum(1 for a in attempts if _killed_from_outside(a))
-            report.moved += any(a.get("outcome") == "moved" for a in attempts)
-            if job in self.sent_to and not (attempts and attempts[0].get("route")):
-                report.routes_not_kept.append(f"{job} ({ladder}): {[a.get('outcome') for a in attempts]}")
+            if report.routing is not None:
+                report.routing.count(job, attempts, job in self.sent_to, pool_of)
             ended = next((i for i, a in enumerate(history) if a.get("outcome") in TERMINAL_OUTCOMES), None)
             if ended is not None and ended < len(history) - 1:
                 report.reruns_after_end.append(f"{job} ({ladder}): {[a.get('outcome') for a in history]}")
@@ -561,7 +501,6 @@ class ChaosSuite:
             if status == "SUCCESS":
                 envelope = meta["result"]
                 report.succeeded_by_rung[f"{ladder}/{envelope['variant']}"] += 1
-                report.answered_on.update(pool_of.get(a.get("worker"), "?") for a in attempts if a.get("outcome") == "ok")
                 failed_on = {a.get("rung") for a in history if a.get("outcome") in RESOURCE_OUTCOMES | {"stalled"}}
                 if any(rung not in failed_on for rung in range(int(envelope.get("rung", 0)))):
                     report.succeeded_past_unfailed[f"{ladder}/{envelope['variant']}"] += 1
