@@ -13,11 +13,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Generator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery, Task
-from celery.exceptions import Ignore, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
+from kombu.exceptions import OperationalError
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
@@ -237,7 +238,26 @@ class FarmTask(Task):
             options["headers"] = {**(request.headers or {}), UNWRITTEN_HEADER: header}
         if outcome.queue is not None:
             logger.warning("job %s: %s", request.id, outcome.reason)
-        raise self.retry(exc=outcome.exc, countdown=settings.retry_delay, queue=outcome.queue, **options)
+        self.send_retry(exc=outcome.exc, countdown=settings.retry_delay, queue=outcome.queue, **options)
+
+    def send_retry(self, **options: Any) -> NoReturn:
+        """Raise Celery's Retry once the retry (``Task.retry`` options) is sent, or hand the message
+        back when this process could not send it.
+
+        Celery fails the job for good when the retry's publish raises (Reject, requeue=False).
+        Where the broker stays unreachable past the publish retry policy, that bounded end is kept.
+        Any other publish error is this process's producer's, and the next publish may work: after
+        a network cut a child's pooled kombu producer kept a channel its closed connection had let
+        go (AttributeError in the Redis transport's ``_connparams``), and a moved job failed (found
+        by the chaos suite's two pools). Handed back, the message is delivered again, and that
+        delivery goes on from the history: a recorded move is not made twice, a failed rung not run again.
+        """
+        try:
+            raise self.retry(**options)
+        except Reject as unsent:
+            if isinstance(unsent.reason, (OperationalError, RedisError, OSError)):
+                raise
+            raise Reject(unsent.reason, requeue=True) from unsent
 
     def _ladder_run(self, ladder: Ladder, fresh: bool, ttl: int, languages: LanguageCheck | None,
                     resuming: Resuming) -> LadderRun:  # fmt: skip

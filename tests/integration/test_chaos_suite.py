@@ -5,6 +5,13 @@ Modest by default (60 jobs a broker; the drill 200, ``MEDIAFARM_DRILL_JOBS``); b
 printed (``pytest -s``) and is the failure message when a count that must be 0 is not. A run
 that could not make one of its faults here (the network cut needs root and a veth namespace) is
 skipped after every other check, naming it: it proved less than the test's name says.
+
+On Redis the suite runs two pools that both serve the chaos family and differ by a weights file
+(``chaos`` has it, ``chaos-b`` has not): jobs are routed, moved down to the other pool, and a
+worker of each pool is killed; jobs must have been routed to, and answered on, both pools and
+some moved. RabbitMQ's run stays one pool: the orphan sweep that empties a dead pool's queue is
+Redis-only (tasks.orphans), and the suite's workers there take a queue of their own on a vhost
+other tests' workers share. The drill stays one pool: it measures the rung breakers.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from mediafarm.workers.embedded import EmbeddedRedis
+from tests.support import chaos_pools
 from tests.support.chaos_suite import ChaosSuite, short_limits_config
 from tests.support.farm_app import farm_app, release
 from tests.support.netns import Link, NamespaceUnavailable, TcpForward, veth_link
@@ -48,20 +56,23 @@ def suite_env(workdir: Path, broker_url: str, backend_url: str) -> dict[str, str
 
 
 def run_suite(
-    broker_url: str, server: EmbeddedRedis, workdir: Path, link: Link | None, name: str, inside_broker_url: str = ""
+    broker_url: str, server: EmbeddedRedis, workdir: Path, link: Link | None, name: str, inside_broker_url: str = "",
+    two_pools: bool = False,
 ) -> None:
     app = farm_app(broker_url, server.url, name="chaos-suite")
     try:
         suite = ChaosSuite(producer=app, broker_url=broker_url, redis_server=server, workdir=workdir,
                            env=suite_env(workdir, broker_url, server.url), jobs=JOBS, link=link,
-                           broker_name=name, inside_broker_url=inside_broker_url)  # fmt: skip
+                           broker_name=name, inside_broker_url=inside_broker_url,
+                           two_pools=two_pools, **({"mix": chaos_pools.MIX} if two_pools else {}))  # fmt: skip
         report = suite.run()
     finally:
         release(app)
     print(report.text())
     assert report.submitted == JOBS and report.terminal == JOBS, report.text()
     # problems() includes the suite's own: a planned child kill not made, kills that hit no attempt,
-    # a fault the run ended before.
+    # a fault the run ended before; with two pools, a pool no job was routed to or answered on, or
+    # none of whose workers was killed, routed jobs without their route, no job moved.
     assert report.problems() == [], report.text() + "\n" + "\n".join(report.problems())
     assert report.children_killed == report.children_planned >= 1 and report.attempts_killed_from_outside >= 1
     # The faults did happen: jobs went down rungs, failed by design with their history.
@@ -74,7 +85,7 @@ def test_chaos_suite_on_redis(tmp_path: Path, link: Link | None) -> None:
     bind = (link.host_address,) if link is not None else ()
     server = EmbeddedRedis(data_dir=tmp_path / "redis", bind=bind).start()
     try:
-        run_suite(server.url, server, tmp_path, link, "redis")
+        run_suite(server.url, server, tmp_path, link, "redis", two_pools=True)
     finally:
         server.stop()
 

@@ -46,6 +46,13 @@ class OkParams(Params):
     sleep: float = 0.0
 
 
+class WeightedParams(OkParams):
+    """``weights``: a file the rung needs in the pool's models folder (FARM_MODELS_DIR), so that
+    pools told apart by that folder differ in what they can run (the chaos suite's two pools)."""
+
+    weights: str = "chaos-weights.bin"
+
+
 class HogParams(Params):
     mb: int = 800
     step_mb: int = 25
@@ -180,6 +187,8 @@ FAMILY = FamilySpec(
         # A stand-in that answers nothing, as VAD's skip: a fallback (tasks.ladder_choice).
         "stand_in": EngineSpec(f"{HERE}:ok", OkParams, fallback=True),
         "hog": EngineSpec(f"{HERE}:hog", HogParams),
+        "ok_weighted": EngineSpec(f"{HERE}:ok", WeightedParams, weights="weights"),
+        "memory_error_weighted": EngineSpec(f"{HERE}:memory_error", WeightedParams, weights="weights"),
         "memory_error": EngineSpec(f"{HERE}:memory_error"),
         "import_probe": EngineSpec(f"{HERE}:import_probe", OkParams),
         "hang": EngineSpec(f"{HERE}:hang", HangParams),

@@ -4,7 +4,12 @@ While the jobs run, the suite SIGKILLs pool children in the middle of an attempt
 in ten), SIGKILLs one whole worker (and starts a replacement), restarts its own Redis (AOF on),
 pauses a worker past the visibility timeout (on RabbitMQ: past three missed heartbeats,
 FARM_BROKER_HEARTBEAT) and cuts a worker's network link while Redis drops its connections (when a
-veth namespace can be made and the broker is reachable through it). Then it counts:
+veth namespace can be made and the broker is reachable through it).
+
+On Redis it may run two pools that both serve the chaos family and differ in what they can run
+(``two_pools``, tests/support/chaos_pools.py): each job is then sent to the queue routing chooses
+(``tasks.routing.choose``), a job whose next rung is the other pool's best moves there
+(``routing.move``), and the worker kills take a worker of each pool in turn. Then it counts:
 
 - submitted, terminal, succeeded per rung, failed with history;
 - lost: jobs with no final state by the deadline (must be 0);
@@ -19,6 +24,9 @@ veth namespace can be made and the broker is reachable through it). Then it coun
   error): a message back after its job's end was recorded ran again (must be 0). The suite's
   kills land on running attempts, bad inputs' included; the narrow window between a rejection's
   record and Celery storing it is made on purpose by test_kill_safety's hand-made redelivery;
+- with two pools: the jobs routed to each pool and answered on each (both must be some), the
+  routed jobs whose first attempt kept no route (must be 0), the jobs moved (must be some), and
+  the pools none of whose workers was killed (must be none);
 - its own faults: every child kill it planned was made and at least one landed on a running
   attempt (settled as killed from outside), and every fault of the run was reached; a fault this
   machine cannot make (no veth namespace for the network cut) is reported as not made, never as
@@ -44,16 +52,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
 import psutil
 import redis
 
 from mediafarm.config.pools import get_pool
-from mediafarm.tasks import keys
+from mediafarm.tasks import families, keys, routing
 from mediafarm.tasks.breaker import read_breakers
 from mediafarm.tasks.downgrade import TERMINAL_OUTCOMES
 from mediafarm.tasks.oom_killer import OUTSIDE_KILL, UNDECIDED
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
+from tests.support import chaos_pools
+from tests.support.chaos_pools import RoutingCounts
 
 QUEUE = "chaos-suite"
 TASK = "farm.test.chaos"
@@ -99,6 +110,8 @@ class Report:
     counted_failures: int = 0
     skipped_by_breaker: int = 0
     breakers_open_at_end: list[str] = field(default_factory=list)
+    # With two pools: what the run showed of routing.
+    routing: RoutingCounts | None = None
 
     def problems(self) -> list[str]:
         return [
@@ -108,7 +121,8 @@ class Report:
                                  ("history/envelope disagreements", self.disagreements),
                                  ("re-runs after the end was recorded", self.reruns_after_end),
                                  ("faults not reached (the run ended first)", self.missed),
-                                 ("child kills that hit no running attempt", self._kills_unseen()))  # fmt: skip
+                                 ("child kills that hit no running attempt", self._kills_unseen()),
+                                 *(self.routing.problems() if self.routing else ()))  # fmt: skip
             if values
         ]
 
@@ -130,6 +144,7 @@ class Report:
             f"  ended by ladder: {dict(sorted(self.ended_by_ladder.items()))}",
             f"  rung breakers: {self.counted_failures} failures counted against a rung, {self.skipped_by_breaker} "
             f"rungs skipped as open, open at the end: {self.breakers_open_at_end or 'none'}",
+            *([self.routing.text()] if self.routing else []),
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
             f"history/envelope disagreements: {len(self.disagreements)}  "
@@ -177,6 +192,7 @@ class SuccessWatch(threading.Thread):
 @dataclass
 class Worker:
     node: str
+    pool: str
     process: subprocess.Popen[bytes]
     log: Path
     inside_namespace: bool = False
@@ -186,25 +202,37 @@ class Worker:
 class ChaosSuite:
     """One run of the suite. ``broker_url``: the broker the workers and the producer use;
     ``redis_server``: the suite's own Redis (the result backend, and the broker when it is Redis);
-    ``link``: a veth link (``tests.support.netns``) for the worker whose network is cut, or None."""
+    ``link``: a veth link (``tests.support.netns``) for the worker whose network is cut, or None;
+    ``two_pools``: the pools of tests.support.chaos_pools (Redis only) instead of ``chaos`` alone."""
 
     def __init__(
         self, *, producer: Any, broker_url: str, redis_server: EmbeddedRedis, workdir: Path, env: dict[str, str],
         jobs: int, link: Any = None, broker_name: str = "redis", inside_broker_url: str = "",
         mix: tuple[tuple[str, float], ...] = MIX, kill_share: float = 0.1, send_rate: float | None = None,
+        two_pools: bool = False,
     ) -> None:  # fmt: skip
         self.producer, self.broker_url, self.redis_server = producer, broker_url, redis_server
         # How the namespaced worker reaches the broker: the broker's URL on the link's host address
         # unless told (a RabbitMQ on loopback is reached through a forwarder, tests.support.netns).
         self.inside_broker_url = inside_broker_url
-        self.workdir, self.env, self.jobs, self.link = workdir, env, jobs, link
+        self.workdir, self.jobs, self.link = workdir, jobs, link
         # The ladders sent and their shares; the share of jobs whose child the suite SIGKILLs mid-attempt.
         self.mix, self.kill_share = mix, kill_share
         # Jobs sent a second, as traffic arrives (the child kills paced with them); None: all at once.
         # Arriving jobs meet a breaker as it changes, and a killed job's retry is not behind the whole run.
         self.send_rate = send_rate
-        self.report = Report(broker_name)
+        self.report = Report(broker_name, routing=RoutingCounts() if two_pools else None)
         self.is_redis_broker = broker_name == "redis"
+        # Two pools: workers take the family's queue and their pool's own, and jobs are routed. The
+        # orphan sweep that keeps a dead pool's queue from holding jobs is Redis-only (tasks.orphans).
+        self.routed, self.pools = two_pools, chaos_pools.POOLS if two_pools else ("chaos",)
+        if two_pools:
+            if not self.is_redis_broker:
+                raise ValueError("two pools are run on a Redis broker only")
+            env = {**env, "FARM_ROUTE_SPILL_DEPTH": str(chaos_pools.SPILL_DEPTH)}
+        self.env = env
+        self.sent_to: dict[str, str] = {}  # job -> the pool routing sent it to
+        self.workers_killed = 0
         self.visibility = float(env.get("FARM_VISIBILITY_TIMEOUT", "10"))
         self.heartbeat = float(env.get("FARM_BROKER_HEARTBEAT", "120"))
         self.workers: list[Worker] = []
@@ -226,10 +254,13 @@ class ChaosSuite:
 
     # --- workers -------------------------------------------------------------------------------
 
-    def start_worker(self, *, inside_namespace: bool = False) -> Worker:
+    def start_worker(self, pool: str, *, inside_namespace: bool = False) -> Worker:
         node = f"suite-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
         env = dict(self.env)
-        argv = worker_argv(get_pool("chaos"), queues=[QUEUE], concurrency=2, node=node, loglevel="INFO")
+        if self.routed:
+            env["FARM_MODELS_DIR"] = str(chaos_pools.models_dir(self.workdir, pool))
+        queues = [families.get(chaos_pools.FAMILY).queue] if self.routed else [QUEUE]
+        argv = worker_argv(get_pool(pool), queues=queues, concurrency=2, node=node, loglevel="INFO")
         if inside_namespace:
             backend = self.redis_server.url.replace("127.0.0.1", self.link.host_address)
             broker = self.inside_broker_url or self.broker_url.replace("127.0.0.1", self.link.host_address)
@@ -237,12 +268,24 @@ class ChaosSuite:
             argv = self.link.command(argv)
         log = self.workdir / f"{node.split('@')[0]}.log"
         with log.open("wb") as fh:
-            process = subprocess.Popen(argv, env=pool_environment(get_pool("chaos"), env), stdin=subprocess.DEVNULL,
+            process = subprocess.Popen(argv, env=pool_environment(get_pool(pool), env), stdin=subprocess.DEVNULL,
                                        stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        wait_ready(self.producer, node, process, timeout=90)
-        worker = Worker(node, process, log, inside_namespace)
+        self._wait_ready(node, process)
+        worker = Worker(node, pool, process, log, inside_namespace)
         self.workers.append(worker)
         return worker
+
+    def _wait_ready(self, node: str, process: subprocess.Popen[bytes], timeout: float = 90) -> None:
+        # A replacement started right after Redis restarted (events due together run back to back)
+        # is pinged on the producer's dead pooled connection: that ping raises, the next reconnects.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return wait_ready(self.producer, node, process, timeout=max(1.0, deadline - time.monotonic()))
+            except (redis.RedisError, kombu.exceptions.OperationalError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def stop_workers(self) -> None:
         for worker in self.workers:
@@ -258,9 +301,12 @@ class ChaosSuite:
     def run(self) -> Report:
         watch = SuccessWatch(self.redis_server.url)
         watch.start()
-        self.start_worker(), self.start_worker()
+        for pool in self.pools if self.routed else self.pools * 2:
+            self.start_worker(pool)
         if self.link is not None:
-            self.start_worker(inside_namespace=True)
+            self.start_worker(self.pools[0], inside_namespace=True)
+        if self.routed:
+            chaos_pools.wait_for_records(self.client)
         ladders = self._ladders()
         jobs: dict[str, str] = {}
         total, started = len(ladders), time.monotonic()
@@ -268,6 +314,8 @@ class ChaosSuite:
         events: list[tuple[float, Callable[[], None]]] = [
             (0.15, self.kill_a_worker), (0.3, self.restart_redis), (0.45, self.cut_a_link), (0.6, self.pause_a_worker),
         ]
+        if self.routed:  # the second pool's worker killed too
+            events.append((0.75, self.kill_a_worker))
         kills_due, kills_done = max(1, round(total * self.kill_share)), 0
         deadline = time.monotonic() + 120 + total * JOB_SECONDS
         states: dict[str, dict[str, Any]] = {}
@@ -309,11 +357,21 @@ class ChaosSuite:
         while len(jobs) < min(upto, len(ladders)):
             ladder = ladders[len(jobs)]
             try:
+                route = chaos_pools.route(self.client, ladder) if self.routed else None
                 sent = self.producer.send_task(TASK, kwargs={"ladder": ladder, "plan": {"sleep": JOB_SECONDS}},
-                                               queue=QUEUE)  # fmt: skip
+                                               **self._where(route))  # fmt: skip
             except Exception:  # noqa: BLE001 - the broker is restarting: the next round sends it
                 return
             jobs[sent.id] = ladder
+            if route is not None:
+                self.sent_to[sent.id] = route.pool
+
+    def _where(self, route: routing.Route | None) -> dict[str, Any]:
+        """send_task's queue and headers: the route's, the family's queue when no pool is live, or
+        the suite's own queue with one pool."""
+        if route is not None:
+            return {"queue": route.queue, "headers": {routing.ROUTE_HEADER: route.reason}}
+        return {"queue": families.get(chaos_pools.FAMILY).queue if self.routed else QUEUE}
 
     def _ladders(self) -> list[str]:
         ladders = [name for name, share in self.mix for _ in range(max(1, round(share * self.jobs)))]
@@ -354,11 +412,18 @@ class ChaosSuite:
         return [record["pid"] for record in map(json.loads, filter(None, newest)) if record.get("outcome") is None]
 
     def kill_a_worker(self) -> None:
-        victim = next(w for w in self._live() if not w.inside_namespace)
+        """SIGKILL a whole worker and start another of its pool; with two pools, each kill takes the
+        next pool's worker (one paused just now is not live: then another's)."""
+        pool = self.pools[self.workers_killed % len(self.pools)]
+        candidates = [w for w in self._live() if not w.inside_namespace]
+        victim = next((w for w in candidates if w.pool == pool), candidates[0])
         os.killpg(victim.process.pid, signal.SIGKILL)
         victim.process.wait(10)
-        self.start_worker()
-        self.report.events.append(f"worker {victim.node} SIGKILLed whole; a replacement started")
+        self.workers_killed += 1
+        if self.report.routing is not None:
+            self.report.routing.workers_killed[victim.pool] += 1
+        self.start_worker(victim.pool)
+        self.report.events.append(f"worker {victim.node} (pool {victim.pool}) SIGKILLed whole; a replacement started")
 
     def restart_redis(self) -> None:
         self.redis_server.restart(down_for=2.0)
@@ -368,7 +433,9 @@ class ChaosSuite:
         """SIGSTOP a worker (main process and children) long enough for its jobs to go elsewhere:
         past the visibility timeout on Redis; on RabbitMQ past a few missed heartbeats, after
         which the broker drops its connection and hands its unacked jobs to another worker."""
-        victim = next(w for w in self._live() if not w.inside_namespace)
+        # The first pool's: the second's is the next worker killed.
+        candidates = [w for w in self._live() if not w.inside_namespace]
+        victim = next((w for w in candidates if w.pool == self.pools[0]), candidates[0])
         victim.paused = True
         os.killpg(victim.process.pid, signal.SIGSTOP)
 
@@ -381,7 +448,7 @@ class ChaosSuite:
         else:
             seconds, past = 3 * self.heartbeat + 4, f"three {self.heartbeat:g} s heartbeats"
         self.after(seconds, resume)
-        self.report.events.append(f"worker {victim.node} paused {seconds:g} s, past {past}")
+        self.report.events.append(f"worker {victim.node} (pool {victim.pool}) paused {seconds:g} s, past {past}")
 
     def cut_a_link(self) -> None:
         if self.link is None:
@@ -405,6 +472,9 @@ class ChaosSuite:
 
     def _count(self, jobs: dict[str, str], states: dict[str, dict[str, Any]], watch: SuccessWatch) -> None:
         report = self.report
+        pool_of = {w.node: w.pool for w in self.workers}
+        if report.routing is not None:
+            report.routing.routed_to.update(self.sent_to.values())
         for job, ladder in jobs.items():
             meta = states.get(job) or {}
             status = meta.get("status")
@@ -421,6 +491,8 @@ class ChaosSuite:
             )
             report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
             report.attempts_killed_from_outside += sum(1 for a in attempts if _killed_from_outside(a))
+            if report.routing is not None:
+                report.routing.count(job, attempts, job in self.sent_to, pool_of)
             ended = next((i for i, a in enumerate(history) if a.get("outcome") in TERMINAL_OUTCOMES), None)
             if ended is not None and ended < len(history) - 1:
                 report.reruns_after_end.append(f"{job} ({ladder}): {[a.get('outcome') for a in history]}")
@@ -464,7 +536,8 @@ def _failed_by_design(ladder: str, status: str, error: dict[str, Any], history: 
     if ladder in EXPECTED_FAILURES:
         return True
     outcomes = [a.get("outcome") for a in history]
-    return error.get("exc_type") == "NoRungLeft" and bool(outcomes) and set(outcomes) <= RESOURCE_OUTCOMES
+    # A move spends no rung: a ladder used up by kills on two pools is used up all the same.
+    return error.get("exc_type") == "NoRungLeft" and bool(outcomes) and set(outcomes) <= RESOURCE_OUTCOMES | {"moved"}
 
 
 def _killed_from_outside(attempt: dict[str, Any]) -> bool:
