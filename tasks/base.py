@@ -26,7 +26,7 @@ from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.settings import get_settings
 from mediafarm.config.pools import POOL_QUEUE_SEP, pool_queue
-from mediafarm.tasks import capability, families, liveness, reroute, routing, soft_time_limit
+from mediafarm.tasks import capability, families, keys, liveness, reroute, routing, soft_time_limit
 from mediafarm.tasks.admission import pool_under_pressure, queue_depths
 from mediafarm.tasks.artifacts import ArtifactStore
 from mediafarm.tasks.breaker import ladder_identity, pool_breakers
@@ -61,6 +61,9 @@ logger = get_task_logger("mediafarm.task")
 # header the next delivery would take the moved-on retry count for a lost child (next rung).
 UNWRITTEN_HEADER = "farm_unwritten"
 
+
+# How often a job's message goes back for a retry its worker could not send (``send_retry``).
+UNSENT_HANDBACKS = 3
 
 class FarmTask(Task):
     """Base of the farm's tasks. Class attribute ``spec``: the family it runs."""
@@ -255,9 +258,21 @@ class FarmTask(Task):
         try:
             raise self.retry(**options)
         except Reject as unsent:
-            if isinstance(unsent.reason, (OperationalError, RedisError, OSError)):
+            if isinstance(unsent.reason, (OperationalError, RedisError, OSError)) or not self._hand_back_unsent():
                 raise
             raise Reject(unsent.reason, requeue=True) from unsent
+
+    def _hand_back_unsent(self) -> bool:
+        """May this job's message go back once more for a retry it could not send? At most
+        :data:`UNSENT_HANDBACKS` times a job: an error that comes back at every publish (a bug, not
+        a stale producer) must end the job, not deliver it again for ever."""
+        key = keys.unsent_retries(self.request.id)
+        try:
+            pipe = self.backend.client.pipeline()
+            count = pipe.incr(key).expire(key, 86400).execute()[0]
+        except RedisError:
+            return False
+        return int(count) <= UNSENT_HANDBACKS
 
     def _ladder_run(self, ladder: Ladder, fresh: bool, ttl: int, languages: LanguageCheck | None,
                     resuming: Resuming) -> LadderRun:  # fmt: skip

@@ -17,7 +17,7 @@ FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
-     "webhook-log", "capability", "load", "wanted"}
+     "webhook-log", "capability", "load", "wanted", "unsent"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -171,6 +171,12 @@ def worker_loads() -> str:
     ``worker_load.STALE_S``, and a field an hour old is dropped. The hash expires an hour after its
     last write. The pools' scaling signal (``tasks.scaling``) sums it by pool."""
     return f"{PREFIX}:load"
+
+
+def unsent_retries(job_id: str) -> str:
+    """How often a job's message went back because its worker could not send its retry
+    (``tasks.base.FarmTask.send_retry``): a counter, expiring a day after its last count."""
+    return f"{PREFIX}:unsent:{job_id}"
 
 
 def tenant_jobs(family: str, tenant: str) -> str:

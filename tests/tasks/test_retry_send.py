@@ -71,3 +71,19 @@ def test_a_broker_unreachable_past_the_publish_retries_still_ends_the_job(
     with pytest.raises(Reject) as raised:
         delivery.send_retry(exc=ResourceFailure("oom", Outcome.OOM), countdown=0, queue=None)
     assert raised.value.requeue is False
+
+
+def test_an_error_at_every_publish_hands_the_message_back_a_few_times_then_ends_the_job(
+    delivery: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mediafarm.tasks import base, keys
+
+    delivery.backend.client.delete(keys.unsent_retries(delivery.request.id))
+    publishing(monkeypatch, TypeError("a bug, at every publish"))
+    requeued = []
+    for _ in range(base.UNSENT_HANDBACKS + 1):
+        with pytest.raises(Reject) as raised:
+            delivery.send_retry(exc=ResourceFailure("moved", Outcome.UNAVAILABLE), countdown=0, queue="chaos@chaos-b")
+        requeued.append(raised.value.requeue)
+    delivery.backend.client.delete(keys.unsent_retries(delivery.request.id))
+    assert requeued == [True] * base.UNSENT_HANDBACKS + [False]
