@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import capability, families, routing
+from mediafarm.tasks import capability, families, routing, scaling
 
 FAMILY = "chaos"
 POOLS = ("chaos", "chaos-b")
@@ -55,20 +54,10 @@ def route(client: Any, ladder: str) -> routing.Route | None:
     """Where routing sends a job of ``ladder`` now; None: no pool is live (the family's queue)."""
     spec = families.get(FAMILY)
     rungs = [r.name for r in families.ladder_for(spec, ladder).rungs]
+    # The depths on the suite's broker (``admission.queue_depths`` reads this process's: the session's).
     return routing.choose(family=FAMILY, family_queue=spec.queue, ladder=ladder, rungs=rungs,
-                          records=capability.live(client), depths=lambda queues: depths(client, queues),
-                          spill_depth=SPILL_DEPTH)  # fmt: skip
-
-
-def depths(client: Any, queues: list[str]) -> dict[str, int]:
-    """Queue -> the jobs waiting in it on the broker ``client`` is on (``admission.queue_depths``
-    reads the broker of this process's settings: the session's)."""
-    pipe = client.pipeline(transaction=False)
-    for queue in queues:
-        for name in redis_lists(queue):
-            pipe.llen(name)
-    lengths = iter(pipe.execute())
-    return {queue: sum(int(next(lengths)) for _ in redis_lists(queue)) for queue in queues}
+                          records=capability.live(client), spill_depth=SPILL_DEPTH,
+                          depths=lambda queues: scaling.redis_depths(client, queues))  # fmt: skip
 
 
 @dataclass
