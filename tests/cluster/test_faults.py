@@ -169,6 +169,10 @@ def test_a_job_past_the_container_s_memory_limit_goes_down_its_ladder(cluster: C
         view = wait_job(client, client.post("/v1/jobs/chaos", json={"ladder": "cluster_oom"}).json()["id"])
     finally:
         cluster.podman("update", "--memory", compose_service("worker-cpu")["mem_limit"], worker)
+        # The next test's submit is refused under memory pressure while the last reading the worker
+        # published (every second) is still of the 1 GiB limit, its file pages from the hungry rung's
+        # writes counted: go on once a reading of the restored limit is in.
+        wait_pressure_reading(cluster, "cpu", above_mb=1024)
     assert view["state"] == "SUCCESS" and view["result"]["variant"] == "frugal", json.dumps(view, indent=1)[-3000:]
     hungry, frugal = view["attempts"]
     assert (hungry["variant"], hungry["outcome"], hungry["cause"], hungry["counted"]) == (
@@ -178,6 +182,18 @@ def test_a_job_past_the_container_s_memory_limit_goes_down_its_ladder(cluster: C
     after = cluster.podman("inspect", "-f", "{{.Id}} {{.RestartCount}}", worker).stdout.split()
     assert after == before, (before, after)  # the worker's main process was never the one killed
     assert cluster.podman("inspect", "-f", "{{.State.Status}}", worker).stdout.strip() == "running"
+
+
+def wait_pressure_reading(cluster: Cluster, pool: str, above_mb: float, timeout: float = 30) -> None:
+    """Until every fresh memory reading of ``pool``'s workers (``tasks.admission.readings``) is of a
+    limit above ``above_mb``."""
+    from mediafarm.tasks.admission import readings
+
+    backend = redis.Redis.from_url(re.sub(r"/\d+$", "/1", cluster.broker))  # FARM_RESULT_BACKEND's database
+    deadline = time.monotonic() + timeout
+    while not ((fresh := readings(backend, pool)) and all(r.total_mb > above_mb for r in fresh)):
+        assert time.monotonic() < deadline, [(r.worker, r.total_mb, r.available_mb) for r in fresh]
+        time.sleep(0.2)
 
 
 def wait_recognising(client: httpx.Client, job_id: str, seconds: float, timeout: float = 300) -> dict:
