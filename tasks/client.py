@@ -198,14 +198,14 @@ def _route(
     named = registry.recorded_ladder(spec, ladder)
     rungs = [r.name for r in ladder.rungs]
     try:
-        route = routing.choose(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs,
-                               records=_cached("live", capability.live),
+        live = _cached("live", capability.live)
+        route = routing.choose(family=spec.name, family_queue=spec.queue, ladder=named, rungs=rungs, records=live,
                                depths=lambda queues: admission.queue_depths(queues, app),
                                spill_depth=settings.route_spill_depth, language=language)  # fmt: skip
         if settings.wake_window <= 0 or not settings.wake_pools:
             return route, []
-        dormant = wake.dormant_records(settings.wake_pools, _cached("live", capability.live),
-                                       _cached("known", capability.known_pools), get_pools(), _declared_record)  # fmt: skip
+        dormant = wake.dormant_records(settings.wake_pools, live, _cached("known", capability.known_pools),
+                                       get_pools(), _declared_record)  # fmt: skip
     except (*admission.away_errors(), RedisError) as exc:
         # Routing is an optimisation of where a job waits: a Redis that refuses a read here (a
         # failover's read-only replica, no script) leaves the job to its family's queue.
