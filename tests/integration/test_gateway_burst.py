@@ -3,6 +3,7 @@ was refused left nothing. A real gateway, Redis and chaos worker; the admission 
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,10 +29,15 @@ def chaos_worker(start_worker) -> Any:
 
 
 def leftovers(client: redis.Redis, job_id: str) -> list[str]:
-    """Every trace of ``job_id`` in the farm's Redis: a key naming it, a message on a chaos queue."""
-    found = [k.decode() for k in client.scan_iter(match=f"*{job_id}*", count=1000)]
+    """Every trace of ``job_id`` in the farm's Redis: a key naming it, a message on a chaos queue.
+
+    The id must stand whole: ``burst-…-1`` is a prefix of ``burst-…-14``, and a glob alone counted the
+    keys of a job taken as the leftovers of one refused (seen failing in CI)."""
+    whole = re.compile(re.escape(job_id) + r"(?![\w-])")
+    found = [k.decode() for k in client.scan_iter(match=f"*{job_id}*", count=1000) if whole.search(k.decode())]
     for name in redis_lists("chaos"):
-        found += [f"{name}: message" for raw in client.lrange(name, 0, -1) if job_id in raw.decode(errors="replace")]
+        messages = (raw.decode(errors="replace") for raw in client.lrange(name, 0, -1))
+        found += [f"{name}: message" for message in messages if whole.search(message)]
     return found
 
 
