@@ -63,6 +63,11 @@ class FarmSettings(BaseSettings):
             handback off (its jobs then come back after ``visibility_timeout``). Must be well above
             the one-second heartbeat: a worker whose main process runs keeps beating while its
             children work, so only a dead, paused or cut-off worker is passed over.
+        lost_sweep: Redis: seconds between two looks for job messages lost in kombu's fetch (taken
+            off their queue, the reply lost to a Redis restart or a network cut before the worker
+            recorded them unacked), and the least age of a message looked for; one found nowhere
+            at two looks is sent again under its id (``tasks.sent_ledger``, ``tasks.lost_messages``).
+            0: off, and producers record nothing.
         soft_shutdown_timeout: Seconds a cold-shutting-down worker waits for running jobs before
             handing their messages back to the queue (Celery's ``worker_soft_shutdown_timeout``).
         drain_seconds: Seconds a draining worker (``farm drain``, SIGTERM: ``workers.drain``) lets its
@@ -155,6 +160,7 @@ class FarmSettings(BaseSettings):
     broker_heartbeat: float = 120.0
     restore_interval: int = 10
     handback_grace: float = Field(30.0, ge=0)
+    lost_sweep: float = Field(30.0, ge=0)
     soft_shutdown_timeout: float = 60.0
     drain_seconds: float = Field(300.0, ge=0)
     drain_on_sigterm: bool = True

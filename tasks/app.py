@@ -22,7 +22,7 @@ from celery import Celery, signals
 
 from mediafarm.config.celery import celery_config
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
+from mediafarm.tasks import families, sent_ledger
 from mediafarm.tasks.base import make_task
 
 # Message header: Unix time the message was sent (a submit, or a retry), from which a worker's
@@ -34,7 +34,8 @@ WORKER_ENTRY = "mediafarm.workers.app"
 
 # No fix-ups: Celery's only built-in one (Django's) imports celery.worker, the worker's bootsteps,
 # into every process that builds an app, and the farm runs no Django.
-app = Celery("mediafarm", fixups=())
+# Its AMQP part keeps every farm task's message published on Redis until the job ends (``tasks.sent_ledger``).
+app = Celery("mediafarm", fixups=(), amqp=sent_ledger.LedgerAMQP)
 app.config_from_object(celery_config(get_settings()))
 # Read by workers only (Celery's loader, at worker start): never by a producer.
 app.conf.imports = (*app.conf.imports, WORKER_ENTRY)
@@ -49,3 +50,4 @@ def _stamp_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
 
 
 signals.before_task_publish.connect(_stamp_sent, weak=False)
+

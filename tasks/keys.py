@@ -17,7 +17,8 @@ FARM_SPACES = frozenset(
     {"attempts", "kill", "progress", "partials", "submitted", "cancel", "pipeline", "breaker", "breaker-failures",
      "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
-     "webhook-log", "capability", "load", "wanted", "unsent"}
+     "webhook-log", "capability", "load", "wanted", "unsent",
+     "sent", "sent-at", "sent-suspect", "sent-sweep"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -177,6 +178,30 @@ def unsent_retries(job_id: str) -> str:
     """How often a job's message went back because its worker could not send its retry
     (``tasks.base.FarmTask.send_retry``): a counter, expiring a day after its last count."""
     return f"{PREFIX}:unsent:{job_id}"
+
+
+def sent_messages() -> str:
+    """The farm tasks' messages sent and not yet ended (``tasks.sent_ledger``): a hash, field the job
+    id, value the message as published (JSON). Written as each message is published on Redis,
+    removed in the step that stores the job's end; an entry older than ``result_expires`` is dropped."""
+    return f"{PREFIX}:sent"
+
+
+def sent_times() -> str:
+    """When each message of :func:`sent_messages` was published: a sorted set, score the time."""
+    return f"{PREFIX}:sent-at"
+
+
+def sent_suspects() -> str:
+    """Jobs of :func:`sent_messages` found in no queue, not unacked and not ended at one look of
+    the lost-message sweep (``tasks.lost_messages``): a sorted set, score when first found so."""
+    return f"{PREFIX}:sent-suspect"
+
+
+def sent_sweep_lock() -> str:
+    """Held by the worker making the lost-message sweep's look of this period (its node name);
+    lapses before the next period, so one worker of the farm looks each period."""
+    return f"{PREFIX}:sent-sweep"
 
 
 def tenant_jobs(family: str, tenant: str) -> str:

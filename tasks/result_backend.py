@@ -28,7 +28,7 @@ from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-from mediafarm.tasks import keys
+from mediafarm.tasks import keys, sent_ledger
 
 # A Lua function for the farm's scripts (here and ``tasks.history``): does the result key hold a
 # stored SUCCESS? A meta that is not JSON is not one.
@@ -55,16 +55,22 @@ end
 redis.call('PUBLISH', KEYS[1], ARGV[1])
 """
 
-# Any state but a farm job's SUCCESS.
-_SET_UNLESS_SUCCESS = _SET_AND_PUBLISH_UNLESS_SUCCESS + "return 1\n"
+# Any state but a farm job's SUCCESS; an end (FAILURE, REVOKED: ARGV[3] the job id, else '') also
+# takes the job out of the ledger of messages sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``).
+_SET_UNLESS_SUCCESS = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
+forget_sent(KEYS[2], KEYS[3], ARGV[3])
+return 1
+"""
 
-# A farm job's SUCCESS: then the job's attempt log (KEYS[2]) becomes the envelope's attempts (ARGV[3...]).
-_STORE_SUCCESS_WITH_HISTORY = _SET_AND_PUBLISH_UNLESS_SUCCESS + """
+# A farm job's SUCCESS: then the job's attempt log (KEYS[2]) becomes the envelope's attempts
+# (ARGV[4...]), and the job (ARGV[3]) leaves the ledger of messages sent (KEYS[3], KEYS[4]).
+_STORE_SUCCESS_WITH_HISTORY = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 redis.call('DEL', KEYS[2])
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-if #ARGV > 2 and ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+if #ARGV > 3 and ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+forget_sent(KEYS[3], KEYS[4], ARGV[3])
 return 1
 """
 
@@ -95,14 +101,15 @@ class FarmRedisBackend(RedisBackend):
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         history = [json.dumps(a) for a in attempts]
         key, history_key = self.get_key_for_task(task_id), keys.history(meta["task_id"])
-        self.ensure(self._store_success, (key, value, history_key, history))
+        self.ensure(self._store_success, (key, value, history_key, history, meta["task_id"]))
         return result
 
-    def _store_success(self, key: Any, value: Any, history_key: str, history: list[str]) -> bool:
+    def _store_success(self, key: Any, value: Any, history_key: str, history: list[str], job_id: str = "") -> bool:
         if self._store_success_script is None:
             self._store_success_script = self.client.register_script(_STORE_SUCCESS_WITH_HISTORY)
-        args = [value, int(self.expires or 0), *history]
-        return bool(self._store_success_script(keys=[key, history_key], args=args))
+        args = [value, int(self.expires or 0), job_id, *history]
+        ledger = [keys.sent_messages(), keys.sent_times()]
+        return bool(self._store_success_script(keys=[key, history_key, *ledger], args=args))
 
     def _set_with_state(self, key: Any, value: Any, state: str) -> Any:
         if state == states.SUCCESS:
@@ -110,11 +117,18 @@ class FarmRedisBackend(RedisBackend):
         expires = self.failure_expires if state == states.FAILURE else None
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             return super()._set_with_state(key, value, state)  # Celery's own refusal
-        return self.ensure(self._set_unless_success, (key, value, expires))
+        ended = self._job_id_of(key) if state in states.READY_STATES else ""
+        return self.ensure(self._set_unless_success, (key, value, expires, ended))
 
-    def _set_unless_success(self, key: Any, value: Any, expires: Any = None) -> bool:
+    def _set_unless_success(self, key: Any, value: Any, expires: Any = None, ended: str = "") -> bool:
         if expires is None:
             expires = self.expires
         if self._set_unless_success_script is None:
             self._set_unless_success_script = self.client.register_script(_SET_UNLESS_SUCCESS)
-        return bool(self._set_unless_success_script(keys=[key], args=[value, int(expires or 0)]))
+        ledger = [keys.sent_messages(), keys.sent_times()]
+        return bool(self._set_unless_success_script(keys=[key, *ledger], args=[value, int(expires or 0), ended]))
+
+    def _job_id_of(self, key: Any) -> str:
+        """The task id a result key names (``celery-task-meta-<id>``), '' for any other key."""
+        key, prefix = bytes_to_str(key), bytes_to_str(self.task_keyprefix)
+        return key[len(prefix):] if key.startswith(prefix) else ""

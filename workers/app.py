@@ -8,7 +8,7 @@ consumes only the queues of families it can run, and says in Redis what it can r
 memory reading for admission control (``workers.pressure``), what it holds for the pools' scaling
 signal (``workers.load``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
-(``workers.foreign``), the drain (``workers.drain``), and the webhook dispatcher it starts beside it
+(``workers.foreign``), the drain (``workers.drain``), the lost-message sweep (``workers.lost_sweep``), and the webhook dispatcher it starts beside it
 (``workers.webhook_dispatch``). A worker started on the plain app imports this module too (the plain app
 names it in Celery's ``imports``, which only a worker reads).
 """
@@ -17,7 +17,18 @@ from __future__ import annotations
 
 from mediafarm.tasks.app import app
 from mediafarm.tasks.base import FarmTask
-from mediafarm.workers import capability, drain, foreign, guards, handback, load, logs, pressure, webhook_dispatch
+from mediafarm.workers import (
+    capability,
+    drain,
+    foreign,
+    guards,
+    handback,
+    load,
+    logs,
+    lost_sweep,
+    pressure,
+    webhook_dispatch,
+)
 from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
@@ -33,6 +44,8 @@ capability.install(app)
 load.install(app)
 # Each Redis worker beats; a peer silent past the grace has its jobs handed back (``workers.handback``).
 handback.install(app)
+# A job message lost in kombu's fetch (Redis) is published again, once a period for the farm (``workers.lost_sweep``).
+lost_sweep.install(app)
 # `farm drain` and SIGTERM stop taking jobs, wait FARM_DRAIN_SECONDS, hand back the rest (``workers.drain``).
 drain.install(app)
 # Farm tasks that plain Celery clients left on Celery's default queue go on to their families' queues.

@@ -11,11 +11,12 @@ from celery import Celery
 
 from mediafarm.config.celery import celery_config
 from mediafarm.config.settings import FarmSettings
+from mediafarm.tasks.sent_ledger import LedgerAMQP
 
 
 def farm_app(broker_url: str, backend_url: str | None = None, name: str = "producer") -> Celery:
     """The app for ``broker_url``, results in ``backend_url`` (default: the broker)."""
-    app = Celery(f"{name}-{uuid.uuid4().hex[:6]}")
+    app = Celery(f"{name}-{uuid.uuid4().hex[:6]}", amqp=LedgerAMQP)
     settings = FarmSettings(broker_url=broker_url, result_backend=backend_url or broker_url)
     app.config_from_object(celery_config(settings))
     return app
