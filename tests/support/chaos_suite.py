@@ -3,8 +3,9 @@
 While the jobs run, the suite SIGKILLs pool children in the middle of an attempt (about one attempt
 in ten), SIGKILLs one whole worker (and starts a replacement), restarts its own Redis (AOF on),
 pauses a worker past the visibility timeout (on RabbitMQ: past three missed heartbeats,
-FARM_BROKER_HEARTBEAT) and cuts a worker's network link while Redis drops its connections (when a
-veth namespace can be made and the broker is reachable through it).
+FARM_BROKER_HEARTBEAT), cuts a worker's network link while Redis drops its connections (when a
+veth namespace can be made and the broker is reachable through it) and, on Redis, takes a waiting
+message off its list and drops it, as a ``BRPOP`` whose reply never reached a worker does.
 
 On Redis it may run two pools that both serve the chaos family and differ in what they can run
 (``two_pools``, tests/support/chaos_pools.py): each job is then sent to the queue routing chooses
@@ -27,6 +28,8 @@ On Redis it may run two pools that both serve the chaos family and differ in wha
 - with two pools: the jobs routed to each pool and answered on each (both must be some), the
   routed jobs whose first attempt kept no route (must be 0), the jobs moved (must be some), and
   the pools none of whose workers was killed (must be none);
+- a lost fetch: a job whose first message the suite dropped must be sent again by the
+  lost-message sweep (``tasks.lost_messages``, its first attempt's route says so) and end;
 - its own faults: every child kill it planned was made and at least one landed on a running
   attempt (settled as killed from outside), and every fault of the run was reached; a fault this
   machine cannot make (no veth namespace for the network cut) is reported as not made, never as
@@ -56,7 +59,8 @@ import kombu.exceptions
 import psutil
 import redis
 
-from mediafarm.config.pools import get_pool
+from mediafarm.config.pools import get_pool, pool_queue
+from mediafarm.config.priorities import redis_lists
 from mediafarm.tasks import families, keys, routing
 from mediafarm.tasks.breaker import read_breakers
 from mediafarm.tasks.downgrade import TERMINAL_OUTCOMES
@@ -112,6 +116,11 @@ class Report:
     breakers_open_at_end: list[str] = field(default_factory=list)
     # With two pools: what the run showed of routing.
     routing: RoutingCounts | None = None
+    # Jobs whose message was lost in kombu's fetch and sent again by the lost-message sweep
+    # (``tasks.lost_messages``), known by the note their first attempt's route keeps.
+    resent_by_sweep: int = 0
+    # Messages the suite took off a list and dropped (a lost fetch); a job's first message, or a later one.
+    fetches_lost: list[str] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         return [
@@ -122,9 +131,14 @@ class Report:
                                  ("re-runs after the end was recorded", self.reruns_after_end),
                                  ("faults not reached (the run ended first)", self.missed),
                                  ("child kills that hit no running attempt", self._kills_unseen()),
+                                 ("first messages dropped, none sent again by the sweep", self._fetches_unseen()),
                                  *(self.routing.problems() if self.routing else ()))  # fmt: skip
             if values
         ]
+
+    def _fetches_unseen(self) -> list[str]:
+        firsts = [j for j in self.fetches_lost if " " not in j]
+        return firsts if firsts and not self.resent_by_sweep else []
 
     def _kills_unseen(self) -> list[str]:
         if self.children_killed and not self.attempts_killed_from_outside:
@@ -145,6 +159,7 @@ class Report:
             f"  rung breakers: {self.counted_failures} failures counted against a rung, {self.skipped_by_breaker} "
             f"rungs skipped as open, open at the end: {self.breakers_open_at_end or 'none'}",
             *([self.routing.text()] if self.routing else []),
+            f"  messages lost in the broker's fetch and sent again by the sweep: {self.resent_by_sweep}",
             f"  lost: {len(self.lost)}  duplicated completions: {len(self.duplicated)}  "
             f"failed by infrastructure: {len(self.infrastructure_failures)}  "
             f"history/envelope disagreements: {len(self.disagreements)}  "
@@ -316,6 +331,9 @@ class ChaosSuite:
         ]
         if self.routed:  # the second pool's worker killed too
             events.append((0.75, self.kill_a_worker))
+        if self.is_redis_broker:  # a fetch whose reply is lost (RabbitMQ acks per delivery: no such window)
+            events.append((0.35, self.lose_a_fetch))
+        events.sort(key=lambda event: event[0])
         kills_due, kills_done = max(1, round(total * self.kill_share)), 0
         deadline = time.monotonic() + 120 + total * JOB_SECONDS
         states: dict[str, dict[str, Any]] = {}
@@ -425,6 +443,25 @@ class ChaosSuite:
         self.start_worker(victim.pool)
         self.report.events.append(f"worker {victim.node} (pool {victim.pool}) SIGKILLed whole; a replacement started")
 
+    def lose_a_fetch(self, tries: int = 20) -> None:
+        """Take a waiting job's message off its list and drop it, as a ``BRPOP`` whose reply never
+        reached its worker does (``tasks.lost_messages``): the job must end all the same."""
+        queues = [QUEUE] if not self.routed else [families.get(chaos_pools.FAMILY).queue,
+                                                  *(pool_queue(p, families.get(chaos_pools.FAMILY).queue)
+                                                    for p in self.pools)]  # fmt: skip
+        for name in (n for q in queues for n in redis_lists(q)):
+            raw = self.client.rpop(name)
+            if raw is not None:
+                job_id = json.loads(raw)["headers"]["id"]
+                first = not self.client.exists(keys.history(job_id))
+                self.report.fetches_lost.append(job_id if first else f"{job_id} (a later message)")
+                self.report.events.append(f"message of job {job_id} taken off {name!r} and dropped (a lost fetch)")
+                return
+        if tries:
+            self.after(0.5, lambda: self.lose_a_fetch(tries - 1))
+        else:
+            self.report.unmade.append("lost fetch (no message was waiting in a queue to take)")
+
     def restart_redis(self) -> None:
         self.redis_server.restart(down_for=2.0)
         self.report.events.append("Redis restarted (down 2 s, AOF on)")
@@ -491,6 +528,7 @@ class ChaosSuite:
             )
             report.lost_by_worker.update(a.get("worker", "?") for a in attempts if a.get("outcome") == "worker_lost")
             report.attempts_killed_from_outside += sum(1 for a in attempts if _killed_from_outside(a))
+            report.resent_by_sweep += any("lost-message sweep" in str(a.get("route", "")) for a in attempts)
             if report.routing is not None:
                 report.routing.count(job, attempts, job in self.sent_to, pool_of)
             ended = next((i for i, a in enumerate(history) if a.get("outcome") in TERMINAL_OUTCOMES), None)
