@@ -50,4 +50,3 @@ def _stamp_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
 
 
 signals.before_task_publish.connect(_stamp_sent, weak=False)
-

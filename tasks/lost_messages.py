@@ -133,6 +133,7 @@ class LostMessageSweep:
         since = client.zmscore(keys.sent_suspects(), nowhere)
         due = [i for i, at in zip(nowhere, since, strict=True) if at is not None and now - at >= self.interval]
         resent = []
+        # Read again just before sending: a job may have ended since the first read of this look.
         for job_id in self._drop_ended(client, due):
             # The one sweeper that takes the suspect out sends it: never twice at once.
             if client.zrem(keys.sent_suspects(), job_id):

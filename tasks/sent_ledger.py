@@ -31,7 +31,7 @@ from typing import Any
 
 from celery.app.amqp import AMQP
 
-from mediafarm.config.settings import get_settings
+from mediafarm.config.settings import get_settings, is_amqp
 from mediafarm.tasks import keys
 
 log = logging.getLogger("mediafarm.sent_ledger")
@@ -154,9 +154,9 @@ class LedgerAMQP(AMQP):
                         type(exc).__name__, exc)  # fmt: skip
 
     def _ledger_on(self) -> bool:
-        broker = str(self.app.conf.broker_url or "")
-        return broker.startswith(("redis://", "rediss://", "redis+socket://", "unix://")) \
-            and get_settings().lost_sweep > 0 and hasattr(self.app.backend, "client")  # fmt: skip
+        # This app's broker, not the process's settings: a test's or bench's app may have its own.
+        return not is_amqp(str(self.app.conf.broker_url or "")) and get_settings().lost_sweep > 0 \
+            and hasattr(self.app.backend, "client")  # fmt: skip
 
 
 def _plain(value: Any) -> Any:

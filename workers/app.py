@@ -8,9 +8,10 @@ consumes only the queues of families it can run, and says in Redis what it can r
 memory reading for admission control (``workers.pressure``), what it holds for the pools' scaling
 signal (``workers.load``), and the router that sends farm tasks left on
 Celery's default queue by clients with no farm configuration on to their families' queues
-(``workers.foreign``), the drain (``workers.drain``), the lost-message sweep (``workers.lost_sweep``), and the webhook dispatcher it starts beside it
-(``workers.webhook_dispatch``). A worker started on the plain app imports this module too (the plain app
-names it in Celery's ``imports``, which only a worker reads).
+(``workers.foreign``), the drain (``workers.drain``), the lost-message sweep (``workers.lost_sweep``),
+and the webhook dispatcher it starts beside it (``workers.webhook_dispatch``). A worker started on
+the plain app imports this module too (the plain app names it in Celery's ``imports``, which only a
+worker reads).
 """
 
 from __future__ import annotations
