@@ -80,8 +80,8 @@ def main() -> None:
 
 
 def batch(app, ladder: str, n: int) -> dict:
-    from mediafarm.tasks import keys
-    from mediafarm.tasks.client import submit
+    from mediafarm.tasks.producer.client import submit
+    from mediafarm.tasks.wire import keys
 
     app.backend.client.delete(keys.breakers("bench"), keys.breaker_failures("bench", ladder, "hungry"))
     time.sleep(1.5)  # past refresh_s: no child acts on what it read of the last round's breaker

@@ -149,7 +149,7 @@ def bench_broker(args: argparse.Namespace, workdir: Path, broker_url: str, backe
 def worker_death(args: argparse.Namespace, workdir: Path, broker_url: str, app: Any) -> dict:
     import redis
 
-    from mediafarm.tasks import keys
+    from mediafarm.tasks.wire import keys
 
     client = redis.Redis.from_url(os.environ["FARM_RESULT_BACKEND"])
     workers = Workers(workdir, broker_url, app)

@@ -5,7 +5,7 @@
 For each of ``--starts`` cold starts: a fresh ``cpu`` worker (``farm worker``'s launch, one child)
 on an embedded Redis, with faster-whisper tiny.en in its models folder. Timed: the launch until
 the worker answers a ping (``wait_ready``), and until its capability record is live (the moment
-routing can send it jobs, ``tasks.capability``); then a subtitle job on a short clip, sent as soon
+routing can send it jobs, ``tasks.wire.capability``); then a subtitle job on a short clip, sent as soon
 as the record is live (its child loads the model), and the same job again (warm). Reported: the
 median of each over the starts, and cold job / warm job. This is a worker's part of a wake only:
 what comes before it on Kubernetes (KEDA's poll of a Prometheus scrape, the HPA's sync, a pod
@@ -27,9 +27,9 @@ from bench.farm import farm, worker
 
 def one_start(workdir: Path, clip: Path, index: int) -> tuple[float, float, float, float]:
     """(launch -> ping, launch -> record live, cold job, warm job) in seconds."""
-    from mediafarm.tasks import capability
     from mediafarm.tasks.app import app
-    from mediafarm.tasks.client import submit
+    from mediafarm.tasks.producer.client import submit
+    from mediafarm.tasks.wire import capability
 
     node = f"cold-{index}-{os.getpid()}@{os.uname().nodename}"
     launched = time.monotonic()

@@ -81,7 +81,7 @@ def start(children: int, workdir: Path) -> Any:
 
 def dialogue(queue: str, speakers: tuple[str, str], count: int) -> dict[str, Any]:
     from mediafarm import submit
-    from mediafarm.tasks.client import JobHandle
+    from mediafarm.tasks.producer.client import JobHandle
 
     script = [{"speaker": speakers[i % 2], "text": LINES[i % len(LINES)]} for i in range(count)]
     sent = time.time()

@@ -199,7 +199,7 @@ async def guarded(path: str, http: httpx.AsyncClient, rung: str, text: str) -> S
 def add_queue_waits(samples: list[Sample]) -> None:
     """Each job's wait from its send to its first attempt's start, read from its record in Redis
     by this process (after the level: the gateway is not asked)."""
-    from mediafarm.tasks.handles import JobHandle
+    from mediafarm.tasks.producer.handles import JobHandle
 
     for sample in samples:
         if sample.job and sample.error is None:

@@ -136,7 +136,7 @@ def send_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_capacity(args: argparse.Namespace) -> float:
-    from mediafarm.tasks.client import submit
+    from mediafarm.tasks.producer.client import submit
 
     for job in [submit("chaos", queue=QUEUE, **send_fields(args)) for _ in range(2 * args.children)]:
         job.wait(timeout=60)  # warm: children started, connections open
@@ -185,8 +185,8 @@ def level(args: argparse.Namespace, factor: float, capacity: float, url: str, rn
           *, admission: bool) -> dict[str, Any]:  # fmt: skip
     import httpx
 
-    from mediafarm.tasks.client import handle, submit
-    from mediafarm.tasks.errors import Overloaded
+    from mediafarm.tasks.producer.client import handle, submit
+    from mediafarm.tasks.wire.errors import Overloaded
 
     rate = factor * capacity
     arrivals, t = [], 0.0

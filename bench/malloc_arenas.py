@@ -94,7 +94,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-arenas-") as tmp:
         base = Path(tmp)
         with farm(base, config=pools_toml(base), models=piper_models(base / "models")), ExitStack() as running:
-            from mediafarm.tasks.client import submit
+            from mediafarm.tasks.producer.client import submit
 
             workers = {
                 name: running.enter_context(worker(name, base, node=f"{name}@bench", log=f"{name}.log", timeout=120,

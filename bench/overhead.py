@@ -120,7 +120,7 @@ def throughput(args: argparse.Namespace, app) -> dict:
 
 
 def kill_latency(args: argparse.Namespace, worker) -> dict:
-    from mediafarm.tasks.client import submit
+    from mediafarm.tasks.producer.client import submit
 
     watchdog, outside = [], []
     for _ in range(args.kills):

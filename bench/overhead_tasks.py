@@ -4,10 +4,10 @@ It carries the same soft time limit as the farm task: that is a Celery setting e
 and billiard's timeout bookkeeping is not farm machinery. (The farm's hard limit is the watchdog's.)
 """
 
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
 
-SOFT_LIMIT = families.limits_for(families.get("chaos")).soft
+SOFT_LIMIT = registry.limits_for(registry.get("chaos")).soft
 
 
 @app.task(name="bench.bare_noop", soft_time_limit=SOFT_LIMIT)

@@ -153,9 +153,9 @@ def vad_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
     import torch
     from silero_vad import VADIterator, get_speech_timestamps, get_speech_timestamps_sequence, load_silero_vad
 
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.vad import engines
     from mediafarm.tasks.families.vad.spec import FAMILY, SileroParams, VadRequest
+    from mediafarm.tasks.runtime.context import EngineContext
     from tests.support.vad_tracks import KINDS, make
 
     torch.set_num_threads(1)
@@ -224,7 +224,7 @@ def vad_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
     @contextlib.contextmanager
     def job() -> Iterator[Contender]:
         with farm_worker(workdir, "vad") as worker:
-            from mediafarm.tasks.client import submit
+            from mediafarm.tasks.producer.client import submit
 
             def run(path: Path) -> list[tuple[float, float]]:
                 envelope = submit("vad", media=str(path)).wait(timeout=600)

@@ -38,7 +38,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     from bench.peers import FamilyBench
     from tests.support.subtitle_tracks import SubtitleTrack
@@ -95,8 +94,8 @@ def tracks_bench(
     # Here, not at the top: bench.peers imports this module to list it in FAMILIES, before it
     # limits the threads of numpy and the rest.
     from bench.peers import Contender, FamilyBench, farm_worker, process_tree_cpu
-    from tests.support.subtitle_tracks import normalise, word_errors, words_in_silence
     from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
+    from tests.support.subtitle_tracks import normalise, word_errors, words_in_silence
 
     rung = next(r for r in FAMILY.ladder if r.name == "whisper-tiny")
     models = linked_models(workdir)
@@ -110,7 +109,7 @@ def tracks_bench(
     def job() -> Iterator[Contender]:
         with farm_worker(workdir, FAMILY.queue) as worker:
             from mediafarm.config.settings import get_settings
-            from mediafarm.tasks.client import submit
+            from mediafarm.tasks.producer.client import submit
 
             def run(path: str) -> tuple[str, Words]:
                 handle = submit("subtitle", media=path, formats=["json"])
@@ -204,9 +203,9 @@ def with_words(segments: Any) -> Words:
 def engine_words(models: Path, path: str, params: Any) -> Words:
     """The farm's whisper engine run in this process (``EngineContext.local``) on ``path`` with
     ``params`` (a ``WhisperParams``): its words from ``subtitles.json``, normalised."""
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
+    from mediafarm.tasks.runtime.context import EngineContext
     from tests.support.subtitle_tracks import normalise
 
     ctx = EngineContext.local(models_dir=models)

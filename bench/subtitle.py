@@ -313,12 +313,12 @@ def child(spec: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     import soundfile as sf
 
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines
     from mediafarm.tasks.families.subtitle.recognizers import load_pocketsphinx, load_whisper
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
     from mediafarm.tasks.families.vad.engines import silero_model
-    from mediafarm.tasks.family import NoParams
+    from mediafarm.tasks.runtime.context import EngineContext
+    from mediafarm.tasks.wire.family import NoParams
 
     t1 = time.perf_counter()
     mode, media = spec["mode"], Path(spec["media"])

@@ -87,9 +87,9 @@ def main() -> None:
 
     from faster_whisper import BatchedInferencePipeline, decode_audio
 
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines, recognizers
     from mediafarm.tasks.families.subtitle.spec import FAMILY, SubtitleRequest, WhisperParams
+    from mediafarm.tasks.runtime.context import EngineContext
     from tests.support.speech import make_track
     from tests.support.subtitle_tracks import KINDS, SENTENCES, make, normalise, word_errors
 

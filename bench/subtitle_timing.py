@@ -60,11 +60,11 @@ def make_tracks(folder: Path, sentences: int, noises: list[float]) -> list[Any]:
 
 
 def run_track(rung: str, track: Any, storage: Path) -> dict[str, Any]:
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines, onsets
     from mediafarm.tasks.families.subtitle.cues import build_cues
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
     from mediafarm.tasks.kit import NoParams, Span
+    from mediafarm.tasks.runtime.context import EngineContext
     from tests.support import timed_speech as ts
 
     raw: list[tuple[Any, Any]] = []  # (pieces of the window, what the recogniser heard), in order

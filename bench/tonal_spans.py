@@ -51,8 +51,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.update(ONE_THREAD)
 
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines, tonal
+    from mediafarm.tasks.runtime.context import EngineContext
     from tests.support.heldout_corpus import make, recipes, split
 
     made = recipes()

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.farm import SENTENCES
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.tts import engines
 from mediafarm.tasks.families.tts.spec import ChatTTSParams, EspeakParams, PiperParams, TtsRequest
+from mediafarm.tasks.runtime.context import EngineContext
 
 # tests/support (the tiny ChatTTS) is imported from the repository, as the other benches do.
 REPO = Path(__file__).resolve().parent.parent

@@ -101,9 +101,9 @@ def child(variant: str, path: Path) -> None:
         import torch  # noqa: F401  (imported here so import time is not counted as load time)
         from silero_vad import load_silero_vad
 
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.vad import engines as vad
     from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest
+    from mediafarm.tasks.runtime.context import EngineContext
 
     t1 = time.perf_counter()
     # Each variant's own model: the engine's loader (sequence ONNX model, one thread), or silero's

@@ -42,7 +42,7 @@ def idle_cpu(pid: int, seconds: float) -> None:
 
 
 def round_trip(rung: str, jobs: int) -> None:
-    from mediafarm.tasks.client import submit
+    from mediafarm.tasks.producer.client import submit
 
     rows = []
     for i in range(jobs + 2):

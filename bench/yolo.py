@@ -75,9 +75,9 @@ def peak_rss_mb() -> float:
 
 # ---------------------------------------------------------------- child: one measurement
 def child(variant: str, video: Path, models: Path) -> dict[str, Any]:
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.yolo import engines
     from mediafarm.tasks.families.yolo.spec import DetectParams, MotionParams, YoloRequest
+    from mediafarm.tasks.runtime.context import EngineContext
 
     ctx = EngineContext.local(models_dir=models)
     request = YoloRequest(media=str(video), stride=STRIDE)

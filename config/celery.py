@@ -17,7 +17,7 @@ from mediafarm.config.settings import FarmSettings, is_amqp
 
 # Routing reads the family registry: every family's task goes to its family queue unless the
 # producer names another. A string, so this module does not import the tasks package.
-ROUTER = "mediafarm.tasks.families.route"
+ROUTER = "mediafarm.tasks.registry.route"
 # Celery's Redis backend, except that nothing but a SUCCESS replaces a stored SUCCESS (atomic).
 RESULT_BACKEND = "mediafarm.tasks.result_backend:FarmRedisBackend"
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

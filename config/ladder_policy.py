@@ -17,7 +17,7 @@ own ladder and leaves its rungs as the family declares them::
     [ladders.vad]
     breaker = { enabled = false }
 
-The breaker itself is ``tasks.breaker``; the pressure reading is the admission control's.
+The breaker itself is ``tasks.runtime.breaker``; the pressure reading is the admission control's.
 """
 
 from __future__ import annotations

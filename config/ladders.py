@@ -1,6 +1,6 @@
 """Downgrade ladders as the operator declares them: ordered rungs, best first, cheapest last.
 
-A job runs on the rung given by the resource failures it has had (``tasks.downgrade``). Each
+A job runs on the rung given by the resource failures it has had (``tasks.runtime.downgrade``). Each
 rung names an *engine* of its family (``FamilySpec.engines``) and that engine's parameters.
 Every family declares a default ladder in its own folder; operators replace it, or add named
 ladders a family can be asked to use, in ``FARM_CONFIG_FILE``::
@@ -44,11 +44,11 @@ class Rung:
         device: ``cpu`` or ``cuda``; a ``cuda`` rung is unavailable on a pool without a GPU.
         languages: The languages the rung speaks or recognises, as the operator states them
             (``languages = ["en", "fr"]`` in farm.toml: a fine-tuned model whose folder tells
-            nothing); None: what its engine tells (``tasks.languages``).
+            nothing); None: what its engine tells (``tasks.wire.languages``).
         fallback: True: the rung gives no real answer, only a stand-in (VAD ``skip``: no spans;
             YOLO ``motion``: no detections), so a job takes it only after failing on the rungs
             above, never because their breakers are open or the pool is under pressure
-            (``tasks.ladder_choice``). False: a cheaper answer. None: what its engine declares
+            (``tasks.runtime.ladder_choice``). False: a cheaper answer. None: what its engine declares
             (``EngineSpec.fallback``).
     """
 
@@ -98,6 +98,13 @@ class Ladder:
 
     def __len__(self) -> int:
         return len(self.rungs)
+
+    @property
+    def identity(self) -> str:
+        """The name the ladder's breakers and policy go by. A job that asks to start from one of its
+        family's rungs runs the family's ladder from there (``registry.ladder_for``: "tts from
+        chattts-cpu"); its rungs are the family ladder's, and so are their breakers and policy."""
+        return self.name.partition(" from ")[0]
 
 
 def _rung_from_table(ladder: str, row: Any) -> Rung:

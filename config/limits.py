@@ -26,7 +26,7 @@ class TimeLimits:
         soft: Raises SoftTimeLimitExceeded in the task: a resource failure, the job moves down.
         hard: The watchdog kills the child: the job moves down. Must stay below the broker's
             visibility timeout (the worker refuses to start otherwise).
-        stall: The watchdog kills a child that gave no sign of life (``tasks.liveness``: the job's
+        stall: The watchdog kills a child that gave no sign of life (``tasks.runtime.liveness``: the job's
             start, progress, partial outputs, checkpoints, cancel checks, ``ctx.alive()``) for this
             long: the attempt is ``stalled``, the same rung runs once more, a second stall moves
             the job down. Set above the family's longest model load and engine step. Default 300.

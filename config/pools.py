@@ -35,7 +35,7 @@ POOL_QUEUE_SEP = "@"
 
 def pool_queue(pool: str, family_queue: str) -> str:
     """The queue of one family that only ``pool``'s workers consume, e.g. ``subtitle@gpu0``: a job
-    routed to the pool whose workers run the best rung of its ladder goes there (``tasks.routing``).
+    routed to the pool whose workers run the best rung of its ladder goes there (``tasks.producer.routing``).
     Every worker adds its pool's queue of each family whose queue it consumes (``workers.capability``)."""
     return f"{family_queue}{POOL_QUEUE_SEP}{pool}"
 

@@ -66,7 +66,7 @@ class FarmSettings(BaseSettings):
         lost_sweep: Redis: seconds between two looks for job messages lost in kombu's fetch (taken
             off their queue, the reply lost to a Redis restart or a network cut before the worker
             recorded them unacked), and the least age of a message looked for; one found nowhere
-            at two looks is sent again under its id (``tasks.sent_ledger``, ``tasks.lost_messages``).
+            at two looks is sent again under its id (``tasks.sent_ledger``, ``tasks.runtime.lost_messages``).
             0: off, and producers record nothing.
         soft_shutdown_timeout: Seconds a cold-shutting-down worker waits for running jobs before
             handing their messages back to the queue (Celery's ``worker_soft_shutdown_timeout``).
@@ -82,14 +82,14 @@ class FarmSettings(BaseSettings):
             (a broker hiccup, a worker that died under a job it did not cause).
         watchdog_interval: Seconds between two RSS polls of the pool children.
         checkpoint_interval: Seconds between two checkpoints of a resuming family's job at most
-            (``tasks.checkpoint``): a lost attempt costs about this much work plus its last unit.
+            (``tasks.wire.checkpoint``): a lost attempt costs about this much work plus its last unit.
         config_file: Optional TOML file that overrides the declared pools and ladders.
         metrics_port: Port of the worker's Prometheus endpoint (jobs, kills, queues ...); 0 turns it off.
         gateway_metrics_open: Serve the gateway's ``GET /metrics`` without a bearer token even when
             FARM_API_TOKENS is set (a scraper on a private network); by default it asks for one.
         pool: The pool (``config.pools``) this worker process serves; sets its caps.
         routing: Route each job to the pool whose live workers run the best rung of its ladder
-            (``tasks.routing``): at submit, to that pool's own queue of the family; at a delivery,
+            (``tasks.producer.routing``): at submit, to that pool's own queue of the family; at a delivery,
             to another pool's queue when the next rung is that pool's best (a GPU job killed for
             memory whose next rung is the CPU pool's). Off: every job goes to its family's queue
             and runs its whole ladder on whichever worker takes it.
@@ -98,7 +98,7 @@ class FarmSettings(BaseSettings):
             stays where it is); 0: never, every job waits for the best pool.
         wake_pools: The pools an orchestrator scales from zero (a KEDA ``ScaledObject`` with
             ``minReplicaCount: 0``), comma-separated: while one has no live worker, a job it would
-            start on a better rung than routing chose counts as wanting it (``tasks.wake``). Empty:
+            start on a better rung than routing chose counts as wanting it (``tasks.producer.wake``). Empty:
             none; a pool not listed is never woken by the jobs it would run better, only by those
             waiting in its queues.
         wake_window: Seconds a job counts as wanting a pool of ``wake_pools``: while such jobs were

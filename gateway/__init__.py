@@ -13,9 +13,9 @@ transcription and model routes), ``ws`` (the WebSocket protocols), and ``common`
 (the one submit and its refusals, the upload receiver, the read model of a job, the sockets' close
 codes); a part imports no other, and ``app`` wires them.
 
-The gateway submits and follows jobs with the producer API (``tasks.client``, ``tasks.handles``)
+The gateway submits and follows jobs with the producer API (``tasks.producer.client``, ``tasks.producer.handles``)
 and never imports the worker side. Nothing here is imported by ``import mediafarm``: the FastAPI
 app needs the ``gateway`` extra. The uploads' layout on disk, which ``farm gc`` reads too, is
-:mod:`mediafarm.tasks.upload_store`, beside the artifact store, so the worker side never imports
+:mod:`mediafarm.tasks.wire.upload_store`, beside the artifact store, so the worker side never imports
 the gateway.
 """

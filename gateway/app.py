@@ -21,10 +21,10 @@ from mediafarm.gateway.openai import speech, transcriptions
 from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws import live_subtitles, rooms
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.family import FamilySpec
-from mediafarm.tasks.upload_store import UploadStore
+from mediafarm.tasks.wire.family import FamilySpec
+from mediafarm.tasks.wire.upload_store import UploadStore
 
 DESCRIPTION = (
     "Submit the farm's jobs, follow them as they run (Server-Sent Events), fetch what they made. "
@@ -35,7 +35,7 @@ DESCRIPTION = (
 def create_app(config: GatewayConfig | None = None) -> FastAPI:
     """The gateway for this farm's families; ``config`` defaults to the ``FARM_*`` settings."""
     config = config or GatewayConfig.from_settings(get_settings())
-    specs = list(families.load().values())
+    specs = list(registry.load().values())
     app = FastAPI(title="mediafarm gateway", version=__version__, description=DESCRIPTION)
     app.state.config = config
     app.state.uploads = UploadStore(config.uploads_dir, config.upload_max_bytes, config.upload_max_count)

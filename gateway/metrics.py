@@ -4,7 +4,7 @@ headers, plus the process's CPU and memory, and the pools' scaling signal.
 
 The farm-wide figures (queues, jobs, breakers, refusals by reason) are the workers'
 (docs/operating.md, "Metrics"): a gateway only adds what passed through it, and the pools'
-scaling signal (``tasks.scaling_metrics``), which a pool scaled to zero has no worker to serve.
+scaling signal (``tasks.producer.scaling_metrics``), which a pool scaled to zero has no worker to serve.
 Each app has its own registry, so two gateways in one process (tests) count apart.
 
 ``/metrics`` asks for a bearer token like every ``/v1`` route when FARM_API_TOKENS is set
@@ -20,12 +20,18 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client import ProcessCollector
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from mediafarm.gateway.security import caller
-from mediafarm.tasks import scaling_metrics
 from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.producer import scaling_metrics
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

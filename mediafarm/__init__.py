@@ -19,24 +19,24 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "submit": "mediafarm.tasks.client",
-    "handle": "mediafarm.tasks.client",
-    "JobHandle": "mediafarm.tasks.handles",
-    "PipelineHandle": "mediafarm.tasks.handles",
-    "known_families": "mediafarm.tasks.client",
-    "FarmError": "mediafarm.tasks.errors",
-    "JobFailed": "mediafarm.tasks.errors",
-    "JobRejected": "mediafarm.tasks.errors",
-    "JobCancelled": "mediafarm.tasks.errors",
-    "LadderExhausted": "mediafarm.tasks.errors",
-    "InvalidRequest": "mediafarm.tasks.errors",
-    "Overloaded": "mediafarm.tasks.errors",
-    "PermanentFailure": "mediafarm.tasks.errors",
-    "Envelope": "mediafarm.tasks.records",
-    "Attempt": "mediafarm.tasks.records",
-    "ArtifactInfo": "mediafarm.tasks.records",
-    "Progress": "mediafarm.tasks.records",
-    "Outcome": "mediafarm.tasks.records",
+    "submit": "mediafarm.tasks.producer.client",
+    "handle": "mediafarm.tasks.producer.client",
+    "JobHandle": "mediafarm.tasks.producer.handles",
+    "PipelineHandle": "mediafarm.tasks.producer.handles",
+    "known_families": "mediafarm.tasks.producer.client",
+    "FarmError": "mediafarm.tasks.wire.errors",
+    "JobFailed": "mediafarm.tasks.wire.errors",
+    "JobRejected": "mediafarm.tasks.wire.errors",
+    "JobCancelled": "mediafarm.tasks.wire.errors",
+    "LadderExhausted": "mediafarm.tasks.wire.errors",
+    "InvalidRequest": "mediafarm.tasks.wire.errors",
+    "Overloaded": "mediafarm.tasks.wire.errors",
+    "PermanentFailure": "mediafarm.tasks.wire.errors",
+    "Envelope": "mediafarm.tasks.wire.records",
+    "Attempt": "mediafarm.tasks.wire.records",
+    "ArtifactInfo": "mediafarm.tasks.wire.records",
+    "Progress": "mediafarm.tasks.wire.records",
+    "Outcome": "mediafarm.tasks.wire.records",
     # The TTS family's producer API, listed because producers import it from here. The table is
     # static so that a name resolves without importing every family; a new family's helpers are
     # imported from its own package (tasks/kit/__init__.py, "Root exports").
@@ -69,8 +69,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from mediafarm.tasks.client import handle, known_families, submit
-    from mediafarm.tasks.errors import (
+    from mediafarm.tasks.families.tts.speakers import list_speakers, register_speaker, remove_speaker
+    from mediafarm.tasks.producer.client import handle, known_families, submit
+    from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle
+    from mediafarm.tasks.wire.errors import (
         FarmError,
         InvalidRequest,
         JobCancelled,
@@ -80,9 +82,7 @@ if TYPE_CHECKING:
         Overloaded,
         PermanentFailure,
     )
-    from mediafarm.tasks.families.tts.speakers import list_speakers, register_speaker, remove_speaker
-    from mediafarm.tasks.handles import JobHandle, PipelineHandle
-    from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, Outcome, Progress
+    from mediafarm.tasks.wire.records import ArtifactInfo, Attempt, Envelope, Outcome, Progress
 
 
 def __getattr__(name: str) -> Any:

@@ -1,16 +1,14 @@
 """The one Celery app of the farm, plain: producers import it to send and to read results.
 
-Every registered family (``tasks.families``) gets its task here. A family's spec module is light
-(pydantic models, names); its engines are imported only in a pool child, on first use, so a
-producer that imports this module pulls no media or model package.
-
-Workers run the same app with the worker side wired in by :data:`WORKER_ENTRY` (the memory
-watchdog, the configuration check, child set-up, metrics). Nothing here imports it: a producer
-never loads the watchdog, psutil or prometheus-client. A worker loads it whichever module it was
-started with: ``celery -A mediafarm.workers.app worker`` and ``farm worker`` import it first, and a
-worker started on this module (``celery -A mediafarm.tasks.app worker``, as earlier versions said)
-imports it through Celery's ``imports`` setting, which only a worker reads, before it builds its
-bootsteps.
+It registers no task. A producer sends by task name (``FamilySpec.task_name``), so it needs none,
+and importing this module loads nothing of the worker side of a job (``tasks/runtime/``). A worker
+gets a task for every registered family from its entry, :data:`WORKER_ENTRY`, which calls
+:func:`~mediafarm.tasks.runtime.base.register_tasks` on this same app and wires in the worker side
+(the memory watchdog, the configuration check, child set-up, metrics). A worker loads that entry
+whichever module it was started with: ``celery -A mediafarm.workers.app worker`` and ``farm
+worker`` import it first, and a worker started on this module (``celery -A mediafarm.tasks.app
+worker``, as earlier versions said) imports it through Celery's ``imports`` setting, which only a
+worker reads, before it builds its bootsteps.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from celery import Celery, signals
 
 from mediafarm.config.celery import celery_config
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families, sent_ledger
-from mediafarm.tasks.base import make_task
+from mediafarm.tasks import sent_ledger
 
 # Message header: Unix time the message was sent (a submit, or a retry), from which a worker's
 # metrics take the job's wait in the queue (``workers.job_metrics``).
@@ -34,13 +31,11 @@ WORKER_ENTRY = "mediafarm.workers.app"
 
 # No fix-ups: Celery's only built-in one (Django's) imports celery.worker, the worker's bootsteps,
 # into every process that builds an app, and the farm runs no Django.
-# Its AMQP part keeps every farm task's message published on Redis until the job ends (``tasks.sent_ledger``).
+# Its AMQP part keeps every farm task's message published on Redis until the job ends (``tasks/sent_ledger.py``).
 app = Celery("mediafarm", fixups=(), amqp=sent_ledger.LedgerAMQP)
 app.config_from_object(celery_config(get_settings()))
 # Read by workers only (Celery's loader, at worker start): never by a producer.
 app.conf.imports = (*app.conf.imports, WORKER_ENTRY)
-for _spec in families.load().values():
-    make_task(app, _spec)
 
 
 def _stamp_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:

@@ -12,7 +12,7 @@ stored SUCCESS (a second completion publishes nothing), and in the same step it 
 attempt log the envelope's attempts. A stale copy of the job's message (a paused or cut-off
 worker's, handed out again meanwhile) may have appended an attempt the successful worker never
 read; without this the log would keep that open record after the envelope's last attempt. Once
-the SUCCESS is stored, the log's conditional writes (``tasks.history``) refuse every change, so
+the SUCCESS is stored, the log's conditional writes (``tasks.wire.history``) refuse every change, so
 history and envelope agree for good.
 
 ``config.celery`` selects this class for every Redis result URL (Celery's ``class+url`` form).
@@ -28,18 +28,9 @@ from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-from mediafarm.tasks import keys, sent_ledger
-
-# A Lua function for the farm's scripts (here and ``tasks.history``): does the result key hold a
-# stored SUCCESS? A meta that is not JSON is not one.
-LUA_STORED_SUCCESS = """
-local function stored_success(key)
-  local stored = redis.call('GET', key)
-  if not stored then return false end
-  local ok, meta = pcall(cjson.decode, stored)
-  return ok and type(meta) == 'table' and meta['status'] == 'SUCCESS'
-end
-"""
+from mediafarm.tasks import sent_ledger
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.history import LUA_STORED_SUCCESS
 
 # Writes the state (KEYS[1] = ARGV[1], expiry ARGV[2] s, 0: none) and publishes it to waiting
 # clients, as Celery's ``_set`` does, unless the stored meta is a SUCCESS (then returns 0). A meta

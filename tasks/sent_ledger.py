@@ -14,7 +14,7 @@ without changing every producer's message format; the farm keeps its own copy in
   is ever sent twice for it);
 - the step that stores a job's end (``tasks.result_backend``, SUCCESS, FAILURE or REVOKED) removes
   both in the same Lua script: no round trip of its own;
-- a worker's sweep (``tasks.lost_messages``) sends again the message of a job found in no queue,
+- a worker's sweep (``tasks.runtime.lost_messages``) sends again the message of a job found in no queue,
   not unacked and not ended, at two looks ``FARM_LOST_SWEEP`` apart.
 
 A plain Celery client with no farm configuration records nothing: its jobs are not covered.
@@ -32,7 +32,7 @@ from typing import Any
 from celery.app.amqp import AMQP
 
 from mediafarm.config.settings import get_settings, is_amqp
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 
 log = logging.getLogger("mediafarm.sent_ledger")
 

@@ -74,7 +74,7 @@ def exported_series() -> set[str]:
     from prometheus_client import REGISTRY
 
     from mediafarm.gateway.metrics import GatewayMetrics
-    from mediafarm.tasks.scaling_metrics import PoolScaling
+    from mediafarm.tasks.producer.scaling_metrics import PoolScaling
     from mediafarm.workers import metrics
     from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
 
@@ -195,20 +195,20 @@ def test_the_cpu_image_runs_a_rung_of_every_family_its_pool_consumes(compose: di
     from importlib.metadata import packages_distributions
 
     from mediafarm.config.pools import expand_queues
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
     dists, _ = cpu_image(compose)
     module_dists = {m: {d.lower().replace("_", "-") for d in ds} for m, ds in packages_distributions().items()}
     command = compose["services"]["worker-cpu"]["command"]
     pool = get_pools()[command[command.index("--pool") + 1]]
-    builtin = [s for s in families.load().values() if s.engines and type(s).__module__.startswith("mediafarm")]
+    builtin = [s for s in registry.load().values() if s.engines and type(s).__module__.startswith("mediafarm")]
     consumed = set(expand_queues(pool.queues, [s.queue for s in builtin if s.in_default_pools]))
     assert {"vad", "subtitle", "tts", "yolo"} <= consumed
     for spec in builtin:
         if spec.queue not in consumed:
             continue
         runnable = [
-            rung.name for ladder in families.ladders_of(spec) for rung in ladder.rungs
+            rung.name for ladder in registry.ladders_of(spec) for rung in ladder.rungs
             if rung.device != "cuda" and spec.engines[rung.engine].weights is None
             and all(module_dists.get(m, {m}) & dists for m in spec.engines[rung.engine].needs)
         ]  # fmt: skip

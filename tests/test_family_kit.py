@@ -48,7 +48,7 @@ def farm_imports_outside_the_kit(module: str, path: Path) -> list[str]:
 def test_the_rule_tells_the_kit_and_families_from_the_rest_of_the_farm() -> None:
     assert allowed("mediafarm.tasks.kit") and allowed("mediafarm.tasks.kit.media.audio_blocks")
     assert allowed("mediafarm.tasks.families.tts.speakers") and allowed("numpy") and allowed("tests.support.toy")
-    assert not allowed("mediafarm.tasks.families")  # the registry
+    assert not allowed("mediafarm.tasks.registry")  # the registry
     assert not allowed("mediafarm.tasks.kitchen") and not allowed("mediafarm")
     assert not allowed("mediafarm.tasks.app") and not allowed("mediafarm.config.ladders")
     # A function-level import of the app is caught; the kit's names are not.
@@ -85,8 +85,10 @@ def test_every_name_the_kit_offers_resolves(module) -> None:
 def test_the_light_kit_loads_no_media_model_or_worker_package(tmp_path: Path, redis_url: str) -> None:
     # Spec modules import the kit and every farm process imports the specs, producers included.
     loaded = loaded_after("import mediafarm.tasks.kit", tmp_path, redis_url)
-    assert KIT in loaded and "mediafarm.tasks.context" in loaded  # the walk itself works
+    assert KIT in loaded and "mediafarm.tasks.wire.family" in loaded  # the walk itself works
     assert [m for m in loaded if m.split(".")[0] in HEAVY + WORKER_SIDE] == []
+    # The engine's names (EngineContext, torch_device, alive) come from the runtime on first use.
+    assert [m for m in loaded if m.startswith("mediafarm.tasks.runtime")] == []
     assert "mediafarm.tasks.app" not in loaded  # farm_redis builds the app on first use, not on import
 
 
@@ -99,7 +101,7 @@ def test_a_familys_keys_live_under_the_farms_prefix_outside_the_farms_own_spaces
     with pytest.raises(ValueError, match="non-empty"):
         kit.family_key("loudness", "")
     # FARM_SPACES is every space keys.py's own keys use, so no family key can land among them.
-    from mediafarm.tasks import keys
+    from mediafarm.tasks.wire import keys
 
     own = {name: value for name, value in vars(keys).items() if callable(value) and value.__module__ == keys.__name__}
     spaces = {

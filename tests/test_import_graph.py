@@ -16,7 +16,6 @@ from tests.conftest import REPO
 from tests.test_packaging import ROOTS
 
 
-
 def modules() -> dict[str, Path]:
     """Every module of the package by its installed name (a package by its ``__init__.py``)."""
     found = {}
@@ -104,15 +103,15 @@ def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_function_level_relative_and_type_checking_imports() -> None:
     source = (
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from mediafarm.tasks.plan import Plan\n"
-        "def late():\n    from mediafarm.tasks import keys\n    import mediafarm.tasks.app\n"
+        "if TYPE_CHECKING:\n    from mediafarm.tasks.wire.plan import Plan\n"
+        "def late():\n    from mediafarm.tasks.wire import keys\n    import mediafarm.tasks.app\n"
         "from .records import Progress\n"
     )
-    names = set(imported_names(source, "mediafarm.tasks.handles", is_package=False))
-    assert {"mediafarm.tasks.plan.Plan", "mediafarm.tasks.keys", "mediafarm.tasks.app"} <= names
-    assert "mediafarm.tasks.records.Progress" in names  # relative to the module's package
-    in_package = set(imported_names("from ...errors import X\n", "mediafarm.tasks.families.vad", is_package=True))
-    assert "mediafarm.tasks.errors.X" in in_package  # relative to the package itself
+    names = set(imported_names(source, "mediafarm.tasks.wire.history", is_package=False))
+    assert {"mediafarm.tasks.wire.plan.Plan", "mediafarm.tasks.wire.keys", "mediafarm.tasks.app"} <= names
+    assert "mediafarm.tasks.wire.records.Progress" in names  # relative to the module's package
+    in_package = set(imported_names("from ...wire.errors import X\n", "mediafarm.tasks.families.vad", is_package=True))
+    assert "mediafarm.tasks.wire.errors.X" in in_package  # relative to the package itself
 
 
 def test_cycles_finds_a_cycle_through_any_number_of_modules_and_nothing_else() -> None:
@@ -124,9 +123,9 @@ def test_no_import_cycle_in_the_package() -> None:
     known = modules()
     edges = graph(known)
     # The walk itself works: edges every farm process has.
-    assert "mediafarm.tasks.handles" in edges["mediafarm.tasks.client"]
+    assert "mediafarm.tasks.producer.handles" in edges["mediafarm.tasks.producer.client"]
     assert "mediafarm.tasks.app" in edges["mediafarm.workers.app"]
-    assert "mediafarm.tasks.plan" in edges["mediafarm.tasks.context"]
+    assert "mediafarm.tasks.wire.plan" in edges["mediafarm.tasks.runtime.context"]
     found = cycles(edges)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
@@ -146,7 +145,7 @@ def test_tasks_never_import_workers() -> None:
 
 def test_the_gateway_is_a_producer_it_never_imports_workers_and_nothing_but_the_cli_imports_it() -> None:
     edges = graph(modules())
-    assert "mediafarm.tasks.client" in edges["mediafarm.gateway.http.jobs"]  # the walk sees the gateway
+    assert "mediafarm.tasks.producer.client" in edges["mediafarm.gateway.http.jobs"]  # the walk sees the gateway
     gateway, workers = "mediafarm.gateway", "mediafarm.workers"
     wrong = sorted(
         f"{module} -> {target}"
@@ -185,3 +184,38 @@ def test_the_gateway_s_route_parts_share_only_its_common_part_and_only_the_app_w
     assert wrong == [], "a route part (or common) imports another part; share it through gateway.common: " + ", ".join(
         wrong
     )
+
+
+# tasks/ by audience, lowest first: a module imports its own layer and those below it, never one above.
+# The family shelf (``families/``) and its kit are held by tests/test_family_kit.py instead.
+TASK_LAYERS = (
+    ("wire", ("mediafarm.tasks.wire", "mediafarm.tasks.media")),
+    ("app", ("mediafarm.tasks.app", "mediafarm.tasks.result_backend", "mediafarm.tasks.sent_ledger",
+             "mediafarm.tasks.registry")),  # fmt: skip
+    ("producer", ("mediafarm.tasks.producer",)),
+    ("runtime", ("mediafarm.tasks.runtime",)),
+)
+
+
+def task_layer(module: str) -> int | None:
+    """The index in TASK_LAYERS of ``module``'s layer; None outside them."""
+    return next((i for i, (_, roots) in enumerate(TASK_LAYERS)
+                 for root in roots if module == root or module.startswith(root + ".")), None)  # fmt: skip
+
+
+def test_tasks_are_in_folders_by_audience_and_import_only_downwards() -> None:
+    edges = graph(modules())
+    tasks = [m for m in modules() if m.startswith("mediafarm.tasks.")]
+    # Every module of tasks/ is in a layer but the shelf of families and their kit.
+    shelf = ("mediafarm.tasks.families", "mediafarm.tasks.kit")
+    unplaced = [m for m in tasks if task_layer(m) is None and not m.startswith(shelf)]
+    assert unplaced == []
+    assert "mediafarm.tasks.wire.keys" in edges["mediafarm.tasks.producer.client"]  # the walk sees the layers
+    upward = sorted(
+        f"{module} ({TASK_LAYERS[task_layer(module)][0]}) -> {target} ({TASK_LAYERS[task_layer(target)][0]})"
+        for module in tasks
+        if task_layer(module) is not None
+        for target in edges[module]
+        if task_layer(target) is not None and task_layer(target) > task_layer(module)
+    )
+    assert upward == [], "tasks/ imports a layer above its own: " + ", ".join(upward)

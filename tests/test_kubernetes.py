@@ -397,7 +397,7 @@ def test_each_worker_pool_has_a_scaled_object_on_its_own_load_a_series_the_farm_
         assert {label for q in queries for label in re.findall(r'pool="([^"]+)"', q)} == {pool}, name
         assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"], name
         if spec["minReplicaCount"] == 0:
-            # Woken by the jobs that want it (tasks/wake.py): it is a wake pool, any load activates
+            # Woken by the jobs that want it (tasks/producer/wake.py): it is a wake pool, any load activates
             # it, and its idle time outlasts the wake window, or the jobs that woke it would wake it
             # again as it goes.
             assert pool in keda_settings().get("FARM_WAKE_POOLS", "").split(","), name

@@ -78,7 +78,7 @@ def test_producer_with_its_own_tasks_and_config_modules_imports_the_farm(tmp_pat
         from mediafarm import submit, JobRejected
         import mediafarm.tasks.app
         import tasks, config
-        from mediafarm.tasks.errors import JobFailed
+        from mediafarm.tasks.wire.errors import JobFailed
         assert issubclass(JobRejected, JobFailed) and callable(submit)
         assert mediafarm.tasks.app.app.main == "mediafarm"
         print(tasks.MARKER, "|", config.MARKER)
@@ -95,7 +95,7 @@ def test_importing_the_settings_does_not_build_the_celery_app(tmp_path: Path) ->
         """
         import sys
         import mediafarm.config.settings
-        print("mediafarm.tasks.app" in sys.modules, "mediafarm.tasks.client" in sys.modules)
+        print("mediafarm.tasks.app" in sys.modules, "mediafarm.tasks.producer.client" in sys.modules)
         """,
         cwd=tmp_path,
         env=_producer_env(),
@@ -111,9 +111,9 @@ def test_a_producer_imports_no_media_or_model_package(tmp_path: Path, redis_url:
         """
         import sys
         import mediafarm
-        import mediafarm.tasks.app, mediafarm.tasks.client, mediafarm.workers.cli
-        from mediafarm.tasks import families
-        families.load()
+        import mediafarm.tasks.app, mediafarm.tasks.producer.client, mediafarm.workers.cli
+        from mediafarm.tasks import registry
+        registry.load()
         heavy = ["av", "numpy", "soundfile", "torch", "onnxruntime", "ultralytics", "ChatTTS", "cv2",
                  "faster_whisper", "ctranslate2", "silero_vad", "piper", "pocketsphinx"]
         print(sorted(m for m in heavy if m in sys.modules))

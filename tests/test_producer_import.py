@@ -40,6 +40,9 @@ def offending(loaded: list[str]) -> dict[str, list[str]]:
     """What of ``loaded`` a producer must not have, by why."""
     return {
         "mediafarm.workers": [m for m in loaded if m == "mediafarm.workers" or m.startswith("mediafarm.workers.")],
+        # The worker side of a job (the farm task, the ladder runner, the OOM killer ...): the app
+        # a producer imports registers no task, so it loads none of it.
+        "mediafarm.tasks.runtime": [m for m in loaded if m.startswith("mediafarm.tasks.runtime")],
         "worker side": [m for m in loaded if m.split(".")[0] in WORKER_SIDE],
         "Celery's worker control": [m for m in loaded if m.startswith("celery.worker.control")],
         "media and model packages": [m for m in loaded if m.split(".")[0] in HEAVY],
@@ -50,22 +53,25 @@ def test_import_mediafarm_loads_the_client_and_no_worker_code(tmp_path: Path, re
     loaded = loaded_after(
         """
         import mediafarm
-        from mediafarm import JobHandle, PipelineHandle, submit
-        import mediafarm.tasks.client
+        from mediafarm import JobHandle, PipelineHandle, known_families, submit
+        import mediafarm.tasks.producer.client
         assert callable(submit) and issubclass(PipelineHandle, JobHandle)
+        # What a submit reads first: every family's spec, and with it the kit the specs import.
+        assert {"vad", "tts", "subtitle", "yolo"} <= set(known_families())
         """,
         tmp_path,
         redis_url,
     )
     # The client and the app it sends with are there: the walk itself works.
-    assert {"mediafarm.tasks.client", "mediafarm.tasks.app", "mediafarm.tasks.handles", "celery"} <= set(loaded)
+    assert {"mediafarm.tasks.producer.client", "mediafarm.tasks.app", "mediafarm.tasks.producer.handles", "celery",
+            "mediafarm.tasks.kit", "mediafarm.tasks.families.subtitle_live.push"} <= set(loaded)  # fmt: skip
     assert offending(loaded) == {key: [] for key in offending([])}
 
 
 def test_the_farm_cli_loads_no_worker_side_until_a_worker_command_runs(tmp_path: Path, redis_url: str) -> None:
     # `farm submit`, `farm status` ... are producers' commands: the CLI module imports the worker
     # side (psutil, prometheus-client, Celery's worker control) only inside `worker`, `up` and `demo`.
-    loaded = loaded_after("import mediafarm.workers.cli, mediafarm.tasks.client", tmp_path, redis_url)
+    loaded = loaded_after("import mediafarm.workers.cli, mediafarm.tasks.producer.client", tmp_path, redis_url)
     assert "mediafarm.workers.cli" in loaded
     found = offending(loaded)
     assert found["worker side"] == [] and found["Celery's worker control"] == []
@@ -94,7 +100,7 @@ def test_farm_submit_and_farm_status_as_a_producer_runs_them_load_no_worker_modu
             tmp_path,
             redis_url,
         )
-        assert {"mediafarm.cli.jobs", "mediafarm.tasks.client", "celery"} <= set(loaded)  # the command ran
+        assert {"mediafarm.cli.jobs", "mediafarm.tasks.producer.client", "celery"} <= set(loaded)  # the command ran
         assert offending(loaded) == {key: [] for key in offending([])}, argv
         # Nor Celery's worker (its bootsteps), which Celery's Django fix-up would import with the app.
         assert [m for m in loaded if m == "celery.worker" or m.startswith(("celery.worker.", "celery.bootsteps"))] == []

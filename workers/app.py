@@ -1,8 +1,8 @@
 """The worker entry: ``celery -A mediafarm.workers.app worker`` (what ``farm worker`` runs).
 
-It is the farm's one app (``mediafarm.tasks.app``, which producers import as it is) with the
-worker side wired in: the guards (configuration check, memory watchdog, child set-up:
-``workers.guards``), the metered request class, which counts a finished job's frame counters
+It is the farm's one app (``mediafarm.tasks.app``, which producers import as it is) with a task
+for every registered family and the worker side wired in: the guards (configuration check, memory
+watchdog, child set-up: ``workers.guards``), the metered request class, which counts a finished job's frame counters
 in the worker's main process (``workers.metrics``), its capability (``workers.capability``: it
 consumes only the queues of families it can run, and says in Redis what it can run), the pool's
 memory reading for admission control (``workers.pressure``), what it holds for the pools' scaling
@@ -17,7 +17,7 @@ worker reads).
 from __future__ import annotations
 
 from mediafarm.tasks.app import app
-from mediafarm.tasks.base import FarmTask
+from mediafarm.tasks.runtime.base import FarmTask, register_tasks
 from mediafarm.workers import (
     capability,
     drain,
@@ -34,6 +34,8 @@ from mediafarm.workers.metrics import MeteredRequest
 
 __all__ = ["app"]
 
+# A task for every registered family: the app a producer imports has none.
+register_tasks(app)
 # Read by each task's strategy as the worker starts consuming, after this module has run.
 FarmTask.Request = MeteredRequest
 guards.install(app)

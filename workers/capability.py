@@ -1,16 +1,16 @@
 """The worker's capability: which family queues it leaves out, and the record it keeps in Redis.
 
 As the worker is set up, before its consumer starts, each rung of each family whose queues the
-pool names is judged (``tasks.capability.judge_rungs``); the queue of a family of which no rung
+pool names is judged (``tasks.wire.capability.judge_rungs``); the queue of a family of which no rung
 can run here is left out (Celery's own ``deselect``, as ``-X`` does), with one log line naming the
 queue and why, so such a worker never takes those jobs. A thread of the main process then writes
 the worker's record every ``capability.INTERVAL_S``, judged afresh each time, with the languages
 each rung handles here (a model folder added, a package removed, a GPU that no longer answers the
 driver, shows within one beat); the queues consumed stay those chosen at start, with
 the pool's own queue of each family whose queue it consumes (``subtitle@gpu0``: where jobs routed
-to this pool go, ``tasks.routing``). At each beat it also sends on the jobs left in another pool's
+to this pool go, ``tasks.producer.routing``). At each beat it also sends on the jobs left in another pool's
 queue of those families when that pool has had no live worker for ``FARM_HANDBACK_GRACE``
-(``tasks.orphans``). The
+(``tasks.runtime.orphans``). The
 record goes as the worker stops. The main process judges without importing any engine
 (``EngineSpec.missing`` looks packages up, ``importlib.util.find_spec``).
 """
@@ -26,29 +26,31 @@ from celery import bootsteps
 
 from mediafarm.config.pools import POOL_QUEUE_SEP, get_pools, pool_queue
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import capability, families, orphans
+from mediafarm.tasks import registry
+from mediafarm.tasks.runtime import orphans
+from mediafarm.tasks.wire import capability
 from mediafarm.workers import fork_gate, nvml, publishing
 
 log = logging.getLogger("mediafarm.capability")
 
 
 def family_queues() -> dict[str, str]:
-    return {name: spec.queue for name, spec in families.load().items()}
+    return {name: spec.queue for name, spec in registry.load().items()}
 
 
 def judge(queues: tuple[str, ...], gpu_lost: str | None = None) -> dict[str, dict[str, dict[str, str]]]:
     """The rungs of the families whose queues are among ``queues``, judged on this process
     (``gpu_lost``: why its GPU cannot be used now, the reason of every ``cuda`` rung)."""
-    return capability.judge_rungs(_specs(queues), families.ladders_of, get_settings().models_dir, gpu_lost)
+    return capability.judge_rungs(_specs(queues), registry.ladders_of, get_settings().models_dir, gpu_lost)
 
 
 def judge_languages(queues: tuple[str, ...]) -> dict[str, dict[str, dict[str, tuple[str, ...]]]]:
     """The languages of those families' rungs, as this process's models tell them."""
-    return capability.judge_languages(_specs(queues), families.ladders_of, get_settings().models_dir)
+    return capability.judge_languages(_specs(queues), registry.ladders_of, get_settings().models_dir)
 
 
 def _specs(queues: tuple[str, ...]) -> list[Any]:
-    return [families.get(name) for name in capability.served_families(queues, family_queues())]
+    return [registry.get(name) for name in capability.served_families(queues, family_queues())]
 
 
 class CapabilityStep(bootsteps.StartStopStep):
@@ -78,7 +80,7 @@ class CapabilityStep(bootsteps.StartStopStep):
             queues.deselect(list(self.left_out))
         kept = tuple(q for q in configured if q not in self.left_out)
         # The pool's own queue of each family whose queue it consumes: where jobs routed to this
-        # pool go (``tasks.routing``), consumed by this pool's workers alone.
+        # pool go (``tasks.producer.routing``), consumed by this pool's workers alone.
         own_queues = set(family_queues().values())
         own = [pool_queue(get_settings().pool, q) for q in kept if q in own_queues]
         for queue in own:

@@ -35,8 +35,8 @@ from mediafarm.config.celery import celery_config
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.pools import expand_queues, get_pool
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
-from mediafarm.tasks.errors import JobFailed
+from mediafarm.tasks import registry
+from mediafarm.tasks.wire.errors import JobFailed
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
 from mediafarm.workers.retention import WrongBackend, expired, expired_uploads, remove
@@ -185,7 +185,7 @@ def up(
     with ExitStack() as stack:
         farm = LocalFarm(stack, concurrency=concurrency, loglevel=loglevel, quiet=False)
         url = _start_gateway(stack, gateway_port) if gateway else None
-        queues = expand_queues(farm.pool.queues, families.default_queues())
+        queues = expand_queues(farm.pool.queues, registry.default_queues())
         broker = os.environ.get("FARM_BROKER_URL", "")
         console.print(
             f"[green]farm up[/]: worker {farm.node} on {', '.join(queues)}; "
@@ -275,9 +275,10 @@ def pools(as_json: Annotated[bool, typer.Option("--json", help="The pools and li
     each pool's scaling signal (queued, reserved, running, slots, load)."""
     need_broker()
     from mediafarm.config.pools import get_pools
-    from mediafarm.tasks import capability, scaling
-    from mediafarm.tasks.admission import away_errors, queue_depths
     from mediafarm.tasks.app import app
+    from mediafarm.tasks.producer import scaling
+    from mediafarm.tasks.producer.admission import away_errors, queue_depths
+    from mediafarm.tasks.wire import capability
     from mediafarm.workers.pools_view import pools_json, print_pools
 
     try:
@@ -337,7 +338,7 @@ def demo(
         _settings_env(FARM_MEDIA_ROOTS=str(workdir / "media"), FARM_STORAGE_DIR=str(workdir / "storage"))
         console.print(f"starting a local farm (worker log hidden) to analyse {source.name} ...")
         LocalFarm(stack, concurrency=1, loglevel="WARNING", quiet=True)
-        from mediafarm.tasks.client import submit as submit_job
+        from mediafarm.tasks.producer.client import submit as submit_job
 
         job = submit_job("vad", media=str(target))
         console.print(f"submitted VAD job {job.id}")

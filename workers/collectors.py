@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 from mediafarm.workers import nvml
 
 log = logging.getLogger("mediafarm.metrics")
@@ -71,8 +71,8 @@ class QueueDepth(Collector):
 
 class FarmState(Collector):
     """What the farm keeps in Redis about one pool and the families: the pool's rung circuit
-    breakers (``tasks.breaker``, ``keys.breakers``) and the admission refusals of each family
-    (``tasks.admission``, ``keys.refusals``), read at scrape in one round trip."""
+    breakers (``tasks.runtime.breaker``, ``keys.breakers``) and the admission refusals of each family
+    (``tasks.producer.admission``, ``keys.refusals``), read at scrape in one round trip."""
 
     def __init__(self, client: Any, pool: str, families: Callable[[], Sequence[str]]) -> None:
         self.client, self.pool, self.families = client, pool, families

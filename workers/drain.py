@@ -11,7 +11,7 @@ A drain:
    countdown) back to its queue at once;
 2. waits for the running jobs, up to ``FARM_DRAIN_SECONDS``, and goes on as soon as none runs;
 3. hands each job still running back: writes why where its next attempt reads it (the kill record
-   of ``tasks.history``: the attempt is settled ``worker_lost``, cause ``drained``, not counted
+   of ``tasks.wire.history``: the attempt is settled ``worker_lost``, cause ``drained``, not counted
    against the rung nor against the job's budget of lost workers), ends its child and requeues its
    message now. The job's checkpoint stays in its folder: the next attempt, on another worker,
    resumes from it on the same rung;
@@ -36,8 +36,8 @@ from celery.worker import state as worker_state
 from celery.worker.control import control_command
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.history import record_kill
-from mediafarm.tasks.records import KillRecord, Outcome
+from mediafarm.tasks.wire.history import record_kill
+from mediafarm.tasks.wire.records import KillRecord, Outcome
 
 log = logging.getLogger("mediafarm.drain")
 # How often the loop looks whether the running jobs have ended.

@@ -36,7 +36,7 @@ from kombu import Consumer, Exchange, Queue
 from kombu.message import Message
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 
 log = logging.getLogger("mediafarm.foreign")
 
@@ -56,7 +56,7 @@ class ForeignRouter(bootsteps.ConsumerStep):
         self.queue_name = get_settings().foreign_queue
         self.enabled = bool(self.queue_name)
         # A queue that farm jobs are sent to on purpose would be emptied into itself forever.
-        taken = {spec.queue for spec in families.load().values()} | set(self.app.amqp.queues.consume_from or ())
+        taken = {spec.queue for spec in registry.load().values()} | set(self.app.amqp.queues.consume_from or ())
         if self.queue_name in taken:
             raise ImproperlyConfigured(
                 f"FARM_FOREIGN_QUEUE={self.queue_name!r} is a queue the farm's jobs go to; it must name "
@@ -89,7 +89,7 @@ class ForeignRouter(bootsteps.ConsumerStep):
             )  # fmt: skip
             message.ack()
             return
-        spec = families.by_task_name(name)
+        spec = registry.by_task_name(name)
         try:
             if spec is None:
                 self.refuse(message, name, job_id)
@@ -122,7 +122,7 @@ class ForeignRouter(bootsteps.ConsumerStep):
 
     def refuse(self, message: Message, name: str, job_id: str) -> None:
         """Store the job as a FAILURE naming the tasks this farm runs."""
-        known = sorted(spec.task_name for spec in families.load().values())
+        known = sorted(spec.task_name for spec in registry.load().values())
         reason = f"{name!r} is not a task of this farm; it runs {', '.join(known)}"
         request = Bunch(
             name=name, chord=None, root_id=message.headers.get("root_id"), errbacks=None,

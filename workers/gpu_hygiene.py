@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 
 log = logging.getLogger("mediafarm.gpu")
 DEFAULT_LIMIT = 0.3

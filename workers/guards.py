@@ -36,10 +36,11 @@ from mediafarm.config.admission import admission_problems
 from mediafarm.config.celery import UnsafeConfiguration, config_problems
 from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families, liveness
-from mediafarm.tasks.breaker import count_kill
-from mediafarm.tasks.history import record_kill
-from mediafarm.tasks.records import KillRecord, Outcome
+from mediafarm.tasks import registry
+from mediafarm.tasks.runtime import liveness
+from mediafarm.tasks.runtime.breaker import count_kill
+from mediafarm.tasks.wire.history import record_kill
+from mediafarm.tasks.wire.records import KillRecord, Outcome
 from mediafarm.workers import fork_gate, gpu_hygiene, webhook_dispatch
 from mediafarm.workers.logs import killed_by_watchdog
 from mediafarm.workers.metrics import CHILD_KILLS, CHILD_RSS_CAP, CHILD_RSS_MAX, serve
@@ -78,13 +79,13 @@ def startup_problems(
     if consumed_queues is not None:
         # A family's task counts where its queue is consumed; another task (a benchmark's) has
         # no known queue, so it counts wherever it may run.
-        others = {f"task {name}": hard for name, hard in task_limits.items() if families.by_task_name(name) is None}
-        consumed = families.hard_limits(queues=consumed_queues) | others
+        others = {f"task {name}": hard for name, hard in task_limits.items() if registry.by_task_name(name) is None}
+        consumed = registry.hard_limits(queues=consumed_queues) | others
     problems = config_problems(
-        conf, families.hard_limits() | tasks, retry_delay=settings.retry_delay,
+        conf, registry.hard_limits() | tasks, retry_delay=settings.retry_delay,
         consumer_timeout=settings.consumer_timeout, consumed_limits=consumed,
     )  # fmt: skip
-    return problems + families.ladder_problems() + admission_problems()
+    return problems + registry.ladder_problems() + admission_problems()
 
 
 def hard_limits(app: Any) -> dict[str, float]:
@@ -177,7 +178,7 @@ class MemoryWatchdog(bootsteps.StartStopStep):
     All end in a SIGKILL of the child, so all take Celery's worker-lost retry path; the job comes
     back one rung down (a first stall: on the same rung). (Celery's own hard time limit acks the
     job and fails it: no downgrade, so farm tasks leave it unset and declare ``farm_hard_limit``.)
-    A child is stalled when it gave no sign of life (``tasks.liveness``) since it accepted its job
+    A child is stalled when it gave no sign of life (``tasks.runtime.liveness``) since it accepted its job
     or since its last beat, for longer than its family's stall timeout, while the farm's Redis
     answers: a child waiting out a Redis outage is silent through no fault of its own.
     """
@@ -366,8 +367,8 @@ class MemoryWatchdog(bootsteps.StartStopStep):
         killed_by_watchdog(child.pid)  # billiard's own ERROR for its exit becomes INFO (workers.logs)
         log.warning("%s; killed pid %d%s", reason, child.pid, f" (job {request.id})" if request is not None else "")
         CHILD_KILLS.labels(pool=self.pool.name, reason=outcome.value).inc()
-        if request is not None and outcome != Outcome.STALLED:  # a stall counts only when it repeats (tasks.downgrade)
-            try:  # now, not when the job comes back from the end of its queue (tasks.breaker.count_kill)
+        if request is not None and outcome != Outcome.STALLED:  # a stall counts only when it repeats (downgrade.py)
+            try:  # now, not when the job comes back from the end of its queue (tasks.runtime.breaker.count_kill)
                 count_kill(self._redis, self.pool.name, request.name, request.kwargs, request.id, child.pid, outcome)
             except Exception:  # noqa: BLE001 - the kill matters more than its count
                 log.exception("could not count the kill of job %s against its rung's breaker", request.id)

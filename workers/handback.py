@@ -1,4 +1,4 @@
-"""The heartbeat of a Redis worker, and the handback of a silent peer's jobs (``tasks.handback``).
+"""The heartbeat of a Redis worker, and the handback of a silent peer's jobs (``tasks.runtime.handback``).
 
 A thread of the worker's main process beats once a second (the Redis server's clock, in
 ``keys.heartbeats``) and, in the same round trip, reads every worker's last beat. A peer silent
@@ -10,7 +10,7 @@ beats long so a slow beat or two (a loaded host, a Redis failover) is not silenc
 A worker started under a node name whose beat is still in the hash (its predecessor under that
 name died: a container brought back by its restart policy keeps its hostname) waits a few beats
 without beating; if no other process renewed that beat, it hands back the jobs its predecessor left
-open before it beats itself (``tasks.handback.predecessor``).
+open before it beats itself (``tasks.runtime.handback.predecessor``).
 
 RabbitMQ redelivers a dead consumer's messages itself: there the step does nothing.
 """
@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import handback
+from mediafarm.tasks.runtime import handback
 from mediafarm.workers import fork_gate
 
 log = logging.getLogger("mediafarm.handback")

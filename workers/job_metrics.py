@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 
 log = logging.getLogger("mediafarm.metrics")
 
@@ -53,7 +53,7 @@ class JobMetrics:
         )  # fmt: skip
         self.failures = Counter(
             "mediafarm_rung_failures_total",
-            "Failed attempts of ended jobs by family, rung and cause (tasks.attribution), and whether each "
+            "Failed attempts of ended jobs by family, rung and cause (tasks.runtime.attribution), and whether each "
             "counted against the rung's breaker",
             ["family", "variant", "cause", "counted"], registry=registry,
         )  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mediafarm.config.pools import Pool, expand_queues
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 
 APP = "mediafarm.workers.app"
 
@@ -58,7 +58,7 @@ def worker_argv(
     argv = [
         sys.executable, "-m", "celery", "-A", APP, "worker",
         "-n", node or f"{pool.name}@%h",
-        "-Q", ",".join(expand_queues(queues or pool.queues, families.default_queues())),
+        "-Q", ",".join(expand_queues(queues or pool.queues, registry.default_queues())),
         "-c", str(concurrency or pool.concurrency),
         "-P", "prefork",
         "-E",

@@ -1,9 +1,9 @@
-"""The worker's load record: what it holds, written to Redis every second (``tasks.worker_load``).
+"""The worker's load record: what it holds, written to Redis every second (``tasks.wire.worker_load``).
 
 A thread of the main process counts, from Celery's own worker state, the jobs this worker holds
 and has not started (reserved for a child, or waiting out a retry's countdown) and those its
 children run, and writes them with its slots (its concurrency; none while it drains) once a
-second, so the pools' scaling signal (``tasks.scaling``) sees what the queues' lists cannot: the
+second, so the pools' scaling signal (``tasks.producer.scaling``) sees what the queues' lists cannot: the
 jobs already taken from them. The record goes as the worker stops.
 """
 
@@ -18,7 +18,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import worker_load
+from mediafarm.tasks.wire import worker_load
 from mediafarm.workers import fork_gate, publishing
 
 log = logging.getLogger("mediafarm.load")

@@ -20,7 +20,7 @@ import logging
 
 from celery.exceptions import ChordError, TaskRevokedError
 
-from mediafarm.tasks.errors import Cancelled, PermanentFailure
+from mediafarm.tasks.wire.errors import Cancelled, PermanentFailure
 
 # The loggers of Celery's result backends that log a chord's failure (the Redis one, and the base
 # class's join for the others).

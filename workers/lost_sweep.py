@@ -1,4 +1,4 @@
-"""The worker's share of the lost-message sweep (``tasks.lost_messages``): a thread of its main process.
+"""The worker's share of the lost-message sweep (``tasks.runtime.lost_messages``): a thread of its main process.
 
 Every ``FARM_LOST_SWEEP`` seconds each Redis worker tries to take the sweep's lock; the one that
 does looks once at the ledger of messages sent (``tasks.sent_ledger``) and publishes again those
@@ -20,8 +20,11 @@ from celery import bootsteps
 
 from mediafarm.config.pools import get_pools
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import admission, families, keys, lost_messages
+from mediafarm.tasks import registry
+from mediafarm.tasks.producer import admission
+from mediafarm.tasks.runtime import lost_messages
 from mediafarm.tasks.sent_ledger import SentMessage
+from mediafarm.tasks.wire import keys
 from mediafarm.workers import fork_gate, publishing
 
 log = logging.getLogger("mediafarm.lost_messages")
@@ -38,7 +41,7 @@ def queues_of(message: SentMessage) -> Iterable[str]:
 
 @functools.lru_cache(maxsize=64)
 def _family_of(task: str) -> Any:
-    return next((spec for spec in families.load().values() if spec.task_name == task), None)
+    return next((spec for spec in registry.load().values() if spec.task_name == task), None)
 
 
 class LostSweepStep(bootsteps.StartStopStep):

@@ -6,7 +6,7 @@ them). What a job did in its child reaches the main process through Redis: the a
 of each ended job (``workers.job_metrics``), the GPU children's allocator figures
 (``workers.gpu_hygiene``). The watchdog's kills and the children's RSS are the main process's own.
 Queue depths, breakers and admission refusals are read at scrape (``workers.collectors``), and
-the pools' scaling signal (``tasks.scaling_metrics``, which the gateway serves too). The
+the pools' scaling signal (``tasks.producer.scaling_metrics``, which the gateway serves too). The
 names and labels are in docs/operating.md ("Metrics").
 """
 
@@ -26,8 +26,9 @@ from celery.worker.request import Request
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from mediafarm.config.pools import Pool
-from mediafarm.tasks import families, scaling_metrics
-from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks import registry as families
+from mediafarm.tasks.producer import scaling_metrics
+from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.workers import fork_gate
 from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
 from mediafarm.workers.job_metrics import EndReader, JobMetrics
@@ -256,7 +257,7 @@ def serve(port: int, worker: Any = None, pool: Pool | None = None) -> None:
     With a running ``worker`` and its ``pool``, also the scrape-time collectors
     (``workers.collectors``): the depth of the queues it consumes, the pool's breakers and
     admission refusals, NVML's GPU memory and the GPU children's allocator figures, and the pools'
-    scaling signal (``tasks.scaling_metrics``).
+    scaling signal (``tasks.producer.scaling_metrics``).
     """
     global _COUNTING
     result_metrics()  # every declared metric listed from the start, before its first job

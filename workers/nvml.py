@@ -44,7 +44,7 @@ LOST = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT
 def lost_gpu(gpus: tuple[int, ...]) -> str | None:
     """Why one of ``gpus`` cannot be used now, as the driver tells (a GPU fallen off the bus, an
     index past the devices present), or None: all answer, or NVML is not there to ask (then the
-    device check at start, ``tasks.family``, is all there is). Asks for each GPU's handle and UUID,
+    device check at start, ``tasks.wire.family``, is all there is). Asks for each GPU's handle and UUID,
     which every NVIDIA GPU answers."""
     lib = nvml()
     if not gpus or lib is None:

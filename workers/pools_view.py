@@ -1,9 +1,9 @@
 """What ``farm pools`` shows: each declared pool, its live workers, what each can run now, and
 each pool's scaling signal.
 
-Read from the live capability records (``tasks.capability``), never from the declared ladders:
+Read from the live capability records (``tasks.wire.capability``), never from the declared ladders:
 a worker that cannot run a rung says why, and a queue it leaves out says so too. The signal
-(``tasks.scaling``) is what ``mediafarm_pool_jobs`` and ``mediafarm_pool_load`` serve.
+(``tasks.producer.scaling``) is what ``mediafarm_pool_jobs`` and ``mediafarm_pool_load`` serve.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from mediafarm.config.pools import Pool, expand_queues
-from mediafarm.tasks import families
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.scaling import PoolSignal
+from mediafarm.tasks import registry
+from mediafarm.tasks.producer.scaling import PoolSignal
+from mediafarm.tasks.wire.capability import WorkerCapability
 
 NO_WORKER = ("no live worker has said what it can run (none is running, or none reaches this Redis): "
              "no job of any family runs now; jobs sent wait in their queues")  # fmt: skip
@@ -45,7 +45,7 @@ def not_runs_cell(record: WorkerCapability) -> str:
 def pools_table(pools: Mapping[str, Pool], records: Sequence[WorkerCapability]) -> Table:
     table = Table("pool", "queues declared", "worker", "consumes", "can run", "cannot run", "queues left out",
                   title="pools and what their live workers can run")  # fmt: skip
-    default = families.default_queues()
+    default = registry.default_queues()
     for name in [*pools, *sorted({r.pool for r in records} - set(pools))]:
         pool = pools.get(name)
         declared = ", ".join(expand_queues(pool.queues, default)) if pool else "(not declared here)"
@@ -73,7 +73,7 @@ def pools_json(pools: Mapping[str, Pool], records: Sequence[WorkerCapability],
     """The declared pools (and the pools a live worker names), each with its queues, live workers
     and scaling signal; and the live records."""
     signals = signals or {}
-    declared = {name: list(expand_queues(p.queues, families.default_queues())) for name, p in pools.items()}
+    declared = {name: list(expand_queues(p.queues, registry.default_queues())) for name, p in pools.items()}
     out: dict[str, Any] = {
         "pools": {name: {"queues": declared.get(name, []), "workers": [r.node for r in records if r.pool == name],
                          **({"signal": signals[name].to_dict()} if name in signals else {})}

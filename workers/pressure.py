@@ -1,4 +1,4 @@
-"""The worker's memory reading of its pool, published for admission control (``tasks.admission``).
+"""The worker's memory reading of its pool, published for admission control (``tasks.producer.admission``).
 
 Producers run elsewhere and cannot see a pool's memory, so each worker's main process writes what
 it sees to Redis every second (``keys.pressure``: a field per worker, expiring when the pool goes
@@ -22,14 +22,14 @@ from typing import Any
 
 import psutil
 import redis
+from celery import bootsteps
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from celery import bootsteps
 
 from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.admission import Reading, publish_reading
-from mediafarm.tasks.oom_killer import locate_memory_cgroup, parse_count, parse_limit
+from mediafarm.tasks.producer.admission import Reading, publish_reading
+from mediafarm.tasks.runtime.oom_killer import locate_memory_cgroup, parse_count, parse_limit
 from mediafarm.workers import fork_gate, nvml
 
 log = logging.getLogger("mediafarm.pressure")

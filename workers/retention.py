@@ -5,12 +5,12 @@ marker file) is removed when the result backend holds neither the job's result n
 history (both expire after ``result_expires``, 7 days by default), and nothing in the folder
 changed for ``grace`` seconds (a job that is about to start, or whose result write is in flight,
 keeps its folder). A job that has ended (its stored state is final) loses its checkpoint
-(``tasks.checkpoint``), should its worker have died before removing it. Hidden partial files left by killed writers are
-removed from any job folder once they are older than ``grace``. Nothing else in the storage folder
-is touched, and ``farm gc`` refuses to run against a backend that holds no farm keys at all (a
-wrong database number would otherwise make every job look expired).
+(``tasks.wire.checkpoint``), should its worker have died before removing it. Hidden partial files
+left by killed writers are removed from any job folder once they are older than ``grace``. Nothing
+else in the storage folder is touched, and ``farm gc`` refuses to run against a backend that holds
+no farm keys at all (a wrong database number would otherwise make every job look expired).
 
-Uploads (the gateway's, ``tasks.upload_store``) live as long as the jobs that named them: an
+Uploads (the gateway's, ``tasks.wire.upload_store``) live as long as the jobs that named them: an
 upload goes once no job that named it has a result, a history or a remembered submission left,
 or, if no job ever named it, ``result_expires`` after it was made; one that never finished goes
 after ``grace``. Nothing changed within ``grace`` goes in any case.
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mediafarm.tasks import keys
-from mediafarm.tasks.artifacts import CHECKPOINT_FOLDER, MARKER, PARTIAL_MARK, job_id_of
-from mediafarm.tasks.upload_store import META, is_finished, jobs_naming, upload_folders
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, MARKER, PARTIAL_MARK, job_id_of
+from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, upload_folders
 
 
 class WrongBackend(RuntimeError):

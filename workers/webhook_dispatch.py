@@ -1,4 +1,4 @@
-"""The webhook dispatcher: posts the events jobs put in the outbox (``tasks.webhooks``), signed.
+"""The webhook dispatcher: posts the events jobs put in the outbox (``tasks.producer.webhooks``), signed.
 
 Where it runs: a process of its own, which every worker's main process starts beside itself as
 it becomes ready (``install``) and which ends when that worker ends (its stdin is a pipe from
@@ -11,7 +11,7 @@ dispatcher tries the same event again, with the same ``webhook-id``. ``farm webh
 runs one on a host with no worker.
 
 Each try: the URL's host is resolved and every address checked against the private-address rule
-(``tasks.webhooks.refused_address``), the connection made to the checked address (no second
+(``tasks.producer.webhooks.refused_address``), the connection made to the checked address (no second
 lookup a DNS rebinding could answer otherwise), the body posted with the Standard Webhooks
 headers; a 2xx within ``TIMEOUT_S`` is delivered, a 410 drops the job's pending events, anything
 else is tried again after the next delay of ``FARM_WEBHOOK_RETRY_SCHEDULE``. Redirects are not
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from standardwebhooks import Webhook
 
 from mediafarm.config.settings import FarmSettings, get_settings
-from mediafarm.tasks.webhooks import Outbox, refused_address
+from mediafarm.tasks.producer.webhooks import Outbox, refused_address
 
 log = logging.getLogger("mediafarm.webhooks")
 

@@ -11,7 +11,7 @@ as ended, whether the next one was told as running, and how many partial outputs
 were sent. A client that reconnects with ``Last-Event-ID`` gets exactly what comes after it: no
 event twice, none left out. State and progress carry no id: they are coalesced, and a resumed
 stream starts with the latest of each. A new attempt starts with no partial outputs (the farm
-clears them as its record is written, ``tasks.history``); those of an attempt that was cut short
+clears them as its record is written, ``tasks.wire.history``); those of an attempt that was cut short
 are gone with it, which the ``attempt`` event announcing its end tells.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mediafarm.tasks.errors import JobCancelled, JobFailed, JobRejected, LadderExhausted
-from mediafarm.tasks.handles import JobHandle, PipelineHandle
-from mediafarm.tasks.plan import READY
+from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle
+from mediafarm.tasks.wire.errors import JobCancelled, JobFailed, JobRejected, LadderExhausted
+from mediafarm.tasks.wire.plan import READY
 
 END_ID = "end"
 _CURSOR = re.compile(r"^(\d{1,6})\.([01])\.(\d{1,6})\.(\d{1,9})$")
@@ -116,7 +116,7 @@ def read_snapshot(job: JobHandle) -> Snapshot:
     """The job now, through the producer API (blocking: call it in a worker thread)."""
     state = job.state()
     # The partial outputs are the newest attempt's only if no attempt was added while they were
-    # read: an attempt's record clears them in the same Redis step (tasks.history).
+    # read: an attempt's record clears them in the same Redis step (tasks.wire.history).
     for _ in range(20):
         attempts = job.attempts()
         partials = job.partials()

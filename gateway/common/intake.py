@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
-from mediafarm.tasks.family import FamilySpec
-from mediafarm.tasks.media.paths import resolve_media
-from mediafarm.tasks.upload_store import UnknownUpload, Upload, UploadStore
+from mediafarm.tasks.wire.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.wire.family import FamilySpec
+from mediafarm.tasks.wire.media_paths import resolve_media
+from mediafarm.tasks.wire.upload_store import UnknownUpload, Upload, UploadStore
 
 UPLOAD_PREFIX = "upload:"
 

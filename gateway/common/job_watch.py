@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.wire import keys
 
 # A followed job is read in full at least this often, changed or not.
 FULL_READ_S = 1.0

@@ -15,7 +15,7 @@ from fastapi import Header, HTTPException, Request
 
 from mediafarm.gateway.common.submit_errors import SUBMIT_ERRORS, http_refusal
 from mediafarm.gateway.settings import MAX_JSON_BYTES
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle
 
 # An Idempotency-Key becomes the job's id, so it must be one a URL path and a storage folder hold.
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")

@@ -18,7 +18,7 @@ from fastapi import HTTPException
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
+from mediafarm.tasks.wire.errors import InvalidRequest, Overloaded
 
 # What ``submit`` raises when the farm refuses a job; anything else is a bug, answered 500.
 SUBMIT_ERRORS = (Overloaded, ValueError, RedisError, OperationalError)

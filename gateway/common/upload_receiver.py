@@ -11,7 +11,7 @@ import anyio
 from fastapi import HTTPException, Request
 
 from mediafarm.gateway.common.multipart import BadMultipart, FilePart, read_multipart
-from mediafarm.tasks.upload_store import TooManyUploads, Upload, UploadStore, UploadTooLarge, UploadWriter
+from mediafarm.tasks.wire.upload_store import TooManyUploads, Upload, UploadStore, UploadTooLarge, UploadWriter
 
 # Bytes gathered before one write to disk (in a worker thread): few thread hops, bounded memory.
 WRITE_BLOCK = 1 << 20

@@ -26,13 +26,13 @@ from mediafarm.gateway.common.intake import prepare
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.artifacts import MAX_JOB_ID, ArtifactStore, UnsafeArtifactName
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.family import FamilySpec
-from mediafarm.tasks.handles import JobHandle, PipelineHandle
-from mediafarm.tasks.webhooks import Outbox
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle
+from mediafarm.tasks.producer.webhooks import Outbox
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.artifacts import MAX_JOB_ID, ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.wire.family import FamilySpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(caller)])
 

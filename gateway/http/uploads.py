@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from mediafarm.gateway.common.upload_receiver import receive_body, receive_form, refuse_declared_size, upload_refusals
 from mediafarm.gateway.security import Caller, caller
-from mediafarm.tasks.upload_store import UnknownUpload, UploadStore
+from mediafarm.tasks.wire.upload_store import UnknownUpload, UploadStore
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"], dependencies=[Depends(caller)])
 

@@ -3,10 +3,10 @@
 
 A model is a ladder of the family (its own, named after the family, or one declared for it in
 ``FARM_CONFIG_FILE``) or a rung of the family's own ladder, which the job then runs from that rung
-down (``tasks.families.ladder_for``). OpenAI's own names are aliases of the family's own ladder:
+down (``tasks.registry.ladder_for``). OpenAI's own names are aliases of the family's own ladder:
 ``tts-1`` and ``tts-1-hd`` of ``tts``, ``whisper-1`` of ``subtitle``, so clients written for
 OpenAI work unchanged and get the farm's best rung with its fallbacks. ``GET /v1/models`` lists
-only what the live workers say they can run (``tasks.capability``), not what is declared.
+only what the live workers say they can run (``tasks.wire.capability``), not what is declared.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from mediafarm.gateway.security import caller
-from mediafarm.tasks import capability, families
+from mediafarm.tasks import registry
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.errors import InvalidRequest
-from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.wire import capability
+from mediafarm.tasks.wire.capability import WorkerCapability
+from mediafarm.tasks.wire.errors import InvalidRequest
+from mediafarm.tasks.wire.family import FamilySpec
 
 SPEECH, TRANSCRIPTION = "tts", "subtitle"
 ALIASES: dict[str, str] = {"tts-1": SPEECH, "tts-1-hd": SPEECH, "whisper-1": TRANSCRIPTION}
@@ -93,7 +94,7 @@ class Model:
 
 def models_of(spec: FamilySpec) -> list[Model]:
     """Every model name of the family: its ladders, the rungs of its own ladder, its aliases."""
-    own, *named = families.ladders_of(spec)
+    own, *named = registry.ladders_of(spec)
     whole = tuple(r.name for r in own.rungs)
     found = [Model(spec.name, spec.name, None, whole)]
     found += [Model(ladder.name, spec.name, ladder.name, tuple(r.name for r in ladder.rungs)) for ladder in named]
@@ -109,7 +110,7 @@ def models_of(spec: FamilySpec) -> list[Model]:
 
 def resolve(family: str, model: str) -> Model:
     """The model ``model`` names in ``family``; UnknownModel listing the names there are."""
-    spec = families.get(family)
+    spec = registry.get(family)
     known = models_of(spec)
     found = next((m for m in known if m.id == model), None)
     if found is None:
@@ -135,11 +136,11 @@ def listing(records: Sequence[WorkerCapability]) -> dict[str, Any]:
     no live worker can run (``unavailable``). With no live worker the list is empty and says so."""
     data = []
     for name in (SPEECH, TRANSCRIPTION):
-        spec = families.load().get(name)
+        spec = registry.load().get(name)
         if spec is None:
             continue
         able = capable_rungs(records, spec.name)
-        own, named = families.ladder_for(spec).name, {lad.name for lad in families.ladders_of(spec)}
+        own, named = registry.ladder_for(spec).name, {lad.name for lad in registry.ladders_of(spec)}
         for model in models_of(spec):
             ladder = model.ladder if model.ladder in named else own  # a rung's name runs the own ladder from it
             runs = [r for r in model.rungs if (ladder, r) in able]

@@ -32,11 +32,11 @@ from mediafarm.gateway.openai.speech_stream import NoAudio, SpeechFollower, Stre
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
-from mediafarm.tasks.family import describe_validation_error
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire.errors import InvalidRequest, PermanentFailure
+from mediafarm.tasks.wire.family import describe_validation_error
 
 logger = logging.getLogger(__name__)
 router = openai_router("/v1/audio")

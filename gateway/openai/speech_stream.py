@@ -3,7 +3,7 @@
 The TTS engines write each chunk as ``chunks/chunk_NNNNN.wav`` (the track's exact samples) and
 then announce it as a partial output (``tasks.families.tts.engines.speak``). The partial outputs
 in Redis are always the newest attempt's (an attempt's record clears the ones before in the same
-Redis step, ``tasks.history``), and an attempt's folder is cleared only after its record is
+Redis step, ``tasks.wire.history``), and an attempt's folder is cleared only after its record is
 written. So a chunk file read while the history still has as many attempts as when its partial
 output was seen is that attempt's own; :class:`SpeechFollower` checks this after every read (and
 that the file holds as many samples as the partial output says), and never mixes two attempts.
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.handles import JobHandle
-from mediafarm.tasks.plan import READY
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.plan import READY
 
 # A chunk's duration in its partial output is rounded to the millisecond at each end.
 DURATION_SLACK_S = 0.0025

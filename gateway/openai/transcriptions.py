@@ -26,13 +26,13 @@ from mediafarm.gateway.common.upload_receiver import receive_form, refuse_declar
 from mediafarm.gateway.openai.models import TRANSCRIPTION, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.tasks import families
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.family import describe_validation_error
-from mediafarm.tasks.handles import JobHandle
-from mediafarm.tasks.plan import READY
-from mediafarm.tasks.upload_store import Upload, UploadStore
+from mediafarm.tasks import registry
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.family import describe_validation_error
+from mediafarm.tasks.wire.plan import READY
+from mediafarm.tasks.wire.upload_store import Upload, UploadStore
 
 router = openai_router("/v1/audio")
 
@@ -116,7 +116,7 @@ async def transcriptions(
 
 def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: str, store: UploadStore,
           config: GatewayConfig, hook: dict[str, Any]) -> JobHandle:  # fmt: skip
-    spec = families.get(TRANSCRIPTION)
+    spec = registry.get(TRANSCRIPTION)
     body: dict[str, Any] = {"media": UPLOAD_PREFIX + upload.id, "formats": ["srt", "vtt"]}
     if form.language:
         body["language"] = form.language

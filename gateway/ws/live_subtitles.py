@@ -44,13 +44,13 @@ from mediafarm.gateway.common.ws_close import (
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws.socket_admission import admit
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import Overloaded
 from mediafarm.tasks.families.subtitle_live.push import MAX_AHEAD_SECONDS, AudioPush, PushFormatError
 from mediafarm.tasks.families.subtitle_live.spec import LiveSubtitleRequest
-from mediafarm.tasks.handles import JobHandle
-from mediafarm.tasks.plan import READY
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.wire.errors import Overloaded
+from mediafarm.tasks.wire.plan import READY
 
 router = APIRouter()
 FAMILY = "subtitle-live"

@@ -2,7 +2,7 @@
 
 The TTS family announces each chunk as a partial output of the attempt that made it, with its
 file (``chunks/chunk_NNNNN.wav``) in the job's folder. Partial outputs are per attempt: a new
-attempt's record clears the old one's in the same Redis step (``tasks.history``) and the attempt
+attempt's record clears the old one's in the same Redis step (``tasks.wire.history``) and the attempt
 clears the job's folder before it speaks (``ArtifactStore.clear``). So the rule is:
 
 - chunks are sent as the running attempt makes them, each tagged with that attempt;
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mediafarm.gateway.common.events import Snapshot
-from mediafarm.tasks.plan import READY
+from mediafarm.tasks.wire.plan import READY
 
 
 @dataclass(frozen=True)

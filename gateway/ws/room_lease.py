@@ -19,10 +19,10 @@ import anyio
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.handles import JobHandle
-from mediafarm.tasks.plan import READY
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.plan import READY
 
 # A room's lease outlives any grace period; refreshed by every connection.
 LEASE_TTL_S = 24 * 3600

@@ -39,13 +39,13 @@ from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restar
 from mediafarm.gateway.ws.room_frames import ROOM_NAME, End, FrameError, Line, audio_frames, parse_frame, room_job_id
 from mediafarm.gateway.ws.room_lease import Lease
 from mediafarm.gateway.ws.socket_admission import PROTOCOL, admit
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.artifacts import ArtifactStore, UnsafeArtifactName
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import Overloaded, PermanentFailure
 from mediafarm.tasks.families.tts.speakers import get_speaker
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.wire.errors import Overloaded, PermanentFailure
 
 router = APIRouter()
 _ROOM = re.compile(ROOM_NAME)
@@ -316,7 +316,7 @@ async def _send_line_end(room: _Room, head: _Accepted, step: Done) -> None:
 def _read_chunk(config: GatewayConfig, job: JobHandle, step: Chunk) -> bytes | None:
     """A chunk's WAV file, or None if it cannot be known to be its attempt's.
 
-    A newer attempt clears the job's folder after its record is written (``tasks.base``), so the
+    A newer attempt clears the job's folder after its record is written (``tasks.runtime.base``), so the
     file read is the chunk's own if no attempt was added by the time it was read.
     """
     try:

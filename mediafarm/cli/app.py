@@ -21,7 +21,7 @@ from mediafarm.cli.console import err
 from mediafarm.cli.family_commands import mount
 from mediafarm.cli.lazy_commands import lazy_group
 from mediafarm.config.file import ConfigFileError
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 
 # The commands that run or steer the farm's processes, and where they are (checked against that
 # app when it is loaded, and by tests/cli/test_app.py).
@@ -51,7 +51,7 @@ def _mount_family_commands() -> str | None:
     the problem, and :func:`main` says why the family commands are missing.
     """
     try:
-        mount(cli, families.load().values(), reserved=CONTROL_COMMANDS)
+        mount(cli, registry.load().values(), reserved=CONTROL_COMMANDS)
     except (ConfigFileError, ImportError, ValueError) as exc:
         return str(exc)
     return None

@@ -1,5 +1,5 @@
 """What ``farm families`` shows of the rung circuit breakers: each ladder's policy, the breakers open
-now, and each rung's recent failures by cause, counted against its breaker or not (``tasks.attribution``)."""
+now, and each rung's recent failures by cause, counted against its breaker or not (``tasks.runtime.attribution``)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from rich.table import Table
 from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Ladder
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import failure_tally
-from mediafarm.tasks.attribution import CAUSES
-from mediafarm.tasks.breaker import BreakerState, ladder_identity, read_breakers
-from mediafarm.tasks.failure_tally import FailureTally
+from mediafarm.tasks.runtime import failure_tally
+from mediafarm.tasks.runtime.attribution import CAUSES
+from mediafarm.tasks.runtime.breaker import BreakerState, read_breakers
+from mediafarm.tasks.runtime.failure_tally import FailureTally
 
 
 def policy_cell(ladder: Ladder) -> str:
     """The ladder's breaker and step-down, in one cell: ``3 in 60 s, cool-down 30 s``, ``off``."""
-    policy = ladder_policy(ladder_identity(ladder))
+    policy = ladder_policy(ladder.identity)
     text = policy.breaker.describe()
     return f"{text}; steps down under memory pressure" if policy.step_down_under_pressure else text
 

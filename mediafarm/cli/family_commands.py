@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import typer
 
-from mediafarm.tasks.family import FamilySpec
+from mediafarm.tasks.wire.family import FamilySpec
 
 
 def _given(value: object) -> str | None:

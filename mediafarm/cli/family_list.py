@@ -10,7 +10,7 @@ from rich.table import Table
 
 from mediafarm.cli.console import console
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 
 
 def list_families() -> None:
@@ -19,15 +19,15 @@ def list_families() -> None:
     failures of each rung by cause: counted against its breaker or not), and whether a job
     resumes from its checkpoint after a lost attempt."""
     from mediafarm.cli.breaker_view import policy_cell, print_open_breakers
-    from mediafarm.tasks.ladder_choice import is_fallback
-    from mediafarm.tasks.languages import rung_languages_note
+    from mediafarm.tasks.runtime.ladder_choice import is_fallback
+    from mediafarm.tasks.wire.languages import rung_languages_note
 
     models_dir = get_settings().models_dir
 
     table = Table("family", "task", "queue", "ladder", "limits soft/hard (s)", "breaker", "after a lost attempt", "description")
-    for spec in families.load().values():
-        ladder = families.ladder_for(spec)
-        limits = families.limits_for(spec)
+    for spec in registry.load().values():
+        ladder = registry.ladder_for(spec)
+        limits = registry.limits_for(spec)
         rungs = " → ".join(
             f"{v.name}{' (GPU)' if v.device == 'cuda' else ''}{' (fallback)' if is_fallback(v, spec.engines) else ''}"
             f"{rung_languages_note(spec, v, models_dir)}"

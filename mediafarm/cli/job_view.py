@@ -11,14 +11,14 @@ from rich.progress import Progress as ProgressBar
 from rich.table import Table
 
 from mediafarm.cli.console import console
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 
 
 def print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(envelope))
         return
-    spec = families.get(envelope["family"])
+    spec = registry.get(envelope["family"])
     result = spec.parse_result(envelope.get("output", {}))
     console.print(f"job [bold]{envelope['job_id']}[/]  variant [bold]{envelope['variant']}[/]  {spec.summary(result)}")
     rendered = spec.render(result)
@@ -36,12 +36,12 @@ def print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None
         # An open attempt is running (or its process died and the next run will settle it).
         outcome = "running" if a.get("outcome") is None else str(a["outcome"])
         peak = a.get("peak_rss_mb")
-        # Whether a failure counted against the rung's breaker, and why (tasks.attribution).
+        # Whether a failure counted against the rung's breaker, and why (tasks.runtime.attribution).
         judged = "" if a.get("counted") is None else f"{'counted' if a['counted'] else 'not counted'}: {a.get('cause')}"
         table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", judged,
                       "" if peak is None else str(peak), a.get("worker") or "")  # fmt: skip
     console.print(table)
-    # Why the submit sent the job to the pool it first ran on (tasks.routing), kept in its first attempt.
+    # Why the submit sent the job to the pool it first ran on (tasks.producer.routing), kept in its first attempt.
     if attempts and attempts[0].get("route"):
         console.print(f"routed: {attempts[0]['route']}")
 

@@ -1,6 +1,6 @@
 """``farm submit``, ``farm status``, ``farm cancel``: a producer's commands for one job.
 
-The client (``mediafarm.tasks.client``, and the Celery app it sends with) is imported inside the
+The client (``mediafarm.tasks.producer.client``, and the Celery app it sends with) is imported inside the
 commands, once the broker is known to be set, so that ``farm --help`` and a mistyped command never
 build the app.
 """
@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from mediafarm.cli.console import console, fail, need_broker
-from mediafarm.cli.job_view import follow, print_attempts, print_artifacts, print_envelope, progress_snapshot
-from mediafarm.tasks import families
-from mediafarm.tasks.errors import JobFailed, Overloaded
+from mediafarm.cli.job_view import follow, print_artifacts, print_attempts, print_envelope, progress_snapshot
+from mediafarm.tasks import registry
+from mediafarm.tasks.wire.errors import JobFailed, Overloaded
 
 # `farm submit`'s exit status when admission control refused the job (EX_TEMPFAIL of sysexits.h:
 # try again later); 1 is a job that failed, 2 a mistake in the command.
@@ -93,15 +93,15 @@ def submit(
     farm refuses (admission control: too many waiting, memory pressure) exits with status 75.
     """
     need_broker()
-    from mediafarm.tasks.client import submit as submit_job
+    from mediafarm.tasks.producer.client import submit as submit_job
 
     fields = _parse_params(param or []) | _field_options(ctx.args)
     if live:
-        if f"{family}-live" not in families.load():
+        if f"{family}-live" not in registry.load():
             fail(f"the {family} family has no live form (no {family}-live family)")
         family = f"{family}-live"
     try:
-        spec = families.get(family)
+        spec = registry.get(family)
         if argument is not None:
             if spec.cli_argument is None:
                 fail(f"the {family} family takes no positional argument; use --param")
@@ -160,7 +160,7 @@ def _download(job: Any, out: Path | None, as_json: bool) -> None:
 def status(job_id: str) -> None:
     """State, progress and attempt history of a job."""
     need_broker()
-    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.producer.client import handle
 
     job = handle(job_id)
     state = job.state()
@@ -175,7 +175,7 @@ def status(job_id: str) -> None:
 def cancel(job_id: str) -> None:
     """Cancel a job: a queued one never starts, a running one stops at its next cancellation check."""
     need_broker()
-    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.producer.client import handle
 
     handle(job_id).cancel()
     console.print(f"{job_id}: cancel requested")

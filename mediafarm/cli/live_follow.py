@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.wire.artifacts import ArtifactStore
 
 PLAYLIST = "chunks/playlist.m3u8"
 ENDED = ("SUCCESS", "FAILURE", "REVOKED")

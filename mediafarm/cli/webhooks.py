@@ -1,6 +1,6 @@
 """``farm webhooks``: a job's webhook deliveries, a farm secret, a dispatcher of its own.
 
-Registered on the CLI by ``cli/app.py``. The log is read from Redis (``tasks.webhooks.Outbox``);
+Registered on the CLI by ``cli/app.py``. The log is read from Redis (``tasks.producer.webhooks.Outbox``);
 the dispatcher is the one every worker starts (``workers.webhook_dispatch``), here for a host that
 runs none (a gateway-only host), or a worker started with FARM_WEBHOOK_DISPATCH=0. Only ``--serve``
 imports it (and the worker side it needs): listing a job's deliveries is a producer's command.
@@ -49,7 +49,7 @@ def webhooks(
         console.print("name a job, or --serve, or --new-secret (farm webhooks --help)")
         raise typer.Exit(2)
     from mediafarm.tasks.app import app
-    from mediafarm.tasks.webhooks import Outbox
+    from mediafarm.tasks.producer.webhooks import Outbox
 
     outbox = Outbox(app.backend.client)
     tries, pending = outbox.tries(job_id), outbox.pending(job_id)

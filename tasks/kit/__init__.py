@@ -21,12 +21,12 @@ Rules a family follows:
   (``mediafarm.tasks.families.<other>...``): its spec for requests and results it builds on (the
   dialogue's lines are TTS jobs, the camera filter reads VAD and YOLO results), its engines where
   it runs them in-process (subtitle runs the VAD itself). Never the registry
-  (``mediafarm.tasks.families`` itself): the registry finds families, not the other way round.
+  (``mediafarm.tasks.registry``): the registry finds families, not the other way round.
 - **Producer-side calls.** A family's functions that run outside a worker (its CLI commands, a
   helper a producer calls, as the TTS speaker store's) reach the farm's Redis through
   :func:`farm_redis`; an engine uses ``ctx.redis``. No family module imports the app or the client.
 - **Own keys.** A family names its Redis keys with :func:`family_key`, under the farm's prefix in a
-  space of its own; ``tasks/keys.py`` holds only the farm's keys.
+  space of its own; ``tasks/wire/keys.py`` holds only the farm's keys.
 - **Own commands and metrics.** ``FamilySpec.cli`` names a Typer app of the family's commands, which
   ``farm`` mounts under its name (``farm speakers``); ``FamilySpec.metrics`` lists the numbers of its
   result the workers count (:class:`ResultMetric`: YOLO's frame counters). Neither edits a shared file.
@@ -38,15 +38,16 @@ Rules a family follows:
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from mediafarm.config.ladders import Ladder, Rung, rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.settings import FarmSettings, get_settings
-from mediafarm.tasks.artifacts import ArtifactStore, sha256_of
-from mediafarm.tasks.checkpoint import Checkpoint, Made, Resume
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import (
+from mediafarm.tasks.media.intervals import Span, merge_spans
+from mediafarm.tasks.wire.artifacts import ArtifactStore, sha256_of
+from mediafarm.tasks.wire.checkpoint import Checkpoint, Made, Resume
+from mediafarm.tasks.wire.errors import (
     Cancelled,
     FarmError,
     InvalidRequest,
@@ -57,7 +58,7 @@ from mediafarm.tasks.errors import (
     UnreadableMedia,
     raise_if_out_of_memory,
 )
-from mediafarm.tasks.family import (
+from mediafarm.tasks.wire.family import (
     CommaList,
     EngineSpec,
     FamilySpec,
@@ -67,14 +68,33 @@ from mediafarm.tasks.family import (
     Request,
     describe_validation_error,
 )
-from mediafarm.tasks.gpu import torch_device
-from mediafarm.tasks.keys import family_key
-from mediafarm.tasks.languages import normalize_language, script_language
-from mediafarm.tasks.liveness import beat as alive
-from mediafarm.tasks.media.intervals import Span, merge_spans
-from mediafarm.tasks.plan import Collected, Part, Plan
-from mediafarm.tasks.records import ArtifactInfo, Envelope, Outcome, Progress
-from mediafarm.tasks.result_metrics import ResultMetric
+from mediafarm.tasks.wire.keys import family_key
+from mediafarm.tasks.wire.languages import normalize_language, script_language
+from mediafarm.tasks.wire.plan import Collected, Part, Plan
+from mediafarm.tasks.wire.records import ArtifactInfo, Envelope, Outcome, Progress
+from mediafarm.tasks.wire.result_metrics import ResultMetric
+
+if TYPE_CHECKING:
+    from mediafarm.tasks.runtime.context import EngineContext
+    from mediafarm.tasks.runtime.gpu import torch_device
+    from mediafarm.tasks.runtime.liveness import beat as alive
+
+# What an engine runs with, from the worker side of a job (``tasks/runtime/``): resolved on first
+# use (PEP 562), because every process imports the spec modules, producers too, and a producer
+# loads nothing of the runtime. An engine's module, run in a pool child, imports them as any name.
+_RUNTIME = {
+    "EngineContext": ("mediafarm.tasks.runtime.context", "EngineContext"),
+    "torch_device": ("mediafarm.tasks.runtime.gpu", "torch_device"),
+    "alive": ("mediafarm.tasks.runtime.liveness", "beat"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RUNTIME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _RUNTIME[name]
+    value = globals()[name] = getattr(importlib.import_module(module), attr)
+    return value
 
 
 def farm_redis() -> Any:
@@ -115,7 +135,7 @@ __all__ = [
     # Checkpoints: what an attempt is handed to resume from (ctx.resume).
     "Checkpoint",
     "Made",
-    # Errors an engine raises (tasks/errors.py says which does what).
+    # Errors an engine raises (tasks/wire/errors.py says which does what).
     "Cancelled",
     "FarmError",
     "InvalidRequest",

@@ -26,9 +26,9 @@ from typing import Any
 import av
 import numpy as np
 
-from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.media.streams import check_audio_stream, check_decodable
 from mediafarm.tasks.media.wav import check_wav_length
+from mediafarm.tasks.wire.errors import UnreadableMedia
 
 SAMPLE_RATE = 16000
 # 10 s blocks, as in the camera-filter fix: ~640 KB of float32, whatever the file's length.

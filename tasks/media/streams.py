@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import av
 
-from mediafarm.tasks.errors import UnreadableMedia
+from mediafarm.tasks.wire.errors import UnreadableMedia
 
 # Sample rates audio is read at: from below the 8 kHz of telephony to above the 768 kHz that the
 # fastest converters sold record at (DSD decodes to 352.8 kHz).

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from mediafarm.tasks.errors import UnreadableMedia
+from mediafarm.tasks.wire.errors import UnreadableMedia
 
 # A placeholder sits this close below 2 GiB or 4 GiB (arecord's is 256 bytes under; 64 KiB leaves room
 # for a writer that subtracts its header) — a real file of that size is never short by gigabytes.

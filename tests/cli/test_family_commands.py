@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.main import get_command
 
-from mediafarm.tasks import families
 from mediafarm.cli.app import cli
 from mediafarm.cli.family_commands import command_names, mount
+from mediafarm.tasks import registry
 from tests.conftest import REPO
 from tests.tasks.test_family import make_spec
 
@@ -26,7 +26,7 @@ def test_the_cli_tree_holds_every_familys_commands_beside_the_farms() -> None:
     assert {"submit", "families", "gc"} <= set(tree)  # the walk itself works
     assert set(tree["speakers"].commands) == {"add", "list", "rm"}  # TTS's, named by its Typer
     assert set(tree["toy"].commands) == {"count"}  # the test family's, named after the family
-    declared = {s.name for s in families.load().values() if s.cli}
+    declared = {s.name for s in registry.load().values() if s.cli}
     assert declared == {"tts", "toy"}
 
 

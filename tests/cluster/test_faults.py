@@ -139,7 +139,7 @@ def test_a_worker_stopped_with_the_compose_grace_requeues_its_job_at_once(cluste
     try:
         assert stopped.returncode == 0
         # Back in its queue as soon as the worker has gone (Celery's cold shutdown restores it): the
-        # cpu pool's own, where the gateway's submit routed it (tasks.routing).
+        # cpu pool's own, where the gateway's submit routed it (tasks.producer.routing).
         view = client.get(f"/v1/jobs/{job_id}").json()
         assert view["state"] != "SUCCESS", "the job ended within the soft shutdown: make its media longer"
         waiting = {q: queued(cluster, q) for q in ("subtitle", "subtitle@cpu")}
@@ -185,9 +185,9 @@ def test_a_job_past_the_container_s_memory_limit_goes_down_its_ladder(cluster: C
 
 
 def wait_pressure_reading(cluster: Cluster, pool: str, above_mb: float, timeout: float = 30) -> None:
-    """Until every fresh memory reading of ``pool``'s workers (``tasks.admission.readings``) is of a
+    """Until every fresh memory reading of ``pool``'s workers (``tasks.producer.admission.readings``) is of a
     limit above ``above_mb``."""
-    from mediafarm.tasks.admission import readings
+    from mediafarm.tasks.producer.admission import readings
 
     backend = redis.Redis.from_url(re.sub(r"/\d+$", "/1", cluster.broker))  # FARM_RESULT_BACKEND's database
     deadline = time.monotonic() + timeout
@@ -218,7 +218,7 @@ def test_a_worker_killed_outright_is_restarted_and_its_job_resumes(cluster: Clus
     hence the signal to the process.) The
     restart policy brings the same container back, under the same hostname and so the same node
     name: no peer sees that node silent, and the new worker hands back what its predecessor left
-    open (``tasks.handback``) at once, not after the 2 h visibility timeout."""
+    open (``tasks.runtime.handback``) at once, not after the 2 h visibility timeout."""
     media = long_speech(cluster.media / "ten-minutes-kill.wav", 10)
     job_id = f"cluster-kill-{uuid.uuid4().hex[:8]}"
     sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"},

@@ -53,7 +53,7 @@ def test_the_worker_log_names_its_pool_and_queues(cluster: Cluster) -> None:
     expected = json.loads(cluster.podman(
         "exec", cluster.container("worker-cpu"), "python", "-c",
         "import json; from mediafarm.config.pools import expand_queues, get_pool; from mediafarm.tasks import families;"
-        "print(json.dumps(expand_queues(get_pool('cpu').queues, families.default_queues())))",
+        "print(json.dumps(expand_queues(get_pool('cpu').queues, registry.default_queues())))",
     ).stdout)  # fmt: skip
     assert "vad" in expected and "subtitle" in expected, expected
     assert "cpu@" in log, log[-3000:]

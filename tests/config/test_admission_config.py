@@ -7,7 +7,7 @@ import pytest
 from mediafarm.config.admission import parse
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.priorities import checked_priority, wire_priority
-from mediafarm.tasks.admission import Reading
+from mediafarm.tasks.producer.admission import Reading
 
 
 def test_defaults_family_and_pool_tables_and_mistakes_named() -> None:

@@ -2,11 +2,11 @@ import pytest
 
 from mediafarm.config.celery import UnsafeConfiguration, celery_config, check_config, config_problems
 from mediafarm.config.settings import FarmSettings
-from mediafarm.tasks import families
+from mediafarm.tasks import registry
 
 
 def limits() -> dict[str, float]:
-    return families.hard_limits()
+    return registry.hard_limits()
 
 
 def safe() -> dict:
@@ -57,7 +57,7 @@ def test_missing_broker_and_early_ack_are_named() -> None:
 def test_every_task_routes_to_its_family_queue() -> None:
     from mediafarm.tasks.app import app
 
-    for spec in families.load().values():
+    for spec in registry.load().values():
         route = app.amqp.router.route({}, spec.task_name)
         assert route["queue"].name == spec.queue
         assert spec.task_name.startswith("farm.")

@@ -20,16 +20,16 @@ def test_backend_defaults_to_broker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_vad_ladder_is_silero_webrtc_skip() -> None:
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
-    assert [v.name for v in families.ladder_for(families.get("vad")).rungs] == ["silero-onnx", "webrtc", "skip"]
+    assert [v.name for v in registry.ladder_for(registry.get("vad")).rungs] == ["silero-onnx", "webrtc", "skip"]
 
 
 def test_unknown_family_and_pool_are_named() -> None:
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
     with pytest.raises(ValueError, match="unknown job family 'nope'"):
-        families.get("nope")
+        registry.get("nope")
     with pytest.raises(ConfigFileError, match="no pool named 'nope'"):
         get_pool("nope")
 
@@ -56,11 +56,11 @@ def test_config_file_overrides_pool_and_ladder(tmp_path: Path, monkeypatch: pyte
     get_settings.cache_clear()
     declared_ladders.cache_clear()
     try:
-        from mediafarm.tasks import families
+        from mediafarm.tasks import registry
 
         cpu = get_pools()["cpu"]
         assert cpu.child_rss_cap_mb == 512 and cpu.queues == ("*",)
-        ladder = families.ladder_for(families.get("vad"))
+        ladder = registry.ladder_for(registry.get("vad"))
         assert [(v.name, v.engine, dict(v.params)) for v in ladder.rungs] == [("w", "webrtc", {"aggressiveness": 3})]
     finally:
         monkeypatch.undo()

@@ -7,8 +7,8 @@ import json
 import uuid
 
 from mediafarm.gateway.common.job_watch import JobWatch
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.wire import keys
 
 
 class Clock:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from mediafarm import register_speaker, remove_speaker, submit
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
+from mediafarm.tasks.wire import keys
 
 pytestmark = pytest.mark.integration
 

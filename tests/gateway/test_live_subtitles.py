@@ -21,7 +21,7 @@ import soundfile as sf
 import webvtt
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support.docs import code_blocks

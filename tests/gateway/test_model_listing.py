@@ -4,7 +4,7 @@ what no live worker can run is not listed, and with no live worker at all the li
 from __future__ import annotations
 
 from mediafarm.gateway.openai.models import listing
-from mediafarm.tasks.capability import WorkerCapability
+from mediafarm.tasks.wire.capability import WorkerCapability
 
 GPU = "rung needs a GPU and this pool has none"
 

@@ -17,8 +17,8 @@ import pytest
 
 from mediafarm.config.settings import get_settings
 from mediafarm.gateway.security import owner_of
-from mediafarm.tasks import capability
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import capability
 from tests.gateway.conftest import TOKEN
 from tests.integration.test_subtitle_jobs import wer, words_of
 from tests.support.kills import kill_running, killing
@@ -216,6 +216,7 @@ def talk_bound(tiny_en, talk) -> float:
 def sentences_heard(heard: list[str]) -> list[float]:
     """For each sentence of the track, the share of its words the transcript has, aligned in order."""
     import difflib
+
     from tests.support.speech import PHRASES
 
     reference, owner = [], []

@@ -31,9 +31,9 @@ from mediafarm.gateway.common.events import Snapshot
 from mediafarm.gateway.security import owner_of
 from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restart
 from mediafarm.gateway.ws.room_frames import FrameError, parse_frame, room_job_id
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import keys
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support.docs import code_blocks

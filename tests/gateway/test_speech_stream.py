@@ -14,11 +14,17 @@ import numpy as np
 import pytest
 
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway.openai.speech_stream import SpeechFollower, StorageMissing, StreamBroken, StreamEncoder, wav_header
-from mediafarm.tasks import keys
+from mediafarm.gateway.openai.speech_stream import (
+    SpeechFollower,
+    StorageMissing,
+    StreamBroken,
+    StreamEncoder,
+    wav_header,
+)
 from mediafarm.tasks.app import app
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.artifacts import ArtifactStore
 
 RATE = 22050
 
@@ -33,7 +39,7 @@ class FakeTtsJob:
         self.at = 0.0
 
     def start_attempt(self, rung: str) -> None:
-        """A new attempt's record; the partial outputs before it go in the same step (tasks.history)."""
+        """A new attempt's record; the partial outputs before it go in the same step (tasks.wire.history)."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.rpush(keys.history(self.id), json.dumps({"rung": 0, "variant": rung, "outcome": None}))
         pipe.delete(keys.partials(self.id))

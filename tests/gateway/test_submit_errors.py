@@ -6,7 +6,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from mediafarm.gateway.common.submit_errors import http_refusal, refusal
-from mediafarm.tasks.errors import InvalidRequest, Overloaded
+from mediafarm.tasks.wire.errors import InvalidRequest, Overloaded
 
 
 def test_each_refusal_has_its_status_and_words() -> None:

@@ -131,7 +131,7 @@ def test_expired_uploads_go_with_their_jobs_results(cpu_worker, client) -> None:
     # until result_expires has passed since it was made.
     assert {upload["id"], unused["id"]}.isdisjoint(going(now=later))
     assert unused["id"] in going(now=time.time() + 86400 + 3600)
-    from mediafarm.tasks import keys
+    from mediafarm.tasks.wire import keys
 
     app.backend.client.delete(keys.submitted(job.json()["id"]), keys.history(job.json()["id"]),
                               app.backend.get_key_for_task(job.json()["id"]))  # fmt: skip

@@ -24,8 +24,9 @@ import redis
 from mediafarm import Overloaded, submit
 from mediafarm.config.admission import parse
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import admission, keys
-from mediafarm.tasks.admission import Reading, publish_reading
+from mediafarm.tasks.producer import admission
+from mediafarm.tasks.producer.admission import Reading, publish_reading
+from mediafarm.tasks.wire import keys
 from tests.conftest import REPO
 
 DEPTH_QUEUE = f"admission-depth-{uuid.uuid4().hex[:6]}"
@@ -258,7 +259,7 @@ def test_a_racing_resubmit_of_an_accepted_id_gets_its_handle_not_a_refusal(backe
     # Two submits of one id (a client retrying on a timeout) race: the second reads no key yet,
     # the first then takes the last place and writes its key, and the second's admission finds the
     # family at its limit. The job was accepted: the second gets its handle, nothing more is sent.
-    from mediafarm.tasks import client as client_module
+    from mediafarm.tasks.producer import client as client_module
 
     limits(max_queued=1)
     queue = f"admission-race-{uuid.uuid4().hex[:6]}"
@@ -282,7 +283,7 @@ def test_a_resubmit_that_loses_the_race_leaves_the_tenants_place_to_the_job(back
     # Both submits of one id pass admission; the other writes the key first. The loser gives back
     # what it took, but the tenant's place is the job's own (one member per id), which was sent:
     # it must still count against the tenant.
-    from mediafarm.tasks import client as client_module
+    from mediafarm.tasks.producer import client as client_module
 
     limits(max_queued=100, max_queued_per_tenant=5)
     queue = f"admission-race-{uuid.uuid4().hex[:6]}"
@@ -312,7 +313,7 @@ def test_a_send_that_fails_leaves_no_idempotency_key_even_if_giving_back_its_pla
     from kombu.exceptions import OperationalError
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from mediafarm.tasks import client as client_module
+    from mediafarm.tasks.producer import client as client_module
 
     limits(max_queued=100, max_queued_per_tenant=5)
     job_id = f"adm-unsent-{uuid.uuid4()}"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.breaker import BreakerState, read_breakers
-from mediafarm.tasks.client import submit
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.runtime.breaker import BreakerState, read_breakers
+from mediafarm.tasks.wire import keys
 
 pytestmark = pytest.mark.integration
 
@@ -145,8 +145,8 @@ def test_outside_kills_never_open_it(two_workers: tuple[Any, Any], clean: None) 
 def test_under_memory_pressure_a_ladder_that_steps_down_starts_new_jobs_one_rung_lower(
     two_workers: tuple[Any, Any],
 ) -> None:
-    from mediafarm.tasks.admission import Reading, publish_reading
-    from mediafarm.tasks.client import JobHandle
+    from mediafarm.tasks.producer.admission import Reading, publish_reading
+    from mediafarm.tasks.producer.client import JobHandle
 
     def send() -> dict[str, Any]:
         # Straight to the queue, as a foreign client may: the worker decides, whatever the producer did.

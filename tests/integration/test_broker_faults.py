@@ -18,7 +18,7 @@ import pytest
 from celery.result import AsyncResult
 
 from mediafarm.config.pools import get_pool
-from mediafarm.tasks.history import read_attempts
+from mediafarm.tasks.wire.history import read_attempts
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready, worker_argv
 from tests.support.farm_app import farm_app, release
@@ -115,11 +115,11 @@ def test_a_paused_worker_that_wakes_up_rewrites_nothing(own_redis: EmbeddedRedis
     conditional writes themselves are pinned down in tests/tasks/test_stale_attempts.py.)"""
     import signal
 
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
     # Visibility 10 s: a job held by a stopped worker goes to another after 10 s. Limits under it.
     config = session_dir / f"pause-{uuid.uuid4().hex[:6]}.toml"
-    config.write_text(SHORT + "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in families.load()))
+    config.write_text(SHORT + "".join(f"\n[limits.{f}]\nsoft = 6\nhard = 7\n" for f in registry.load()))
     env = {**os.environ, "FARM_BROKER_URL": own_redis.url, "FARM_RESULT_BACKEND": own_redis.url,
            "FARM_CONFIG_FILE": str(config), "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1"}  # fmt: skip
     producer = farm_app(own_redis.url)

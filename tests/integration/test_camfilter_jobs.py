@@ -56,7 +56,7 @@ def run(media: Path, **fields) -> tuple[CamfilterResult, dict]:
 
 def clip_files(job_id: str, result: CamfilterResult) -> list[Path]:
     from mediafarm.config.settings import get_settings
-    from mediafarm.tasks.artifacts import ArtifactStore
+    from mediafarm.tasks.wire.artifacts import ArtifactStore
 
     store = ArtifactStore(get_settings().storage_dir, job_id)
     return [store.path(clip.file) for clip in result.clips]

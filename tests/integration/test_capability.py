@@ -26,10 +26,10 @@ import httpx
 import pytest
 import redis
 
-from mediafarm.tasks import capability
 from mediafarm.tasks.app import app
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.wire import capability
+from mediafarm.tasks.wire.capability import WorkerCapability
+from mediafarm.tasks.wire.history import AttemptLog
 from mediafarm.workers.launch import stop_worker
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
 from tests.support import weighted

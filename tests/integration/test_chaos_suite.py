@@ -10,7 +10,7 @@ On Redis the suite runs with two pools (``MEDIAFARM_CHAOS_POOLS=1``: one, see be
 serve the chaos family and differ by a weights file (``chaos`` has it, ``chaos-b`` has not): jobs are routed, moved down to the other pool, and a
 worker of each pool is killed; jobs must have been routed to, and answered on, both pools and
 some moved. RabbitMQ's run stays one pool: the orphan sweep that empties a dead pool's queue is
-Redis-only (tasks.orphans), and the suite's workers there take a queue of their own on a vhost
+Redis-only (tasks.runtime.orphans), and the suite's workers there take a queue of their own on a vhost
 other tests' workers share. The drill stays one pool: it measures the rung breakers.
 """
 
@@ -51,7 +51,7 @@ def suite_env(workdir: Path, broker_url: str, backend_url: str) -> dict[str, str
         "FARM_CONFIG_FILE": str(short_limits_config(workdir / "short-limits.toml")),
         "FARM_VISIBILITY_TIMEOUT": "10", "FARM_RESTORE_INTERVAL": "1",
         # A message lost in kombu's fetch at a Redis restart or a network cut is sent again after
-        # two looks this far apart (``tasks.lost_messages``; 30 s by default).
+        # two looks this far apart (``tasks.runtime.lost_messages``; 30 s by default).
         "FARM_LOST_SWEEP": "2",
         # RabbitMQ only: a paused worker is dropped after a few missed 4 s heartbeats (120 s by default).
         "FARM_BROKER_HEARTBEAT": "4",
@@ -86,7 +86,7 @@ def run_suite(
 
 # Two pools on Redis unless asked for one (MEDIAFARM_CHAOS_POOLS=1). The two-pool run once lost a
 # job in about one run of five to kombu's fetch window; the suite now drops a message as that
-# window does, and the lost-message sweep must bring it back (``tasks.lost_messages``).
+# window does, and the lost-message sweep must bring it back (``tasks.runtime.lost_messages``).
 TWO_POOLS = os.environ.get("MEDIAFARM_CHAOS_POOLS", "2") != "1"
 
 

@@ -25,13 +25,13 @@ import webvtt
 
 from mediafarm import JobRejected, register_speaker, remove_speaker, submit
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle, send_plan
 from mediafarm.tasks.families.dialogue.script import line_job_id
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
-from mediafarm.tasks.handles import PipelineHandle
-from mediafarm.tasks.plan import Part, Plan
+from mediafarm.tasks.producer.client import JobHandle, send_plan
+from mediafarm.tasks.producer.handles import PipelineHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.plan import Part, Plan
 from tests.conftest import REPO
 from tests.support.kills import kill_running
 from tests.support.piper_voice import link_joe_voice
@@ -106,7 +106,7 @@ def samples(path: Path) -> tuple[np.ndarray, int]:
 
 
 def line_audio(line: dict) -> tuple[np.ndarray, int]:
-    from mediafarm.tasks.artifacts import ArtifactStore
+    from mediafarm.tasks.wire.artifacts import ArtifactStore
 
     return samples(ArtifactStore(get_settings().storage_dir, line["job_id"]).path("speech.wav"))
 

@@ -23,9 +23,9 @@ import pytest
 from mediafarm.config.priorities import redis_lists
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.app import app
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.client import JobHandle, handle, submit
 from mediafarm.tasks.families.tts.resume import SHORT_TEXT_CHARS
+from mediafarm.tasks.producer.client import JobHandle, handle, submit
+from mediafarm.tasks.wire.artifacts import ArtifactStore
 from tests.conftest import REPO
 from tests.support.espeak import hold_script
 

@@ -30,7 +30,7 @@ def outcomes(attempts: list[dict]) -> list[str]:
 
 
 def test_toy_family_is_routed_run_and_its_artifact_fetched(cpu_worker, tmp_path: Path) -> None:
-    from mediafarm.tasks.families import route
+    from mediafarm.tasks.registry import route
 
     # Routed by the registry: no routing table names the toy family.
     assert route("farm.toy.count", (), {}, {}) == {"queue": "toy"}
@@ -209,7 +209,7 @@ def test_a_producer_chosen_job_id_keeps_its_artifacts_inside_storage(cpu_worker,
     import uuid
 
     from mediafarm.config.settings import get_settings
-    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.producer.client import handle
 
     job_id = f"../cam1:{uuid.uuid4()}"
     app.send_task("farm.toy.count", kwargs={"text": "x y z"}, task_id=job_id, queue="toy")

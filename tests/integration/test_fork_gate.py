@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import LadderExhausted
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.wire.errors import LadderExhausted
 from tests.support.kills import kill_children_at_random
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import redis
 
 from mediafarm.config.admission import parse
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import admission
-from mediafarm.tasks.client import handle
+from mediafarm.tasks.producer import admission
+from mediafarm.tasks.producer.client import handle
 
 pytestmark = pytest.mark.integration
 BURST = 40

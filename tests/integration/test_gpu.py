@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.client import JobHandle, submit
+from mediafarm.tasks.producer.client import JobHandle, submit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -76,7 +76,7 @@ def test_cuda_oom_past_the_memory_fraction_moves_down_a_rung(gpu_worker) -> None
     envelope = send("cuda_oom").wait(timeout=120)
     first, second = envelope["attempts"]
     assert first["outcome"] == "cuda_oom" and "CUDA out of memory" in first["reason"], first
-    assert (first["counted"], first["cause"]) == (True, "cuda_oom"), first  # the rung's own doing (tasks.attribution)
+    assert (first["counted"], first["cause"]) == (True, "cuda_oom"), first  # the rung's own doing (runtime.attribution)
     assert second["outcome"] == "ok" and envelope["variant"] == "cpu-small"
     assert gpu_worker.process.poll() is None
     print("CUDA OOM reason:", first["reason"][:200])
@@ -103,7 +103,7 @@ def test_yolo_gpu_rung_runs_the_pt_weights_on_cuda(gpu_worker, random_yolo, yolo
     assert envelope["variant"] == "yolo-gpu" and envelope["rung"] == 0, envelope["attempts"]
     assert outcomes(envelope) == [("yolo-gpu", "ok")]
     output = envelope["output"]
-    # The model label is built from the device the engine loaded on (tasks.gpu.torch_device() on a
+    # The model label is built from the device the engine loaded on (tasks.runtime.gpu.torch_device() on a
     # cuda rung): "yolo11n.pt (ultralytics X, torch Y, cuda)". Nothing else in the result says it.
     assert output["model"].startswith("yolo11n.pt (") and ", torch " in output["model"], output["model"]
     assert output["model"].endswith(", cuda)"), output["model"]

@@ -17,8 +17,8 @@ import pytest
 
 from mediafarm.config.priorities import redis_lists
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle, submit
-from mediafarm.tasks.history import read_attempts
+from mediafarm.tasks.producer.client import JobHandle, submit
+from mediafarm.tasks.wire.history import read_attempts
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import JobRejected
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.wire.errors import JobRejected
 
 pytestmark = pytest.mark.integration
 

@@ -76,8 +76,8 @@ def test_pickle_and_unknown_tasks_are_refused_with_a_reason_and_the_worker_lives
     assert cpu_worker.process.poll() is None
     # The unknown task ends FAILURE, so its producer learns why; the pickle message is never
     # decoded (its producer only sees it stay PENDING: only the worker's log can say why).
-    from mediafarm.tasks.client import handle
-    from mediafarm.tasks.errors import JobRejected
+    from mediafarm.tasks.producer.client import handle
+    from mediafarm.tasks.wire.errors import JobRejected
 
     with pytest.raises(JobRejected, match="farm.nope.nothing"):
         handle(unknown.id).wait(timeout=10)

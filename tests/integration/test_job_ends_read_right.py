@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from mediafarm import JobCancelled, JobFailed, JobRejected, LadderExhausted, submit
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle, handle, send_plan
-from mediafarm.tasks.plan import Part, Plan
+from mediafarm.tasks.producer.client import JobHandle, handle, send_plan
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.plan import Part, Plan
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle, submit
-from mediafarm.tasks.errors import JobRejected, LadderExhausted
+from mediafarm.tasks.producer.client import JobHandle, submit
+from mediafarm.tasks.wire.errors import JobRejected, LadderExhausted
 from tests.support.kills import kill_children_at_random
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_job_over_the_cap_is_killed_and_completes_on_the_next_rung(chaos_worker)
     killed, ok = envelope["attempts"]
     assert (killed["outcome"], ok["outcome"]) == ("killed", "ok")
     assert "watchdog" in killed["reason"] and "cap of 400 MiB" in killed["reason"]
-    assert (killed["counted"], killed["cause"]) == (True, "watchdog_cap")  # the rung's doing (tasks.attribution)
+    assert (killed["counted"], killed["cause"]) == (True, "watchdog_cap")  # the rung's doing (runtime.attribution)
     assert killed["peak_rss_mb"] > 400 and killed["variant"] == "hungry"
     assert killed["pid"] != ok["pid"] or killed["retries"] < ok["retries"]
     assert chaos_worker.process.poll() is None
@@ -104,9 +104,9 @@ def test_unavailable_rungs_are_skipped_without_spending_attempts(chaos_worker) -
 def test_a_job_cancelled_before_it_ran_discards_the_output_of_an_engine_that_never_checks(chaos_worker) -> None:
     import uuid
 
-    from mediafarm.tasks import keys
-    from mediafarm.tasks.client import handle
-    from mediafarm.tasks.errors import JobCancelled
+    from mediafarm.tasks.producer.client import handle
+    from mediafarm.tasks.wire import keys
+    from mediafarm.tasks.wire.errors import JobCancelled
 
     # What a worker that missed the revoke sees: only the cancel flag; the `ok` engine never checks it.
     job_id = f"cam1:{uuid.uuid4()}"  # a producer's own id, with a character no file name should hold
@@ -132,9 +132,9 @@ def test_a_message_back_after_a_rejection_is_not_run_again(chaos_worker) -> None
     # redelivery is certain; the worker and its path are the real ones.
     import uuid
 
-    from mediafarm.tasks.client import handle
-    from mediafarm.tasks.history import AttemptLog
-    from mediafarm.tasks.records import Attempt, Outcome
+    from mediafarm.tasks.producer.client import handle
+    from mediafarm.tasks.wire.history import AttemptLog
+    from mediafarm.tasks.wire.records import Attempt, Outcome
 
     job_id = f"rejected-then-killed-{uuid.uuid4()}"
     reason = "PermanentFailure: chaos: this input is malformed on purpose"
@@ -329,7 +329,7 @@ def test_cold_shutdown_hands_a_running_job_back_before_the_visibility_timeout(st
 def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
     # A worker that dies between storing SUCCESS and acking gets its message redelivered; the
     # redelivery must return the stored result instead of running the job a second time.
-    from mediafarm.tasks.history import read_attempts
+    from mediafarm.tasks.wire.history import read_attempts
 
     job = send("memerr")
     first = job.wait(timeout=60)

@@ -59,7 +59,7 @@ def test_chinese_text_with_the_default_speaker_goes_to_espeak_mandarin_never_the
 
 
 def test_mixed_script_text_goes_by_its_chinese_letters(tts_worker) -> None:
-    # The rule (tasks.languages.script_language): non-Latin letters decide; espeak-ng's cmn voice
+    # The rule (tasks.wire.languages.script_language): non-Latin letters decide; espeak-ng's cmn voice
     # reads the Latin word as English, which an English voice could not do for the Chinese ones.
     envelope = submit("tts", queue=QUEUE, text="我喜欢用 Python 写程序。").wait(timeout=120)
     assert envelope["variant"] == "espeak" and envelope["output"]["language"] == "zh"

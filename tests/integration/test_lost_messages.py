@@ -1,4 +1,4 @@
-"""A job message lost in kombu's fetch comes back (tasks.lost_messages), on a real prefork worker.
+"""A job message lost in kombu's fetch comes back (tasks.runtime.lost_messages), on a real prefork worker.
 
 The loss is made as it happens: a producer sends the job, and its message leaves the list the way a
 ``BRPOP`` whose reply never reached a worker takes it (an ``RPOP`` no worker reads). The worker's
@@ -24,9 +24,9 @@ import redis
 
 from mediafarm.config.pools import get_pool
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import keys
-from mediafarm.tasks.history import read_attempts
 from mediafarm.tasks.sent_ledger import RESENT_HEADER, messages
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.history import read_attempts
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 from tests.support.farm_app import farm_app, release
 

@@ -34,12 +34,12 @@ import pytest
 
 from mediafarm import submit
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families as registry
-from mediafarm.tasks import keys
+from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle
-from mediafarm.tasks.errors import InvalidRequest, JobFailed, JobRejected
-from mediafarm.tasks.handles import PipelineHandle
+from mediafarm.tasks.producer.client import JobHandle
+from mediafarm.tasks.producer.handles import PipelineHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import InvalidRequest, JobFailed, JobRejected
 from tests.conftest import REPO
 from tests.integration.test_intake import received
 from tests.support import malformed as mk

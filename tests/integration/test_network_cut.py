@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from mediafarm.config.pools import get_pool
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
 from tests.support.farm_app import farm_app, release

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from mediafarm.tasks.client import submit
+from mediafarm.tasks.producer.client import submit
 from mediafarm.workers.launch import stop_worker
 from tests.support.memory_cgroup import CgroupUnavailable, create
 

@@ -22,7 +22,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from mediafarm.config.pools import get_pool
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 from tests.support.farm_app import farm_app
 

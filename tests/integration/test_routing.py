@@ -26,8 +26,9 @@ import redis
 from celery import Celery
 
 from mediafarm.config.pools import get_pool
-from mediafarm.tasks import capability, keys, scaling
-from mediafarm.tasks.history import read_attempts
+from mediafarm.tasks.producer import scaling
+from mediafarm.tasks.wire import capability, keys
+from mediafarm.tasks.wire.history import read_attempts
 from mediafarm.workers.launch import spawn_worker, stop_worker, wait_ready
 from tests.support.speech import PHRASES, make_track
 
@@ -95,7 +96,7 @@ class Cluster:
     def stop(self) -> None:
         for process in self.processes:
             stop_worker(process, timeout=20)
-        # What these pools ran is kept a week for waking them (tasks.wake): not past this module.
+        # What these pools ran is kept a week for waking them (tasks.producer.wake): not past this module.
         known = [node for node, raw in self.client.hgetall(keys.pool_capabilities()).items()
                  if json.loads(raw)["pool"] in (BETTER, PLAIN, GHOST)]  # fmt: skip
         if known:
@@ -157,7 +158,7 @@ def test_with_both_pools_idle_every_job_runs_on_the_better_pools_rung(cluster: C
 def test_each_workers_record_says_which_languages_its_rungs_handle_with_its_models(cluster: Cluster) -> None:
     records = {r.pool: r for r in capability.live(cluster.client)}
     # tiny.en is English only; pocketsphinx's bundled model is en-us: a job in another language is
-    # routed to neither (tasks.routing.able_pools), as the worker's own check would skip both.
+    # routed to neither (tasks.producer.routing.able_pools), as the worker's own check would skip both.
     for pool in (BETTER, PLAIN):
         spoken = records[pool].languages["subtitle"]["subtitle"]
         assert spoken["whisper-tiny"] == ("en",) and spoken["pocketsphinx"] == ("en",), (pool, spoken)

@@ -24,9 +24,9 @@ from kombu.utils.json import loads
 from prometheus_client.parser import text_string_to_metric_families
 
 from mediafarm.config.priorities import redis_lists, wire_priority
-from mediafarm.tasks import worker_load
 from mediafarm.tasks.app import app
-from mediafarm.tasks.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.wire import worker_load
 from mediafarm.workers.embedded import free_port
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway

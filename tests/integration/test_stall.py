@@ -1,7 +1,7 @@
 """A stuck attempt costs a stall timeout, not the hard limit (issue #29 item 5), on real workers.
 
 The worker here runs the chaos family with a 4 s stall timeout (its hard limit stays 90 s). A
-child gives signs of life as it starts a job and while its engine works (``tasks.liveness``); the
+child gives signs of life as it starts a job and while its engine works (``tasks.runtime.liveness``); the
 watchdog kills one silent past the stall timeout, the job runs again on the same rung once, and a
 second stall there moves it down.
 """
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mediafarm.tasks.client import submit
+from mediafarm.tasks.producer.client import submit
 
 pytestmark = pytest.mark.integration
 

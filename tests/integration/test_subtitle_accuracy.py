@@ -152,9 +152,9 @@ def test_windows_in_batches_hear_what_one_window_a_call_hears(tiny_en, voices_tr
     # The batch_size rung parameter (GPU rungs batch): the 45 s track is three 20 s windows, recognised
     # in one batch; the same words as one window a call (fitted, a batch's windows are given the
     # longest one's length, each alone its own).
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.subtitle import engines
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
+    from mediafarm.tasks.runtime.context import EngineContext
 
     def run(batch_size: int) -> list[tuple[str, float, float]]:
         ctx = EngineContext.local(storage_dir=tmp_path / str(batch_size), models_dir=tiny_en.parent)

@@ -338,7 +338,7 @@ def test_farm_submit_live_follows_the_playlist_as_it_grows(cpu_worker, tiny_en, 
     )  # fmt: skip
     assert farm.stdout is not None
     job_id = farm.stdout.readline().split(":")[0].strip()  # "<id>: following DIR/chunks/playlist.m3u8"
-    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.producer.client import handle
 
     _started(handle(job_id))
     publisher = publish_udp(track.path, port, ts_offset=TS_OFFSET)

@@ -19,8 +19,8 @@ import soundfile as sf
 
 from mediafarm import JobRejected, submit
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
+from mediafarm.tasks.wire import keys
 from tests.conftest import REPO
 from tests.support.kills import kill_running
 from tests.support.piper_voice import link_joe_voice
@@ -96,7 +96,7 @@ def test_bad_input_is_rejected_once_and_never_retried(tts_worker, fields, reason
     # Sent as a foreign producer would, past the client's own checks: the worker checks again.
     job_id = str(uuid.uuid4())
     app.send_task("farm.tts.synthesize", kwargs=fields, task_id=job_id, queue=QUEUE)
-    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.producer.client import handle
 
     with pytest.raises(JobRejected, match=reason) as info:
         handle(job_id).wait(timeout=60)

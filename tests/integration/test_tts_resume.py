@@ -5,7 +5,7 @@ The ladder: ``piper`` (the real joe voice), then ``espeak-slow``: espeak-ng behi
 that waits a little before every call, so a text lasts long enough to be cut at chosen chunks.
 Checkpoints every 0.1 s (FARM_CHECKPOINT_INTERVAL): one after nearly every chunk.
 
-A killed child moves the job one rung down (``tasks.downgrade``), so the same rung runs again
+A killed child moves the job one rung down (``tasks.runtime.downgrade``), so the same rung runs again
 only when the worker itself is lost: here a cold shutdown (SIGQUIT, as ``docker compose stop``
 does), which hands the job back at once, and a new worker takes it.
 """
@@ -25,10 +25,10 @@ import soundfile as sf
 
 from mediafarm import submit
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.client import JobHandle, handle
 from mediafarm.tasks.families.dialogue.script import line_job_id
 from mediafarm.tasks.families.tts.resume import SHORT_TEXT_CHARS
+from mediafarm.tasks.producer.client import JobHandle, handle
+from mediafarm.tasks.wire.artifacts import ArtifactStore
 from tests.conftest import REPO
 from tests.support.espeak import hold_script
 from tests.support.kills import kill_running

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest, JobRejected
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.wire.errors import InvalidRequest, JobRejected
 from tests.tasks.families.test_vad_engines import assert_matches
 
 pytestmark = pytest.mark.integration
@@ -92,7 +92,7 @@ def test_unknown_family_and_unknown_option_are_named(cpu_worker, speech_track) -
         submit("vad")
     # ... and the worker checks again, for producers that send by task name with a plain client.
     from mediafarm.tasks.app import app
-    from mediafarm.tasks.client import handle
+    from mediafarm.tasks.producer.client import handle
 
     sent = app.send_task("farm.vad.detect", kwargs={"media": str(speech_track.path), "thresold": 0.2})
     with pytest.raises(JobRejected, match="InvalidRequest: vad request: thresold"):

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.artifacts import CHECKPOINT_FOLDER, job_folder
-from mediafarm.tasks.checkpoint import MANIFEST
-from mediafarm.tasks.client import submit
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, job_folder
+from mediafarm.tasks.wire.checkpoint import MANIFEST
 from tests.support.speech import write_long_track
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.errors import InvalidRequest
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.wire.errors import InvalidRequest
 from mediafarm.workers.embedded import free_port
 from tests.support.webhooks import NEW_SECRET, OLD_SECRET, Receiver, loopback_allowed  # noqa: F401 - a fixture
 
@@ -163,7 +163,7 @@ def test_an_unknown_event_is_refused_at_submit(receiver) -> None:
 
 def _log(job_id: str) -> list[dict[str, Any]]:
     from mediafarm.tasks.app import app
-    from mediafarm.tasks.webhooks import Outbox
+    from mediafarm.tasks.producer.webhooks import Outbox
 
     return Outbox(app.backend.client).tries(job_id)
 
@@ -226,8 +226,8 @@ def test_the_cli_submits_with_a_webhook_and_lists_its_deliveries(hook_worker, re
 def test_a_pipelines_webhook_is_its_fan_in_jobs(hook_worker, receiver) -> None:
     import uuid
 
-    from mediafarm.tasks.client import send_plan
-    from mediafarm.tasks.plan import Part, Plan
+    from mediafarm.tasks.producer.client import send_plan
+    from mediafarm.tasks.wire.plan import Part, Plan
 
     fan_in = f"hooked-plan-{uuid.uuid4().hex[:8]}"
     plan = Plan(parts=(Part("toy", f"{fan_in}.a", {"text": "a"}, "first"),

@@ -20,8 +20,8 @@ import pytest
 
 from mediafarm import submit
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.artifacts import job_folder
-from mediafarm.tasks.checkpoint import FOLDER, MANIFEST
+from mediafarm.tasks.wire.artifacts import job_folder
+from mediafarm.tasks.wire.checkpoint import FOLDER, MANIFEST
 from tests.support.yolo import make_video
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from mediafarm.config.ladders import rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.pools import get_pool
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure
-from mediafarm.tasks.family import EngineSpec, FamilySpec, NoParams, Params, Request
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import PermanentFailure
+from mediafarm.tasks.wire.family import EngineSpec, FamilySpec, NoParams, Params, Request
 
 MB = 1024 * 1024
 HERE = "tests.support.chaos"
@@ -152,7 +152,7 @@ def cuda_hog(ctx: EngineContext, request: ChaosRequest, params: CudaHogParams) -
     for a fraction <= 0.6, less than the GPU has, so only the cap can refuse it (GPU machines only)."""
     import torch
 
-    from mediafarm.tasks.gpu import torch_device
+    from mediafarm.tasks.runtime.gpu import torch_device
 
     device = torch_device()
     fraction = get_pool(get_settings().pool).gpu_memory_fraction or 1.0
@@ -165,7 +165,7 @@ def gpu_report(ctx: EngineContext, request: ChaosRequest, params: NoParams) -> C
     """Which GPUs this child sees, and its per-process memory fraction."""
     import torch
 
-    from mediafarm.tasks.gpu import torch_device
+    from mediafarm.tasks.runtime.gpu import torch_device
 
     torch_device()
     return ChaosResult(
@@ -184,7 +184,7 @@ FAMILY = FamilySpec(
     result=ChaosResult,
     engines={
         "ok": EngineSpec(f"{HERE}:ok", OkParams),
-        # A stand-in that answers nothing, as VAD's skip: a fallback (tasks.ladder_choice).
+        # A stand-in that answers nothing, as VAD's skip: a fallback (tasks.runtime.ladder_choice).
         "stand_in": EngineSpec(f"{HERE}:ok", OkParams, fallback=True),
         "hog": EngineSpec(f"{HERE}:hog", HogParams),
         "ok_weighted": EngineSpec(f"{HERE}:ok", WeightedParams, weights="weights"),

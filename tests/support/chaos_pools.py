@@ -4,8 +4,8 @@ run must show of routing.
 Both pools serve the chaos family and differ by one file: ``chaos``'s models folder holds the
 weights the top rung of the ``routed`` and ``moving`` ladders needs (tests.support.chaos
 ``WeightedParams``), ``chaos-b``'s does not (tests/support/farm-test.toml). A job is sent to the
-queue routing chooses from the live capability records (``tasks.routing.choose``), as
-``tasks.client.submit`` sends it; the producer is the suite's own app on the suite's own Redis,
+queue routing chooses from the live capability records (``tasks.producer.routing.choose``), as
+``tasks.producer.client.submit`` sends it; the producer is the suite's own app on the suite's own Redis,
 which the farm's client (bound to the session's) cannot send through.
 """
 
@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mediafarm.tasks import capability, families, routing, scaling
+from mediafarm.tasks import registry
+from mediafarm.tasks.producer import routing, scaling
+from mediafarm.tasks.wire import capability
 
 FAMILY = "chaos"
 POOLS = ("chaos", "chaos-b")
@@ -52,8 +54,8 @@ def wait_for_records(client: Any, timeout: float = 3 * capability.INTERVAL_S) ->
 
 def route(client: Any, ladder: str) -> routing.Route | None:
     """Where routing sends a job of ``ladder`` now; None: no pool is live (the family's queue)."""
-    spec = families.get(FAMILY)
-    rungs = [r.name for r in families.ladder_for(spec, ladder).rungs]
+    spec = registry.get(FAMILY)
+    rungs = [r.name for r in registry.ladder_for(spec, ladder).rungs]
     # The depths on the suite's broker (``admission.queue_depths`` reads this process's: the session's).
     return routing.choose(family=FAMILY, family_queue=spec.queue, ladder=ladder, rungs=rungs,
                           records=capability.live(client), spill_depth=SPILL_DEPTH,

@@ -9,7 +9,7 @@ message off its list and drops it, as a ``BRPOP`` whose reply never reached a wo
 
 On Redis it may run two pools that both serve the chaos family and differ in what they can run
 (``two_pools``, tests/support/chaos_pools.py): each job is then sent to the queue routing chooses
-(``tasks.routing.choose``), a job whose next rung is the other pool's best moves there
+(``tasks.producer.routing.choose``), a job whose next rung is the other pool's best moves there
 (``routing.move``), and the worker kills take a worker of each pool in turn. Then it counts:
 
 - submitted, terminal, succeeded per rung, failed with history;
@@ -29,7 +29,7 @@ On Redis it may run two pools that both serve the chaos family and differ in wha
   routed jobs whose first attempt kept no route (must be 0), the jobs moved (must be some), and
   the pools none of whose workers was killed (must be none);
 - a lost fetch: a job whose first message the suite dropped must be sent again by the
-  lost-message sweep (``tasks.lost_messages``, its first attempt's route says so) and end;
+  lost-message sweep (``tasks.runtime.lost_messages``, its first attempt's route says so) and end;
 - its own faults: every child kill it planned was made and at least one landed on a running
   attempt (settled as killed from outside), and every fault of the run was reached; a fault this
   machine cannot make (no veth namespace for the network cut) is reported as not made, never as
@@ -61,10 +61,12 @@ import redis
 
 from mediafarm.config.pools import get_pool, pool_queue
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import families, keys, routing
-from mediafarm.tasks.breaker import read_breakers
-from mediafarm.tasks.downgrade import TERMINAL_OUTCOMES
-from mediafarm.tasks.oom_killer import OUTSIDE_KILL, UNDECIDED
+from mediafarm.tasks import registry
+from mediafarm.tasks.producer import routing
+from mediafarm.tasks.runtime.breaker import read_breakers
+from mediafarm.tasks.runtime.downgrade import TERMINAL_OUTCOMES
+from mediafarm.tasks.runtime.oom_killer import OUTSIDE_KILL, UNDECIDED
+from mediafarm.tasks.wire import keys
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import pool_environment, stop_worker, wait_ready, worker_argv
 from tests.support import chaos_pools
@@ -106,9 +108,9 @@ class Report:
     unmade: list[str] = field(default_factory=list)  # faults this machine cannot make, and why
     children_planned: int = 0
     children_killed: int = 0
-    # Attempts settled as killed from outside (tasks.oom_killer): the suite's child kills that hit a job.
+    # Attempts settled as killed from outside (tasks.runtime.oom_killer): the suite's child kills that hit a job.
     attempts_killed_from_outside: int = 0
-    # Terminal states by ladder (``ladder/STATUS``), and what the rung breakers did (tasks.attribution):
+    # Terminal states by ladder (``ladder/STATUS``), and what the rung breakers did (tasks.runtime.attribution):
     # failures counted against a rung, rungs skipped because a breaker was open, breakers open at the end.
     ended_by_ladder: Counter[str] = field(default_factory=Counter)
     counted_failures: int = 0
@@ -117,7 +119,7 @@ class Report:
     # With two pools: what the run showed of routing.
     routing: RoutingCounts | None = None
     # Jobs whose message was lost in kombu's fetch and sent again by the lost-message sweep
-    # (``tasks.lost_messages``), known by the note their first attempt's route keeps.
+    # (``tasks.runtime.lost_messages``), known by the note their first attempt's route keeps.
     resent_by_sweep: int = 0
     # Messages the suite took off a list and dropped (a lost fetch); a job's first message, or a later one.
     fetches_lost: list[str] = field(default_factory=list)
@@ -239,7 +241,7 @@ class ChaosSuite:
         self.report = Report(broker_name, routing=RoutingCounts() if two_pools else None)
         self.is_redis_broker = broker_name == "redis"
         # Two pools: workers take the family's queue and their pool's own, and jobs are routed. The
-        # orphan sweep that keeps a dead pool's queue from holding jobs is Redis-only (tasks.orphans).
+        # orphan sweep that keeps a dead pool's queue from holding jobs is Redis-only (tasks.runtime.orphans).
         self.routed, self.pools = two_pools, chaos_pools.POOLS if two_pools else ("chaos",)
         if two_pools:
             if not self.is_redis_broker:
@@ -274,7 +276,7 @@ class ChaosSuite:
         env = dict(self.env)
         if self.routed:
             env["FARM_MODELS_DIR"] = str(chaos_pools.models_dir(self.workdir, pool))
-        queues = [families.get(chaos_pools.FAMILY).queue] if self.routed else [QUEUE]
+        queues = [registry.get(chaos_pools.FAMILY).queue] if self.routed else [QUEUE]
         argv = worker_argv(get_pool(pool), queues=queues, concurrency=2, node=node, loglevel="INFO")
         if inside_namespace:
             backend = self.redis_server.url.replace("127.0.0.1", self.link.host_address)
@@ -389,7 +391,7 @@ class ChaosSuite:
         the suite's own queue with one pool."""
         if route is not None:
             return {"queue": route.queue, "headers": {routing.ROUTE_HEADER: route.reason}}
-        return {"queue": families.get(chaos_pools.FAMILY).queue if self.routed else QUEUE}
+        return {"queue": registry.get(chaos_pools.FAMILY).queue if self.routed else QUEUE}
 
     def _ladders(self) -> list[str]:
         ladders = [name for name, share in self.mix for _ in range(max(1, round(share * self.jobs)))]
@@ -445,9 +447,9 @@ class ChaosSuite:
 
     def lose_a_fetch(self, tries: int = 20) -> None:
         """Take a waiting job's message off its list and drop it, as a ``BRPOP`` whose reply never
-        reached its worker does (``tasks.lost_messages``): the job must end all the same."""
-        queues = [QUEUE] if not self.routed else [families.get(chaos_pools.FAMILY).queue,
-                                                  *(pool_queue(p, families.get(chaos_pools.FAMILY).queue)
+        reached its worker does (``tasks.runtime.lost_messages``): the job must end all the same."""
+        queues = [QUEUE] if not self.routed else [registry.get(chaos_pools.FAMILY).queue,
+                                                  *(pool_queue(p, registry.get(chaos_pools.FAMILY).queue)
                                                     for p in self.pools)]  # fmt: skip
         for name in (n for q in queues for n in redis_lists(q)):
             raw = self.client.rpop(name)
@@ -563,9 +565,9 @@ def short_limits_config(target: Path) -> Path:
 
 def short_limits_toml(but: str) -> str:
     """``[limits.NAME]`` blocks (soft 6 s, hard 7 s) for every registered family but ``but``."""
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
-    return "".join(f"\n[limits.{name}]\nsoft = 6\nhard = 7\n" for name in families.load() if name != but)
+    return "".join(f"\n[limits.{name}]\nsoft = 6\nhard = 7\n" for name in registry.load() if name != but)
 
 
 def _failed_by_design(ladder: str, status: str, error: dict[str, Any], history: list[dict[str, Any]]) -> bool:

@@ -29,7 +29,7 @@ def killing(job_id: str, variants: set[str]) -> Iterator[list[str]]:
     """SIGKILL every attempt of ``job_id`` on one of ``variants`` as soon as its record appears,
     until the block ends; yields the attempts killed so far (``variant:pid``)."""
     from mediafarm.tasks.app import app
-    from mediafarm.tasks.history import read_attempts
+    from mediafarm.tasks.wire.history import read_attempts
 
     killed: list[str] = []
     stop = threading.Event()

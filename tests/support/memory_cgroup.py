@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from mediafarm.tasks.oom_killer import COUNTER_FILES, parse_count
+from mediafarm.tasks.runtime.oom_killer import COUNTER_FILES, parse_count
 
 MIB = 1024 * 1024
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from mediafarm.tasks.client import submit
+from mediafarm.tasks.producer.client import submit
 
 
 def main(order: str) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from mediafarm.tasks import keys
-from mediafarm.tasks.history import AttemptLog
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.history import AttemptLog
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import pytest
 from amqp.exceptions import ChannelError, ConnectionForced
 from amqp.exceptions import ConnectionError as AmqpConnectionError
 
-from mediafarm.tasks import admission
+from mediafarm.tasks.producer import admission
 
 
 class ForcedClosed:

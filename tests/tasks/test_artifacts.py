@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from mediafarm.tasks.artifacts import (
+from mediafarm.tasks.wire.artifacts import (
     ArtifactStore,
     UnsafeArtifactName,
     check_name,
@@ -17,7 +17,7 @@ from mediafarm.tasks.artifacts import (
     job_id_of,
     missing_artifact,
 )
-from mediafarm.tasks.errors import PermanentFailure
+from mediafarm.tasks.wire.errors import PermanentFailure
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The attribution table (``tasks.attribution``): which failed attempts count against their rung's
+"""The attribution table (``tasks.runtime.attribution``): which failed attempts count against their rung's
 breaker, as judged where each outcome is decided, and what the record and the tally keep of it."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
-from mediafarm.tasks import attribution, failure_tally, keys
-from mediafarm.tasks.breaker import read_breakers
-from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder, settle_open_attempts
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.oom_killer import CHILD_LOST, snapshot
-from mediafarm.tasks.records import Attempt, KillRecord, Outcome
-from mediafarm.tasks.rung_policies import Availability, Breaker
+from mediafarm.tasks.runtime import attribution, failure_tally
+from mediafarm.tasks.runtime.breaker import read_breakers
+from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, run_ladder, settle_open_attempts
+from mediafarm.tasks.runtime.oom_killer import CHILD_LOST, snapshot
+from mediafarm.tasks.runtime.rung_policies import Availability, Breaker
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, KillRecord, Outcome
 from tests.tasks.test_breaker import ENGINES, LADDER, Clock, guard, pool, worker  # noqa: F401 - pool: a fixture
 
 
@@ -121,7 +122,7 @@ def test_a_failure_of_an_attempt_settled_elsewhere_never_counts(redis_url: str, 
     # measured the pause), and the job already went on elsewhere: StaleAttempt, and no count.
     import json
 
-    from mediafarm.tasks.errors import StaleAttempt
+    from mediafarm.tasks.wire.errors import StaleAttempt
 
     b = worker(redis_url, pool, Clock())
     result_key = f"celery-task-meta-{log.job_id}"

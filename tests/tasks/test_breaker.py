@@ -1,4 +1,4 @@
-"""The rung circuit breaker's state machine (``tasks.breaker``) on the session's real Redis, with a
+"""The rung circuit breaker's state machine (``tasks.runtime.breaker``) on the session's real Redis, with a
 fake clock; and what ``run_ladder`` does with it: a skipped rung in the history, the last rung run
 anyway, the memory-pressure step-down."""
 
@@ -13,15 +13,15 @@ import redis
 
 from mediafarm.config.ladder_policy import BreakerPolicy, LadderPolicy
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks import keys
-from mediafarm.tasks.breaker import PROBE, RUN, SKIP, Breakers, read_breakers
-from mediafarm.tasks.rung_guard import RungGuard
-from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
-from mediafarm.tasks.errors import ResourceFailure
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Envelope, Outcome
-from mediafarm.tasks.rung_policies import Availability, Breaker
+from mediafarm.tasks.runtime.breaker import PROBE, RUN, SKIP, Breakers, read_breakers
+from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, run_ladder
+from mediafarm.tasks.runtime.rung_guard import RungGuard
+from mediafarm.tasks.runtime.rung_policies import Availability, Breaker
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import ResourceFailure
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Envelope, Outcome
 
 POLICY = BreakerPolicy(failures=3, window_s=60, cooldown_s=30, refresh_s=0)
 
@@ -230,7 +230,7 @@ def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: s
 
 
 def test_the_watchdog_counts_a_kill_once_with_the_settling_delivery(redis_url: str, pool: str, log: AttemptLog) -> None:
-    from mediafarm.tasks.breaker import count_kill
+    from mediafarm.tasks.runtime.breaker import count_kill
 
     client = log.client
     # farm-test.toml: breaker_oom opens after 2 failures; kill_once has the test session's breaker (off).
@@ -254,7 +254,7 @@ def test_a_probe_whose_job_had_succeeded_elsewhere_still_closes_it(redis_url: st
     # closes, rather than every job of the pool skipping it until the claim lapses (hard limit + 60 s).
     import json
 
-    from mediafarm.tasks.errors import StaleAttempt
+    from mediafarm.tasks.wire.errors import StaleAttempt
 
     clock = Clock()
     b = worker(redis_url, pool, clock)

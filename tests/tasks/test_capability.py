@@ -1,6 +1,6 @@
-"""The capability record (``tasks.capability``): rungs judged by their own checks, queues left out,
+"""The capability record (``tasks.wire.capability``): rungs judged by their own checks, queues left out,
 the record written and read on the session's real Redis, and the sending back of a job that reached
-a worker that cannot run it (``tasks.reroute``, ``tasks.downgrade.run_ladder``)."""
+a worker that cannot run it (``tasks.runtime.reroute``, ``tasks.runtime.downgrade.run_ladder``)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import pytest
 import redis
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks import capability, families, keys
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.downgrade import LadderRun, RetryRequest, current_rung, run_ladder
-from mediafarm.tasks.errors import NoRungLeft
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Outcome
-from mediafarm.tasks.reroute import MAX_REROUTES, decide, sender
-from mediafarm.tasks.rung_policies import Availability
+from mediafarm.tasks import registry
+from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, current_rung, run_ladder
+from mediafarm.tasks.runtime.reroute import MAX_REROUTES, decide, sender
+from mediafarm.tasks.runtime.rung_policies import Availability
+from mediafarm.tasks.wire import capability, keys
+from mediafarm.tasks.wire.capability import WorkerCapability
+from mediafarm.tasks.wire.errors import NoRungLeft
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Outcome
 from tests.support import weighted
 
 QUEUES = {"weighted": "weighted", "toy": "toy"}
@@ -36,7 +37,7 @@ def test_a_rung_is_judged_by_its_engines_own_check(tmp_path: Path) -> None:
     (tmp_path / weighted.WEIGHTS).write_bytes(b"w" * 10)
     assert judged(tmp_path) == {"weighted": {"weighted": {"from-file": ""}}}
     # Every ladder of a family, each rung by its own engine: a package missing, a GPU rung.
-    chaos = capability.judge_rungs([families.get("chaos")], families.ladders_of, tmp_path)["chaos"]
+    chaos = capability.judge_rungs([registry.get("chaos")], registry.ladders_of, tmp_path)["chaos"]
     fancy, gpu, plain = chaos["unavailable_first"].values()
     assert "package 'a_package_that_is_not_installed' is not installed" in fancy and plain == ""
     assert gpu == (EngineSpec("x:y").unavailable(rung("g", "e", device="cuda")) or "")
@@ -153,7 +154,7 @@ def test_run_ladder_sends_the_job_back_without_spending_a_rung(log: AttemptLog, 
 
 
 def test_a_record_carries_the_languages_each_rung_handles_with_this_workers_models(tmp_path: Path) -> None:
-    subtitle = capability.judge_languages([families.get("subtitle")], families.ladders_of, tmp_path)["subtitle"]
+    subtitle = capability.judge_languages([registry.get("subtitle")], registry.ladders_of, tmp_path)["subtitle"]
     own = subtitle["subtitle"]
     # tiny.en is English only, told by its name; a multilingual model absent from the folder tells
     # nothing (any language: the weights check says it cannot run); pocketsphinx by its model folders.
@@ -175,15 +176,15 @@ def test_a_record_carries_the_languages_each_rung_handles_with_this_workers_mode
 
 def test_a_lost_gpu_is_the_reason_of_every_cuda_rung_and_of_nothing_else(tmp_path: Path) -> None:
     lost = "GPU 0 does not answer the driver (NVML: GPU is lost)"
-    chaos = capability.judge_rungs([families.get("chaos")], families.ladders_of, tmp_path, gpu_lost=lost)["chaos"]
+    chaos = capability.judge_rungs([registry.get("chaos")], registry.ladders_of, tmp_path, gpu_lost=lost)["chaos"]
     fancy, gpu, plain = chaos["unavailable_first"].values()
     assert gpu == lost and plain == ""
     assert "a_package_that_is_not_installed" in fancy  # a missing package is still the first reason
 
 
 def test_a_rung_whose_languages_the_request_adds_to_is_recorded_as_any(tmp_path: Path) -> None:
-    tts = capability.judge_languages([families.get("tts")], families.ladders_of, tmp_path)["tts"]["tts"]
+    tts = capability.judge_languages([registry.get("tts")], registry.ladders_of, tmp_path)["tts"]["tts"]
     # Piper's languages grow with the job's speaker (its Piper voices for other languages): a record
     # judged with no request cannot tell them, so it claims none and routing passes it any job.
-    assert "piper" not in tts and families.get("tts").engines["piper"].languages_by_request
+    assert "piper" not in tts and registry.get("tts").engines["piper"].languages_by_request
     assert set(tts["chattts"]) == {"en", "zh"}

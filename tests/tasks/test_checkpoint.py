@@ -8,9 +8,10 @@ import os
 import pytest
 
 from mediafarm.config.ladders import rung
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.base import Resuming
-from mediafarm.tasks.checkpoint import (
+from mediafarm.tasks.runtime.base import Resuming
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.checkpoint import (
     FOLDER,
     MANIFEST,
     Checkpoint,
@@ -22,7 +23,6 @@ from mediafarm.tasks.checkpoint import (
     fingerprint,
     store_for,
 )
-from mediafarm.tasks.context import EngineContext
 
 FIELDS = {"media": "talk.wav", "formats": ["vtt"]}
 
@@ -231,7 +231,7 @@ def test_a_failed_write_waits_for_the_next_interval_before_trying_again(store, m
 def test_an_artifact_replaced_while_it_is_kept_is_not_kept_under_the_name_of_another(store, monkeypatch):
     # Two attempts of a redelivered job write the same artifact names: one may replace a file between
     # this save's look at it (its inode names the kept file) and its link.
-    from mediafarm.tasks import checkpoint as module
+    from mediafarm.tasks.wire import checkpoint as module
 
     store.write_text("a.vtt", "one")
     checkpoints = store_for(store, "subtitle", FIELDS)

@@ -16,11 +16,12 @@ from pydantic import BaseModel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from mediafarm.tasks import context, keys
-from mediafarm.tasks.context import CANCEL_INTERVAL, PROGRESS_INTERVAL, EngineContext, JobChannel
-from mediafarm.tasks.errors import Cancelled, PermanentFailure, RungUnavailable
-from mediafarm.tasks.plan import Part, Plan
-from mediafarm.tasks.records import Progress
+from mediafarm.tasks.runtime import context
+from mediafarm.tasks.runtime.context import CANCEL_INTERVAL, PROGRESS_INTERVAL, EngineContext, JobChannel
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import Cancelled, PermanentFailure, RungUnavailable
+from mediafarm.tasks.wire.plan import Part, Plan
+from mediafarm.tasks.wire.records import Progress
 
 
 class Clock:

@@ -1,8 +1,8 @@
 """The downgrade policy as plain functions: how an unfinished attempt is judged, which rung is next."""
 
-from mediafarm.tasks.downgrade import current_rung, settle_open_attempts
-from mediafarm.tasks.oom_killer import CHILD_LOST
-from mediafarm.tasks.records import Attempt, KillRecord, Outcome
+from mediafarm.tasks.runtime.downgrade import current_rung, settle_open_attempts
+from mediafarm.tasks.runtime.oom_killer import CHILD_LOST
+from mediafarm.tasks.wire.records import Attempt, KillRecord, Outcome
 
 
 def open_attempt(rung: int = 0, retries: int = 0, pid: int = 100) -> Attempt:

@@ -1,4 +1,4 @@
-"""What leaves a worker is a class of tasks/errors.py; foreign exceptions map into the farm's tree."""
+"""What leaves a worker is a class of tasks/wire/errors.py; foreign exceptions map into the farm's tree."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import errno
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from mediafarm.tasks import errors
-from mediafarm.tasks.errors import (
+from mediafarm.tasks.wire import errors
+from mediafarm.tasks.wire.errors import (
     Cancelled,
     InvalidRequest,
     MediaNotFound,
@@ -19,11 +19,11 @@ from mediafarm.tasks.errors import (
     map_exceptions,
     wire_exception,
 )
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.wire.records import Outcome
 
 
 class BadScript(PermanentFailure):
-    """A family's own failure, defined outside tasks/errors.py."""
+    """A family's own failure, defined outside tasks/wire/errors.py."""
 
 
 class BadField(InvalidRequest):

@@ -13,9 +13,9 @@ from mediafarm.config.file import _read
 from mediafarm.config.ladders import declared_ladders, rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks import families
-from mediafarm.tasks.errors import InvalidRequest, MediaNotFound, MediaOutsideRoots
-from mediafarm.tasks.family import EngineSpec, FamilySpec, MediaPath, Params, Request
+from mediafarm.tasks import registry as families
+from mediafarm.tasks.wire.errors import InvalidRequest, MediaNotFound, MediaOutsideRoots
+from mediafarm.tasks.wire.family import EngineSpec, FamilySpec, MediaPath, Params, Request
 
 
 class EchoRequest(Request):

@@ -1,4 +1,4 @@
-"""The handback's guarded writes (``tasks.handback``) against the session's real Redis and kombu's
+"""The handback's guarded writes (``tasks.runtime.handback``) against the session's real Redis and kombu's
 own Redis transport: a message taken and left unacked by a real kombu consumer, as a dead worker
 leaves it. The whole handback, on real workers killed and paused: tests/integration/test_handback.py.
 """
@@ -15,9 +15,10 @@ import redis
 from kombu import Connection
 
 from mediafarm.config.settings import FarmSettings
-from mediafarm.tasks import handback, keys
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Outcome
+from mediafarm.tasks.runtime import handback
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Outcome
 
 DEAD = "cpu-dead@host"
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from mediafarm.tasks import keys
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Outcome
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Outcome
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The ladder's choices (``tasks.ladder_choice``) through ``run_ladder`` with real breakers on the
+"""The ladder's choices (``tasks.runtime.ladder_choice``) through ``run_ladder`` with real breakers on the
 session's Redis: a fallback is never taken because a breaker is open, and a rung skipped by choice
 is tried once before a fallback or the end (issue #29 items 2 and 3)."""
 
@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from mediafarm.config.ladders import Ladder, Rung, rung
-from mediafarm.tasks import keys
-from mediafarm.tasks.breaker import read_breakers
-from mediafarm.tasks.downgrade import RetryRequest
-from mediafarm.tasks.errors import NoRungLeft, ResourceFailure
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.ladder_choice import answers_below, fallbacks, is_fallback, next_rung, owed
-from mediafarm.tasks.records import Attempt, Envelope, Outcome
+from mediafarm.tasks.runtime.breaker import read_breakers
+from mediafarm.tasks.runtime.downgrade import RetryRequest
+from mediafarm.tasks.runtime.ladder_choice import answers_below, fallbacks, is_fallback, next_rung, owed
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import NoRungLeft, ResourceFailure
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Envelope, Outcome
 from tests.tasks.test_breaker import Clock, fail, guard, opened, pool, run, worker  # noqa: F401 - pool: a fixture
 
 ENGINES = {"e": EngineSpec("x:y"), "stand_in": EngineSpec("x:z", fallback=True)}
@@ -33,11 +33,11 @@ def test_a_rung_is_a_fallback_by_its_engine_unless_it_says_otherwise() -> None:
 
 
 def test_the_families_declare_the_stand_ins_and_only_them() -> None:
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
     found = {
         spec.name: [r.name for r in spec.default_ladder.rungs if is_fallback(r, spec.engines)]
-        for spec in families.load().values()
+        for spec in registry.load().values()
     }
     assert found["vad"] == ["skip"] and found["yolo"] == ["motion"]
     assert all(not names for name, names in found.items() if name not in ("vad", "yolo")), found

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks import keys
-from mediafarm.tasks.downgrade import LadderRun, recorded_end, run_ladder
-from mediafarm.tasks.errors import Cancelled, PermanentFailure
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Envelope, Outcome
+from mediafarm.tasks.runtime.downgrade import LadderRun, recorded_end, run_ladder
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import Cancelled, PermanentFailure
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Envelope, Outcome
 
 LADDER = Ladder("ends", "ends", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}

@@ -1,4 +1,4 @@
-"""Ladders that know languages (tasks.languages): detection by script, codes, and the rung filter.
+"""Ladders that know languages (tasks.wire.languages): detection by script, codes, and the rung filter.
 
 A rung that cannot handle the job's language is skipped as unavailable (recorded, no attempt
 spent); a job no rung of its ladder can handle is rejected before anything runs, naming the
@@ -14,14 +14,14 @@ import pytest
 from pydantic import BaseModel
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks.downgrade import LadderRun, run_ladder
-from mediafarm.tasks.errors import InvalidRequest
-from mediafarm.tasks.family import EngineSpec, FamilySpec, Params, Request
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.languages import LanguageCheck, describe, normalize_language, script_language
 from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks.records import Outcome
-from mediafarm.tasks.rung_policies import Availability, Language
+from mediafarm.tasks.runtime.downgrade import LadderRun, run_ladder
+from mediafarm.tasks.runtime.rung_policies import Availability, Language
+from mediafarm.tasks.wire.errors import InvalidRequest
+from mediafarm.tasks.wire.family import EngineSpec, FamilySpec, Params, Request
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.languages import LanguageCheck, describe, normalize_language, script_language
+from mediafarm.tasks.wire.records import Outcome
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_a_rung_that_cannot_handle_the_language_is_skipped_without_an_attempt(lo
 
 
 def test_farm_families_notes_each_rungs_languages() -> None:
-    from mediafarm.tasks.languages import rung_languages_note
+    from mediafarm.tasks.wire.languages import rung_languages_note
 
     notes = [rung_languages_note(SPEC, r, None) for r in SPEC.default_ladder.rungs]
     assert notes == [" (en)", " (en, zh)"]
@@ -158,7 +158,7 @@ def test_a_rung_in_farm_toml_may_state_its_languages() -> None:
 
 
 def rung_languages_of(rung_: Any) -> Any:
-    from mediafarm.tasks.languages import rung_languages
+    from mediafarm.tasks.wire.languages import rung_languages
 
     return rung_languages(SPEC, rung_, None)
 

@@ -1,4 +1,4 @@
-"""The ledger of messages sent (tasks.sent_ledger) and the lost-message sweep (tasks.lost_messages),
+"""The ledger of messages sent (tasks.sent_ledger) and the lost-message sweep (tasks.runtime.lost_messages),
 on the session's real Redis: what a publish keeps, what an end removes, and which jobs a look sends
 again. The sweep's decisions run on a database of their own (the ledger is one per database)."""
 
@@ -12,11 +12,12 @@ import pytest
 import redis
 
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import keys, routing
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import submit
-from mediafarm.tasks.lost_messages import MOST_RESENDS, LostMessageSweep, ids_in_lists, resend
+from mediafarm.tasks.producer import routing
+from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.runtime.lost_messages import MOST_RESENDS, LostMessageSweep, ids_in_lists, resend
 from mediafarm.tasks.sent_ledger import RESENT_HEADER, SentMessage, messages, remember
+from mediafarm.tasks.wire import keys
 
 OWN_DB = 11  # this module's alone
 

@@ -1,4 +1,4 @@
-"""The kernel's OOM killer told from an outside kill by its OOM-kill counts (``tasks.oom_killer``).
+"""The kernel's OOM killer told from an outside kill by its OOM-kill counts (``tasks.runtime.oom_killer``).
 
 The parsers and the decision run on copies of the kernel's files (cgroup v1, cgroup v2, no
 memory controller) in a temporary folder; the last tests put a real child in a real memory cgroup
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.downgrade import settle_open_attempts
-from mediafarm.tasks.oom_killer import (
+from mediafarm.tasks.runtime.downgrade import settle_open_attempts
+from mediafarm.tasks.runtime.oom_killer import (
     CHILD_LOST,
     locate_memory_cgroup,
     lost_child_cause,
@@ -27,7 +27,7 @@ from mediafarm.tasks.oom_killer import (
     parse_limit,
     snapshot,
 )
-from mediafarm.tasks.records import Attempt, Outcome
+from mediafarm.tasks.wire.records import Attempt, Outcome
 from tests.support.memory_cgroup import CgroupUnavailable, MemoryCgroup, create
 
 MIB = 1024 * 1024
@@ -196,7 +196,7 @@ CHILD = """
 import json, os, sys, time
 with open(sys.argv[1], "w") as fh:
     fh.write(str(os.getpid()))
-from mediafarm.tasks.oom_killer import snapshot
+from mediafarm.tasks.runtime.oom_killer import snapshot
 print(json.dumps(snapshot()), flush=True)
 if sys.argv[2] == "wait":
     time.sleep(60)

@@ -1,4 +1,4 @@
-"""Jobs left in a pool queue whose pool has no live worker (tasks.orphans), on the session's real Redis."""
+"""Jobs left in a pool queue whose pool has no live worker (tasks.runtime.orphans), on the session's real Redis."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.orphans import OrphanSweep
+from mediafarm.tasks.runtime.orphans import OrphanSweep
+from mediafarm.tasks.wire.capability import WorkerCapability
 
 
 @pytest.fixture()

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks.downgrade import LadderRun, run_ladder
-from mediafarm.tasks.errors import Cancelled, EngineError, PermanentFailure
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Outcome
+from mediafarm.tasks.runtime.downgrade import LadderRun, run_ladder
+from mediafarm.tasks.wire.errors import Cancelled, EngineError, PermanentFailure
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Outcome
 
 LADDER = Ladder("ended", "ended", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mediafarm.tasks.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome, Progress
+from mediafarm.tasks.wire.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome, Progress
 
 
 def _through_json(data: dict) -> dict:
@@ -121,9 +121,9 @@ def test_every_outcome_is_covered_by_the_moves_down_table() -> None:
         "ok", "killed", "oom", "cuda_oom", "timeout", "unavailable", "skipped", "rejected", "error",
         "cancelled", "transient", "worker_lost", "stalled", "rerouted", "moved",
     }  # fmt: skip
-    # A job sent back to be routed again ran nothing: its rung is not spent (tasks.reroute).
+    # A job sent back to be routed again ran nothing: its rung is not spent (tasks.runtime.reroute).
     assert not Outcome.REROUTED.moves_down
-    # Nor a job moved to another pool's queue (tasks.routing).
+    # Nor a job moved to another pool's queue (tasks.producer.routing).
     assert not Outcome.MOVED.moves_down
-    # A stall moves a job down only when it repeats on its rung (tasks.downgrade.repeated_stall).
+    # A stall moves a job down only when it repeats on its rung (tasks.runtime.downgrade.repeated_stall).
     assert not Outcome.STALLED.moves_down

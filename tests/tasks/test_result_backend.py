@@ -14,8 +14,8 @@ from celery import Celery, states
 
 from mediafarm.config.celery import backend_address, celery_config, result_backend_setting
 from mediafarm.config.settings import FarmSettings
-from mediafarm.tasks import keys
 from mediafarm.tasks.result_backend import FarmRedisBackend
+from mediafarm.tasks.wire import keys
 
 
 @pytest.fixture()

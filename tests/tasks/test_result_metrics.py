@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from mediafarm.tasks import families
-from mediafarm.tasks.result_metrics import ResultMetric
+from mediafarm.tasks import registry as families
+from mediafarm.tasks.wire.result_metrics import ResultMetric
 from tests.tasks.test_family import make_spec, registry  # noqa: F401 - the fixture restores the registry
 
 

@@ -1,4 +1,4 @@
-"""A delivery whose retry (a downgrade, a move) cannot be sent (tasks.base ``FarmTask.send_retry``).
+"""A delivery whose retry (a downgrade, a move) cannot be sent (tasks.runtime.base ``FarmTask.send_retry``).
 
 Found by the chaos suite's two pools: after a network cut, a moved job's retry raised
 AttributeError inside kombu's Redis transport, and Celery failed the job for good.
@@ -15,8 +15,9 @@ from celery.exceptions import Reject, Retry
 from kombu.exceptions import OperationalError
 
 from mediafarm.tasks.app import app
-from mediafarm.tasks.errors import ResourceFailure
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.runtime.base import register_tasks
+from mediafarm.tasks.wire.errors import ResourceFailure
+from mediafarm.tasks.wire.records import Outcome
 
 TASK = "farm.test.chaos"
 
@@ -24,6 +25,7 @@ TASK = "farm.test.chaos"
 @pytest.fixture()
 def delivery() -> Iterator[Any]:
     """The chaos family's task, inside a worker's delivery of one job."""
+    register_tasks(app)  # as the worker entry does: the app a producer imports has no task
     task = app.tasks[TASK]
     task.push_request(id="retry-send-test", retries=1, called_directly=False, args=(), kwargs={"ladder": "moving"},
                       delivery_info={"routing_key": "chaos@chaos", "redelivered": False})  # fmt: skip
@@ -76,7 +78,8 @@ def test_a_broker_unreachable_past_the_publish_retries_still_ends_the_job(
 def test_an_error_at_every_publish_hands_the_message_back_a_few_times_then_ends_the_job(
     delivery: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mediafarm.tasks import base, keys
+    from mediafarm.tasks.runtime import base
+    from mediafarm.tasks.wire import keys
 
     delivery.backend.client.delete(keys.unsent_retries(delivery.request.id))
     publishing(monkeypatch, TypeError("a bug, at every publish"))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mediafarm.tasks import routing
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.records import Attempt, Outcome
+from mediafarm.tasks.producer import routing
+from mediafarm.tasks.runtime import reroute
+from mediafarm.tasks.wire.capability import WorkerCapability
+from mediafarm.tasks.wire.records import Attempt, Outcome
 
 RUNGS = ("large", "small", "tiny", "sphinx")
 
@@ -142,6 +143,6 @@ def test_a_job_moves_once_per_rung() -> None:
 
 
 def test_a_moved_attempt_spends_no_rung_and_counts_for_nothing() -> None:
-    attempt = routing.moved_attempt(2, "tiny", "moved to queue subtitle@cpu", 1, "gpu0@a")
+    attempt = reroute.moved_attempt(2, "tiny", "moved to queue subtitle@cpu", 1, "gpu0@a")
     assert attempt.outcome == Outcome.MOVED and not attempt.outcome.moves_down
     assert (attempt.counted, attempt.cause) == (False, "moved")

@@ -1,4 +1,4 @@
-"""Rung policies (``tasks.rung_policies``) through ``run_ladder``: a new concern is one class."""
+"""Rung policies (``tasks.runtime.rung_policies``) through ``run_ladder``: a new concern is one class."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ from typing import Any
 import pytest
 
 from mediafarm.config.ladders import Ladder, Rung, rung
-from mediafarm.tasks.base import Resuming
-from mediafarm.tasks.downgrade import LadderRun, run_ladder
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Attempt, Outcome
-from mediafarm.tasks.rung_policies import (
+from mediafarm.tasks.runtime.base import Resuming
+from mediafarm.tasks.runtime.downgrade import LadderRun, run_ladder
+from mediafarm.tasks.runtime.rung_policies import (
     RUN,
     Availability,
     Breaker,
@@ -25,6 +22,9 @@ from mediafarm.tasks.rung_policies import (
     Skip,
     decide,
 )
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Attempt, Outcome
 
 LADDER = Ladder("lad", "lad", (rung("big", "e"), rung("small", "e")))
 ENGINES = {"e": EngineSpec("x:y")}

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks.downgrade import LadderRun, run_ladder
-from mediafarm.tasks.errors import MediaNotFound, PermanentFailure
-from mediafarm.tasks.family import EngineSpec, Params
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Outcome
-from mediafarm.tasks.rung_policies import Availability
+from mediafarm.tasks.runtime.downgrade import LadderRun, run_ladder
+from mediafarm.tasks.runtime.rung_policies import Availability
+from mediafarm.tasks.wire.errors import MediaNotFound, PermanentFailure
+from mediafarm.tasks.wire.family import EngineSpec, Params
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Outcome
 
 
 class ModelParams(Params):

@@ -1,5 +1,5 @@
-"""The pools' scaling signal (``tasks.scaling``) from hand-built records and depths, the load
-records it sums (``tasks.worker_load``) on the session's real Redis, and the depths read over
+"""The pools' scaling signal (``tasks.producer.scaling``) from hand-built records and depths, the load
+records it sums (``tasks.wire.worker_load``) on the session's real Redis, and the depths read over
 every priority list."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import redis
 
 from mediafarm.config.pools import Pool
 from mediafarm.config.priorities import REDIS_PRIORITY_STEPS, redis_lists
-from mediafarm.tasks import keys, scaling, worker_load
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.worker_load import WorkerLoad
+from mediafarm.tasks.producer import scaling
+from mediafarm.tasks.wire import keys, worker_load
+from mediafarm.tasks.wire.capability import WorkerCapability
+from mediafarm.tasks.wire.worker_load import WorkerLoad
 
 FAMILY_QUEUES = {"subtitle": "subtitle", "tts": "tts"}
 DEFAULT = ["subtitle", "tts"]

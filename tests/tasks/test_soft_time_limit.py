@@ -9,7 +9,7 @@ import time
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from mediafarm.tasks import soft_time_limit
+from mediafarm.tasks.runtime import soft_time_limit
 
 
 def billiard_like_handler(signum, frame):

@@ -16,12 +16,12 @@ import pytest
 import redis
 
 from mediafarm.config.ladders import Ladder, rung
-from mediafarm.tasks import keys
-from mediafarm.tasks.downgrade import LadderRun, RetryRequest, run_ladder
-from mediafarm.tasks.errors import StaleAttempt
-from mediafarm.tasks.family import EngineSpec
-from mediafarm.tasks.history import AttemptLog
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, run_ladder
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import StaleAttempt
+from mediafarm.tasks.wire.family import EngineSpec
+from mediafarm.tasks.wire.history import AttemptLog
+from mediafarm.tasks.wire.records import Outcome
 
 LADDER = Ladder("stale", "stale", (rung("first", "e"), rung("second", "e")))
 ENGINES = {"e": EngineSpec("x:y")}

@@ -11,9 +11,9 @@ import pytest
 
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.limits import TimeLimits
-from mediafarm.tasks import liveness
-from mediafarm.tasks.downgrade import current_rung, repeated_stall, settle_open_attempts
-from mediafarm.tasks.records import Attempt, KillRecord, Outcome
+from mediafarm.tasks.runtime import liveness
+from mediafarm.tasks.runtime.downgrade import current_rung, repeated_stall, settle_open_attempts
+from mediafarm.tasks.wire.records import Attempt, KillRecord, Outcome
 from tests.tasks.test_family import operator_file  # noqa: F401 - a fixture
 
 
@@ -40,7 +40,7 @@ def test_a_stall_between_other_outcomes_of_the_same_rung_still_counts_as_its_sec
 
 
 def test_the_stall_counts_against_the_rung_breaker_only_when_it_repeats() -> None:
-    from mediafarm.tasks.rung_guard import RungGuard
+    from mediafarm.tasks.runtime.rung_guard import RungGuard
 
     counted = []
 
@@ -54,7 +54,7 @@ def test_the_stall_counts_against_the_rung_breaker_only_when_it_repeats() -> Non
     guard = RungGuard.__new__(RungGuard)
     guard.breakers, guard.name, guard.job_id, guard.probing = Breakers(), "chaos", "j", set()
     guard.policy = type("P", (), {"breaker": None})()
-    import mediafarm.tasks.failure_tally as tally
+    import mediafarm.tasks.runtime.failure_tally as tally
 
     added = []
     original, tally.add = tally.add, lambda *args: added.append(args[-1].cause)
@@ -91,23 +91,23 @@ def test_a_child_beats_into_its_slot_and_the_main_process_reads_it() -> None:
 
 
 def test_the_stall_timeout_has_family_defaults_and_is_checked() -> None:
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
-    stalls = {name: families.limits_for(spec).stall for name, spec in families.load().items()}
+    stalls = {name: registry.limits_for(spec).stall for name, spec in registry.load().items()}
     assert stalls["vad"] == 120 and stalls["subtitle"] == 300 and stalls["subtitle-live"] == 660
     with pytest.raises(ConfigFileError, match="stall timeout must be > 0"):
         TimeLimits(soft=1, hard=2, stall=0)
 
 
 def test_an_operator_sets_only_the_stall_timeout(operator_file) -> None:
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
     operator_file("[limits.vad]\nstall = 45\n")
-    limits = families.limits_for(families.load()["vad"])
+    limits = registry.limits_for(registry.load()["vad"])
     assert (limits.soft, limits.hard, limits.stall) == (1800, 1900, 45)
     operator_file("[limits.vad]\nstal = 45\n")
     with pytest.raises(ConfigFileError, match=r"\[limits.vad\] takes integer soft, hard, stall"):
-        families.limits_for(families.load()["vad"])
+        registry.limits_for(registry.load()["vad"])
     operator_file("[limits.vad]\nstall = 0\n")
     with pytest.raises(ConfigFileError, match=r"\[limits.vad\]: the stall timeout must be > 0"):
-        families.limits_for(families.load()["vad"])
+        registry.limits_for(registry.load()["vad"])

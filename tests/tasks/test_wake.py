@@ -1,6 +1,6 @@
-"""Waking a pool at zero replicas (``tasks.wake``): which pools a job wants, judged from the pools'
+"""Waking a pool at zero replicas (``tasks.producer.wake``): which pools a job wants, judged from the pools'
 last known or declared records; the wanted sets on the session's real Redis; and the load they
-give a pool with no replica (``tasks.scaling``)."""
+give a pool with no replica (``tasks.producer.scaling``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import redis
 
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.pools import Pool
-from mediafarm.tasks import capability, keys, scaling, wake
-from mediafarm.tasks.capability import WorkerCapability
-from mediafarm.tasks.worker_load import WorkerLoad
+from mediafarm.tasks.producer import scaling, wake
+from mediafarm.tasks.wire import capability, keys
+from mediafarm.tasks.wire.capability import WorkerCapability
+from mediafarm.tasks.wire.worker_load import WorkerLoad
 from tests.tasks.test_routing import CPU, GPU, PLAIN, RUNGS
 
 
@@ -139,7 +140,7 @@ def test_a_submit_counts_as_wanting_a_dormant_wake_pool_and_never_fails_for_it(
     from redis.exceptions import ResponseError
 
     from mediafarm.config.settings import get_settings
-    from mediafarm.tasks import client as producer
+    from mediafarm.tasks.producer import client as producer
 
     backend = redis.Redis.from_url(redis_url)
     pool = f"woken-{uuid.uuid4().hex[:6]}"

@@ -13,10 +13,10 @@ import redis
 from standardwebhooks import Webhook
 
 from mediafarm.config.settings import FarmSettings
-from mediafarm.tasks import keys
-from mediafarm.tasks.errors import InvalidRequest
-from mediafarm.tasks.webhooks import JobEvents, Outbox, checked
-from mediafarm.tasks.webhooks import Webhook as JobWebhook
+from mediafarm.tasks.producer.webhooks import JobEvents, Outbox, checked
+from mediafarm.tasks.producer.webhooks import Webhook as JobWebhook
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import InvalidRequest
 from mediafarm.workers.webhook_dispatch import Dispatcher, signature
 from tests.support.webhooks import NEW_SECRET, OLD_SECRET, Receiver
 

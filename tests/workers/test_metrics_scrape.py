@@ -10,10 +10,10 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mediafarm.tasks import keys
 from mediafarm.tasks.app import app
-from mediafarm.tasks.client import JobHandle
-from mediafarm.tasks.errors import JobRejected
+from mediafarm.tasks.producer.client import JobHandle
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import JobRejected
 
 pytestmark = pytest.mark.integration
 QUEUE = "metrics-test"  # its own queue: no other worker of the session takes these jobs
@@ -114,9 +114,9 @@ def test_a_refusal_moves_its_counter(metered_worker, monkeypatch: pytest.MonkeyP
     # A real refusal: the family's depth limit 1 (every depth read fresh), one job already waiting
     # on a queue no worker takes, so the next submit there is refused with Overloaded.
     from mediafarm.config.admission import parse
-    from mediafarm.tasks import admission
-    from mediafarm.tasks.client import submit as farm_submit
-    from mediafarm.tasks.errors import Overloaded
+    from mediafarm.tasks.producer import admission
+    from mediafarm.tasks.producer.client import submit as farm_submit
+    from mediafarm.tasks.wire.errors import Overloaded
 
     url = metered_worker.metrics_url
     refused = {"family": "chaos", "reason": "depth"}
@@ -134,11 +134,11 @@ def test_a_refusal_moves_its_counter(metered_worker, monkeypatch: pytest.MonkeyP
 
 
 def test_a_breaker_opening_shows_in_the_scrape(metered_worker) -> None:
-    # A real breaker, opened as a worker opens it (tasks.breaker: three resource failures of the
+    # A real breaker, opened as a worker opens it (tasks.runtime.breaker: three resource failures of the
     # rung within the window), not its JSON written by hand.
     from mediafarm.config.ladder_policy import BreakerPolicy
-    from mediafarm.tasks.breaker import Breakers
-    from mediafarm.tasks.records import Attempt, Outcome
+    from mediafarm.tasks.runtime.breaker import Breakers
+    from mediafarm.tasks.wire.records import Attempt, Outcome
 
     client = app.backend.client
     url = metered_worker.metrics_url

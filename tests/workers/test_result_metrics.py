@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from mediafarm.tasks import families
+from mediafarm.tasks import registry as families
 from mediafarm.workers.metrics import ResultMetrics
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mediafarm.tasks import keys
-from mediafarm.tasks.artifacts import ArtifactStore
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.workers.retention import WrongBackend, expired, remove
 
 GRACE = 3600.0
@@ -164,7 +164,7 @@ def test_farm_gc_removes_uploads_whose_jobs_results_expired(storage: Path, backe
     import subprocess
     import sys
 
-    from mediafarm.tasks.upload_store import UploadStore
+    from mediafarm.tasks.wire.upload_store import UploadStore
     from tests.conftest import REPO
 
     store = UploadStore(storage / ".uploads", max_bytes=1000, max_count=10)  # the default FARM_UPLOADS_DIR

@@ -23,7 +23,7 @@ import pytest
 import redis
 from celery.worker import state as worker_state
 
-from mediafarm.tasks import keys
+from mediafarm.tasks.wire import keys
 from mediafarm.workers.guards import MemoryWatchdog
 from mediafarm.workers.metrics import CHILD_KILLS
 

@@ -1,7 +1,7 @@
 """The camera filter: keep only the spans of a recording where someone is heard or seen.
 
 ``submit("camfilter", media=...)`` (or ``farm submit camfilter VIDEO``) sends a pipeline
-(``tasks.plan``): a VAD job and a YOLO job on the same video, in parallel, each its own farm
+(``tasks.wire.plan``): a VAD job and a YOLO job on the same video, in parallel, each its own farm
 job with its own ladder and history (``<id>.vad``, ``<id>.yolo``), then, once both have ended, the
 cut ``farm.camfilter.cut`` under the pipeline's own id: it merges the speech and detection spans
 into clips (``plan``) and cuts them into its artifact folder (``cut``). A VAD killed on every

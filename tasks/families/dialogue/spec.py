@@ -1,7 +1,7 @@
 """The dialogue family: lines spoken by TTS jobs in parallel, assembled in order with subtitles.
 
 ``submit("dialogue", script=...)`` (or ``farm submit dialogue script.json``) checks the whole
-script, then sends a pipeline (``tasks.plan``): one ``farm.tts.synthesize`` job per line
+script, then sends a pipeline (``tasks.wire.plan``): one ``farm.tts.synthesize`` job per line
 (``<id>.line-0001`` ...; each its own ladder and history) and, once all have ended, the assembly
 ``farm.dialogue.assemble`` under the dialogue's own id. The assembly takes no script: it reads the
 stored plan and every line's result by id, in script order.

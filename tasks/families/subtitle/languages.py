@@ -1,4 +1,4 @@
-"""The languages the subtitle rungs recognise (``tasks.languages`` is the seam).
+"""The languages the subtitle rungs recognise (``tasks.wire.languages`` is the seam).
 
 - A Whisper model in CTranslate2 format: English only when its folder says ``.en`` or its
   vocabulary is smaller than a multilingual Whisper's (51,865 tokens: the size CTranslate2 and

@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from mediafarm.tasks.kit import alive, family_key
+from mediafarm.tasks.kit import family_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -324,6 +324,8 @@ class PushSource:
     def _read(self, after: str) -> list[Any]:
         """The entries after ``after``, waiting up to the stall timeout in reads of at most
         ``BLOCK_MS`` (under any socket timeout the farm's Redis client has); PushEnded past it."""
+        from mediafarm.tasks.kit import alive  # the worker's heartbeat: a producer that pushes never loads it
+
         deadline = time.monotonic() + self.stall_timeout
         while True:
             left = deadline - time.monotonic()

@@ -1,4 +1,4 @@
-"""The languages TTS rungs speak and the language of a TTS job (``tasks.languages`` is the seam).
+"""The languages TTS rungs speak and the language of a TTS job (``tasks.wire.languages`` is the seam).
 
 - A job's language: the request's ``language``, else the one its text's script tells
   (:func:`mediafarm.tasks.kit.script_language`: Chinese characters are ``zh``, mixed text goes by

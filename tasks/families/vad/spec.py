@@ -135,7 +135,7 @@ FAMILY = FamilySpec(
         ),
         "webrtc": EngineSpec(f"{ENGINES}:webrtc", WebrtcParams, needs=("webrtcvad", "av", "numpy"), extra="vad"),
         # No detection at all (no spans, the result flagged): a fallback, never a cheaper answer,
-        # so an open breaker above it never sends a job here (tasks.ladder_choice).
+        # so an open breaker above it never sends a job here (tasks.runtime.ladder_choice).
         "skip": EngineSpec(f"{ENGINES}:skip", NoParams, needs=("av", "numpy"), extra="vad", fallback=True),
     },
     ladder=(

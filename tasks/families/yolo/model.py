@@ -7,7 +7,7 @@ first ``import ultralytics`` (the switches are read at import time) and gives it
 private config folder. Weights come only from the models dir; an absent or unloadable file makes
 the rung unavailable, never a download.
 
-``.pt`` weights run on torch (on the GPU with the pool's memory fraction, ``tasks.gpu``); ``.onnx``
+``.pt`` weights run on torch (on the GPU with the pool's memory fraction, ``tasks.runtime.gpu``); ``.onnx``
 exports run through onnxruntime, which ultralytics drives itself, at the size they were exported
 with.
 """

@@ -1,4 +1,4 @@
-"""Checkpoints of a YOLO pass (``tasks.checkpoint``): where it stopped, and how the next attempt
+"""Checkpoints of a YOLO pass (``tasks.wire.checkpoint``): where it stopped, and how the next attempt
 goes on from there as if it had never stopped.
 
 A checkpoint is written between two samples, at a point the pass can go on from exactly:

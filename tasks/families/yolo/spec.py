@@ -251,7 +251,7 @@ FAMILY = FamilySpec(
             f"{ENGINES}:detect", DetectParams, needs=("ultralytics", "torch", "av", "numpy"), extra="yolo",
             weights="weights",
         ),
-        # No model, no detections: motion spans only. A fallback, never a cheaper answer (tasks.ladder_choice).
+        # No model, no detections: motion spans only. A fallback, never a cheaper answer (tasks.runtime.ladder_choice).
         "motion": EngineSpec(f"{ENGINES}:motion", MotionParams, needs=("av", "numpy"), extra="yolo", fallback=True),
     },
     ladder=(

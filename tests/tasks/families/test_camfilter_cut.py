@@ -14,10 +14,10 @@ from pathlib import Path
 import av
 import pytest
 
-from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.families.camfilter.check import ClipCheck, ClipMismatch, check_clip, frame_times, verify_clip
 from mediafarm.tasks.families.camfilter.cut import CutClip, choose_cut, clip_suffix, cut_clip
 from mediafarm.tasks.families.camfilter.source import Source, probe_source
+from mediafarm.tasks.wire.errors import UnreadableMedia
 from tests.support.camera import frame_numbers, make_numbered
 from tests.support.live_stream import ffmpeg
 

@@ -17,15 +17,16 @@ import webvtt
 
 from mediafarm import InvalidRequest, register_speaker, remove_speaker, submit
 from mediafarm.config.priorities import redis_lists
-from mediafarm.tasks import families, keys
+from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
-from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.dialogue.script import MAX_LINE_CHARS, MAX_LINES
 from mediafarm.tasks.families.dialogue.spec import DialogueRequest
 from mediafarm.tasks.families.dialogue.subtitles import Cue, to_srt, to_webvtt
 from mediafarm.tasks.families.dialogue.track import resample
-from mediafarm.tasks.client import send_plan
-from mediafarm.tasks.plan import Part, Plan, collect
+from mediafarm.tasks.producer.client import send_plan
+from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.errors import PermanentFailure
+from mediafarm.tasks.wire.plan import Part, Plan, collect
 
 QUEUE = f"dialogue-unit-{uuid.uuid4().hex[:6]}"  # no worker consumes it: what is sent stays there
 
@@ -74,13 +75,13 @@ def test_a_script_file_is_read_by_the_producer(tmp_path: Path, speaker: str) -> 
     script = tmp_path / "script.json"
     lines = [{"speaker": speaker, "text": "One."}, {"speaker": "default", "text": "Two."}]
     script.write_text(json.dumps({"lines": lines}))
-    request = families.get("dialogue").parse_request({"script": str(script)})
+    request = registry.get("dialogue").parse_request({"script": str(script)})
     assert [(line.speaker, line.text) for line in request.script] == [(speaker, "One."), ("default", "Two.")]
     script.write_text('{"lines": [')
     with pytest.raises(InvalidRequest, match=r"script file .* is not JSON: .* line 1 column 12"):
-        families.get("dialogue").parse_request({"script": str(script)})
+        registry.get("dialogue").parse_request({"script": str(script)})
     with pytest.raises(InvalidRequest, match="cannot read the script file .*missing.json: No such file"):
-        families.get("dialogue").parse_request({"script": str(tmp_path / "missing.json")})
+        registry.get("dialogue").parse_request({"script": str(tmp_path / "missing.json")})
 
 
 def test_the_plan_is_a_tts_job_per_line_then_the_assembly(speaker: str) -> None:
@@ -102,7 +103,7 @@ def test_the_plan_is_a_tts_job_per_line_then_the_assembly(speaker: str) -> None:
 
 
 def test_the_worker_refuses_a_script_and_a_missing_plan() -> None:
-    spec = families.get("dialogue")
+    spec = registry.get("dialogue")
     with pytest.raises(InvalidRequest, match="farm.dialogue.assemble takes no script"):
         spec.parse_request({"script": "/etc/passwd"}, media_roots=[Path("/")])
     assert spec.parse_request({"pause": 1.0}, media_roots=[Path("/")]).script is None

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks import families
-from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks import registry
 from mediafarm.tasks.families.subtitle.engines import speech_spans
+from mediafarm.tasks.runtime.context import EngineContext
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILTIN_FAMILIES = ROOT / "tasks" / "families"
@@ -27,7 +27,7 @@ def _extras() -> set[str]:
         return set(tomllib.load(file)["project"]["optional-dependencies"])
 
 
-@pytest.mark.parametrize("name", sorted(families.BUILTIN))
+@pytest.mark.parametrize("name", sorted(registry.BUILTIN))
 def test_every_builtin_engine_names_an_extra_of_the_package(name: str) -> None:
     spec = importlib.import_module(name).FAMILY
     extras = _extras()
@@ -52,7 +52,7 @@ def _guards(path: Path) -> list[int]:
 
 
 def test_no_engine_module_guards_its_imports() -> None:
-    modules = [*BUILTIN_FAMILIES.rglob("*.py"), ROOT / "tasks" / "gpu.py"]
+    modules = [*BUILTIN_FAMILIES.rglob("*.py"), ROOT / "tasks" / "runtime" / "gpu.py"]
     guarded = {str(p.relative_to(ROOT)): lines for p in modules if (lines := _guards(p))}
     assert not guarded, f"import guards beside EngineSpec.needs (declare the package there instead): {guarded}"
 
@@ -76,5 +76,5 @@ def test_the_subtitle_vad_falls_back_to_webrtc_when_the_pool_lacks_silero(
     monkeypatch.setitem(sys.modules, "silero_vad", None)  # find_spec answers None: not installed
     assert speech_spans(ctx, media).model.startswith("webrtcvad")
     monkeypatch.undo()
-    if families.get("vad").engines["silero"].missing() is None:
+    if registry.get("vad").engines["silero"].missing() is None:
         assert speech_spans(ctx, media).model.startswith("silero-vad")

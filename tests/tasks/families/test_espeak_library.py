@@ -100,9 +100,9 @@ def test_library_and_program_give_one_voice_the_same_checks_and_a_phrase_alike()
 
 
 def test_without_the_wheel_the_rung_is_unavailable_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mediafarm.tasks import families
+    from mediafarm.tasks import registry
 
-    espeak = families.get("tts").engines["espeak"]
+    espeak = registry.get("tts").engines["espeak"]
     assert espeak.missing() is None
     monkeypatch.setitem(sys.modules, "espeakng_loader", None)  # find_spec answers None: not installed
     assert espeak.missing() == "package 'espeakng_loader' is not installed on this pool: pip install 'mediafarm[tts]'"

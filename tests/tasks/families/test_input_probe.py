@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks import families
-from mediafarm.tasks.base import run_engine
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import UnreadableMedia
-from mediafarm.tasks.family import EngineSpec
+from mediafarm.tasks import registry
+from mediafarm.tasks.runtime.base import run_engine
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import UnreadableMedia
+from mediafarm.tasks.wire.family import EngineSpec
 
 
 @pytest.fixture()
@@ -70,9 +70,9 @@ def _lying_wav(root: Path) -> Path:
 def test_a_malformed_file_is_refused_before_the_engine_loads(
     tmp_path: Path, engine_never_loaded: list[str], family: str, make, reason: str
 ) -> None:
-    spec = families.get(family)
+    spec = registry.get(family)
     media = make(tmp_path)
-    ladder = families.ladder_for(spec)
+    ladder = registry.ladder_for(spec)
     ctx = EngineContext.local(storage_dir=tmp_path / "storage")
     with pytest.raises(UnreadableMedia, match=reason):
         run_engine(spec, ladder.rungs[-1], ctx, {"media": str(media)}, [tmp_path])
@@ -92,7 +92,7 @@ def test_a_file_without_audio_passes_the_vad_probe_when_the_request_allows_it(
             frame = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), dtype=np.uint8), format="rgb24")
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
-    spec = families.get("vad")
+    spec = registry.get("vad")
     ctx = EngineContext.local(storage_dir=tmp_path / "storage")
     # Past the probe, the engine is looked up: the patched lookup says so.
     with pytest.raises(AssertionError, match="looked up"):

@@ -9,7 +9,7 @@ import pytest
 
 from mediafarm.tasks.families.subtitle.languages import MULTILINGUAL_VOCABULARY, whisper_languages
 from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
-from mediafarm.tasks.languages import LanguageCheck, rung_languages
+from mediafarm.tasks.wire.languages import LanguageCheck, rung_languages
 
 LANGUAGE_TOKENS = ["<|en|>", "<|zh|>", "<|fr|>", "<|haw|>"]
 

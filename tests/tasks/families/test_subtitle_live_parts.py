@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.checkpoint import Checkpoint
 from mediafarm.tasks.families.subtitle.engines import VAD_PARAMS
 from mediafarm.tasks.families.subtitle.records import Cue
 from mediafarm.tasks.families.subtitle_live.buffer import Arrivals, AudioBuffer
@@ -22,6 +21,7 @@ from mediafarm.tasks.families.vad.engines import SpanTracker, silero
 from mediafarm.tasks.families.vad.spec import VadRequest
 from mediafarm.tasks.families.vad.streaming import StreamingSilero
 from mediafarm.tasks.kit import EngineContext, Span
+from mediafarm.tasks.wire.checkpoint import Checkpoint
 
 
 def test_the_streaming_vad_finds_the_file_engines_spans_however_the_audio_arrives(tmp_path: Path) -> None:

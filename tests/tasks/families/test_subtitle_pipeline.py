@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues
 from mediafarm.tasks.families.subtitle.engines import (
@@ -33,6 +32,7 @@ from mediafarm.tasks.families.subtitle.records import Cue, CueRules, Segment, Wo
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.media.decode import KeptAudio
 from mediafarm.tasks.media.intervals import Span
+from mediafarm.tasks.runtime.context import EngineContext
 
 RATE = 16000
 

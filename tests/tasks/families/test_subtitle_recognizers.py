@@ -20,8 +20,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import ResourceFailure, RungUnavailable
 from mediafarm.tasks.families.subtitle import recognizers
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, pocketsphinx
 from mediafarm.tasks.families.subtitle.recognizers import (
@@ -36,8 +34,10 @@ from mediafarm.tasks.families.subtitle.recognizers import (
 )
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
-from mediafarm.tasks.family import NoParams
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import ResourceFailure, RungUnavailable
+from mediafarm.tasks.wire.family import NoParams
+from mediafarm.tasks.wire.records import Outcome
 from tests.support.speech import PHRASES
 from tests.support.subtitle_tracks import wer
 

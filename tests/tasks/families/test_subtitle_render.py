@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure
 from mediafarm.tasks.families.subtitle_render.engines import render
 from mediafarm.tasks.families.subtitle_render.spec import RenderRequest
-from mediafarm.tasks.family import NoParams
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import PermanentFailure
+from mediafarm.tasks.wire.family import NoParams
 
 WORD = {"text": "hello", "start": 0.1, "end": 0.5}
 GOOD = {"segments": [{"start": 0.0, "end": 1.0, "text": "hello", "words": [WORD]}],

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter, store_for
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, pocketsphinx, whisper
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
 from mediafarm.tasks.families.subtitle.writers import concat_segment_cues
 from mediafarm.tasks.kit import NoParams
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, store_for
 from tests.support.speech import write_long_track
 
 FIELDS = {"media": "long.wav"}

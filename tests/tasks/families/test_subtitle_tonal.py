@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.subtitle import tonal
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, transcribe
 from mediafarm.tasks.families.subtitle.recognizers import Recognition
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.kit import Span
+from mediafarm.tasks.runtime.context import EngineContext
 from tests.support.speech import RATE, speak
 from tests.support.vad_tracks import _tone
 

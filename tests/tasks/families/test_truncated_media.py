@@ -18,14 +18,14 @@ import av
 import numpy as np
 import pytest
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure, UnreadableMedia
 from mediafarm.tasks.families.vad.engines import webrtc
 from mediafarm.tasks.families.vad.spec import VadRequest, WebrtcParams
 from mediafarm.tasks.families.yolo.engines import motion
 from mediafarm.tasks.families.yolo.frames import VideoSamples
 from mediafarm.tasks.families.yolo.spec import MotionParams, YoloRequest, YoloResult
 from mediafarm.tasks.media.decode import declared_length, open_media
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import PermanentFailure, UnreadableMedia
 from tests.support.yolo import DURATION, FPS, make_video, truncated
 
 FASTSTART = {"movflags": "+faststart"}

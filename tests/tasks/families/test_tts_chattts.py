@@ -17,13 +17,13 @@ import soundfile as sf
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.app import app
-from mediafarm.tasks.base import drain
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure, ResourceFailure, RungUnavailable
 from mediafarm.tasks.families.tts import engines
 from mediafarm.tasks.families.tts.speakers import register_speaker, remove_speaker
 from mediafarm.tasks.families.tts.spec import ChatTTSParams, TtsRequest
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.runtime.base import drain
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import PermanentFailure, ResourceFailure, RungUnavailable
+from mediafarm.tasks.wire.records import Outcome
 
 pytest.importorskip("ChatTTS", reason="ChatTTS is not installed (pip install 'mediafarm[tts]')")
 

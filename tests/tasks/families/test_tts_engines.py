@@ -23,13 +23,13 @@ import soundfile as sf
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.app import app
-from mediafarm.tasks.base import drain
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import ResourceFailure, map_exceptions
 from mediafarm.tasks.families.tts import engines
 from mediafarm.tasks.families.tts.speakers import register_speaker, remove_speaker
 from mediafarm.tasks.families.tts.spec import EspeakParams, PiperParams, TtsRequest, TtsResult
 from mediafarm.tasks.media.decode import SAMPLE_RATE, audio_blocks
+from mediafarm.tasks.runtime.base import drain
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import ResourceFailure, map_exceptions
 from tests.conftest import REPO
 from tests.support.piper_voice import link_joe_voice
 

@@ -17,7 +17,8 @@ from mediafarm.tasks.families.tts.languages import (
 from mediafarm.tasks.families.tts.speakers import Speaker
 from mediafarm.tasks.families.tts.spec import FAMILY, EspeakParams, PiperParams, TtsRequest
 from mediafarm.tasks.families.tts.text import plan_chunks, split_sentences
-from mediafarm.tasks.languages import LanguageCheck, rung_languages
+from mediafarm.tasks.wire.languages import LanguageCheck, rung_languages
+
 
 def test_the_request_language_is_given_or_told_by_the_script() -> None:
     assert request_language(TtsRequest(text="今天天气很好。")) == "zh"

@@ -1,4 +1,4 @@
-"""TTS checkpoints as plain engine calls on the real seam (``tasks.checkpoint``): an attempt cut off
+"""TTS checkpoints as plain engine calls on the real seam (``tasks.wire.checkpoint``): an attempt cut off
 after some chunks, the next one handed its checkpoint, the whole compared with an unkilled run.
 
 Real espeak-ng and the real Piper voice; the seam's store and writer are the worker's (the
@@ -18,15 +18,15 @@ import pytest
 import soundfile as sf
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.base import drain
-from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter, store_for
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.dialogue.script import MAX_LINE_CHARS
 from mediafarm.tasks.families.tts import checkpoints, engines
-from mediafarm.tasks.families.tts.resume import RESUME, SHORT_TEXT_CHARS, STATE_VERSION
 from mediafarm.tasks.families.tts.audio import encode, pcm16
+from mediafarm.tasks.families.tts.resume import RESUME, SHORT_TEXT_CHARS, STATE_VERSION
 from mediafarm.tasks.families.tts.spec import ChatTTSParams, EspeakParams, PiperParams, TtsRequest
 from mediafarm.tasks.families.tts.text import plan_chunks
+from mediafarm.tasks.runtime.base import drain
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, store_for
 from tests.support.piper_voice import link_joe_voice
 
 SENTENCES = (
@@ -71,7 +71,7 @@ def chattts(models_dir: Path) -> None:
 
 
 class Job:
-    """One job's folder and checkpoint, attempted as the worker would (``tasks.base.Resuming``)."""
+    """One job's folder and checkpoint, attempted as the worker would (``tasks.runtime.base.Resuming``)."""
 
     def __init__(self, tmp: Path, engine: str, models_dir: Path, **fields: Any) -> None:
         self.engine, self.models_dir = engine, models_dir

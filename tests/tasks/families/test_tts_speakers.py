@@ -11,8 +11,8 @@ import pytest
 
 from mediafarm import list_speakers, register_speaker, remove_speaker
 from mediafarm.tasks.app import app
-from mediafarm.tasks.errors import InvalidRequest, PermanentFailure, RungUnavailable
 from mediafarm.tasks.families.tts.speakers import ESPEAK_VOICES, SPEAKERS_KEY, get_speaker
+from mediafarm.tasks.wire.errors import InvalidRequest, PermanentFailure, RungUnavailable
 from tests.conftest import REPO
 
 # A string of the shape ChatTTS embeddings have (base16384); only ChatTTS itself can tell a real one.
@@ -103,9 +103,9 @@ def test_farm_speakers_add_list_rm(name: str) -> None:
 def test_an_engine_reads_the_speaker_store_only_through_its_contexts_redis(name: str, tmp_path) -> None:
     # A local call (no broker) given no Redis never opens a connection of its own: a registered
     # speaker is refused by name, the built-in one still speaks (checked by test_tts_engines).
-    from mediafarm.tasks.context import EngineContext
     from mediafarm.tasks.families.tts import engines
     from mediafarm.tasks.families.tts.spec import PiperParams, TtsRequest
+    from mediafarm.tasks.runtime.context import EngineContext
 
     register_speaker(name, piper_voice="piper/nowhere.onnx")
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mediafarm.tasks.errors import InvalidRequest
 from mediafarm.tasks.families.tts.spec import FAMILY
 from mediafarm.tasks.families.tts.text import MAX_TEXT_CHARS, plan_chunks, split_sentences
+from mediafarm.tasks.wire.errors import InvalidRequest
 
 
 def parse(**fields):

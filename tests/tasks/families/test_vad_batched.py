@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.vad import engines
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest
 from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks
+from mediafarm.tasks.runtime.context import EngineContext
 
 WINDOW_S = engines.SILERO_WINDOW / SAMPLE_RATE  # 32 ms
 PARAMS = SileroParams()

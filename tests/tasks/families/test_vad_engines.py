@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.vad.engines import silero, skip, webrtc
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, WebrtcParams
+from mediafarm.tasks.runtime.context import EngineContext
 
 
 def silero_spans(path: Path):
@@ -82,7 +82,7 @@ def silent_video(path: Path, seconds: int = 3) -> Path:
 
 @pytest.mark.parametrize("engine, params", [(silero, SileroParams()), (webrtc, WebrtcParams()), (skip, None)])
 def test_no_audio_track_is_answered_empty_when_asked_and_rejected_otherwise(tmp_path: Path, engine, params) -> None:
-    from mediafarm.tasks.errors import UnreadableMedia
+    from mediafarm.tasks.wire.errors import UnreadableMedia
 
     video = silent_video(tmp_path / "mute.mp4")
     result = engine(EngineContext.local(), VadRequest(media=str(video), if_no_audio="empty"), params)

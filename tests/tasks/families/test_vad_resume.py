@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter, store_for
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.vad.engines import silero, skip, webrtc
 from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, WebrtcParams
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, store_for
 from tests.support.speech import write_long_track
 
 PARAMS = SileroParams(threshold=0.5, min_silence_ms=300, speech_pad_ms=30)

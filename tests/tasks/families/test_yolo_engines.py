@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import InvalidRequest, ResourceFailure, RungUnavailable
 from mediafarm.tasks.families.yolo import engines
 from mediafarm.tasks.families.yolo.engines import detect, motion
 from mediafarm.tasks.families.yolo.model import load_detector, ultralytics_offline
 from mediafarm.tasks.families.yolo.spec import DetectParams, MotionParams, YoloRequest
-from mediafarm.tasks.records import Outcome
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import InvalidRequest, ResourceFailure, RungUnavailable
+from mediafarm.tasks.wire.records import Outcome
 from tests.support.yolo import DURATION, EXPORT_SIZE, FPS, HEIGHT, WIDTH, build_random_yolo, make_image, make_video
 
 
@@ -202,7 +202,7 @@ def refuse(*args, **kwargs):  # ultralytics swallows network errors: record them
     raise OSError(f"network touched: {args!r}")
 socket.socket.connect = socket.socket.connect_ex = socket.create_connection = socket.getaddrinfo = refuse
 from pathlib import Path
-from mediafarm.tasks.context import EngineContext
+from mediafarm.tasks.runtime.context import EngineContext
 from mediafarm.tasks.families.yolo.engines import detect
 from mediafarm.tasks.families.yolo.spec import DetectParams, YoloRequest
 ctx = EngineContext.local(models_dir=Path(sys.argv[1]), storage_dir=Path("storage"))

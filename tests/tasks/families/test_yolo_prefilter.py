@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.families.yolo.engines import motion
 from mediafarm.tasks.families.yolo.frames import VideoSamples, crop_around
 from mediafarm.tasks.families.yolo.motion import MotionDetector, MotionGate, Region
 from mediafarm.tasks.families.yolo.spec import MotionParams, YoloRequest
 from mediafarm.tasks.families.yolo.tracks import IntervalBuilder
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import UnreadableMedia
 from tests.support.yolo import DURATION, FPS, HEIGHT, MOVING, WIDTH, make_audio_only, make_image, make_video
 
 

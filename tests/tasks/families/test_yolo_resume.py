@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from mediafarm.config.settings import get_settings
-from mediafarm.tasks.artifacts import ArtifactStore
-from mediafarm.tasks.checkpoint import Checkpoint, CheckpointWriter, Made, store_for
-from mediafarm.tasks.context import EngineContext
 from mediafarm.tasks.families.yolo import engines
 from mediafarm.tasks.families.yolo.engines import detect, motion
 from mediafarm.tasks.families.yolo.motion import MotionDetector
 from mediafarm.tasks.families.yolo.resume import GATE_FILE, RUN_IN_S
 from mediafarm.tasks.families.yolo.spec import FAMILY, DetectParams, MotionParams, YoloRequest, YoloResult
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, Made, store_for
 from tests.support.yolo import build_random_yolo, make_video
 
 DURATION = 30.0

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.media.decode import KeptAudio, audio_blocks, probe_duration
+from mediafarm.tasks.wire.errors import UnreadableMedia
 from tests.support.yolo import make_video
 
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.context import EngineContext
-from mediafarm.tasks.errors import PermanentFailure, UnreadableMedia
 from mediafarm.tasks.families.vad.engines import webrtc
 from mediafarm.tasks.families.vad.spec import VadRequest, WebrtcParams
 from mediafarm.tasks.media.decode import audio_blocks
 from mediafarm.tasks.media.wav import is_placeholder, wav_length
+from mediafarm.tasks.runtime.context import EngineContext
+from mediafarm.tasks.wire.errors import PermanentFailure, UnreadableMedia
 
 RATE = 16000
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.errors import MediaNotFound, MediaOutsideRoots, PermanentFailure
-from mediafarm.tasks.media.paths import resolve_media
+from mediafarm.tasks.wire.errors import MediaNotFound, MediaOutsideRoots, PermanentFailure
+from mediafarm.tasks.wire.media_paths import resolve_media
 
 
 @pytest.fixture()

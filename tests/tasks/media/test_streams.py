@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mediafarm.tasks.errors import UnreadableMedia
 from mediafarm.tasks.families.yolo.frames import VideoSamples
 from mediafarm.tasks.media.decode import audio_blocks
+from mediafarm.tasks.wire.errors import UnreadableMedia
 from tests.support import malformed as mk
 
 
