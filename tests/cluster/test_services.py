@@ -52,7 +52,7 @@ def test_the_worker_log_names_its_pool_and_queues(cluster: Cluster) -> None:
     # The pool's queues as the image declares them (this session adds test families of its own).
     expected = json.loads(cluster.podman(
         "exec", cluster.container("worker-cpu"), "python", "-c",
-        "import json; from mediafarm.config.pools import expand_queues, get_pool; from mediafarm.tasks import families;"
+        "import json; from mediafarm.config.pools import expand_queues, get_pool; from mediafarm.tasks import registry;"
         "print(json.dumps(expand_queues(get_pool('cpu').queues, registry.default_queues())))",
     ).stdout)  # fmt: skip
     assert "vad" in expected and "subtitle" in expected, expected

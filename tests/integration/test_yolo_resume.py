@@ -43,14 +43,19 @@ def video(media_root: Path) -> Path:
     return make_video(media_root / "yolo-resume.mp4", duration=DURATION, moving=MOVING)
 
 
-def kill_past(job: Any, variant: str, seconds: float, timeout: float = 120.0) -> float:
+def kill_past(job: Any, variant: str, seconds: float, timeout: float = 120.0) -> float | None:
     """SIGKILL ``job``'s attempt on ``variant`` once its checkpoint is past ``seconds`` of the
-    video; the checkpoint's position read just before the kill."""
+    video; the checkpoint's position read just before the kill. None if the attempt ended first
+    (a random-weight model runs the whole video in well under a second on a quiet machine, and a
+    busy one may not let this look see it between two checkpoints)."""
     manifest = job_folder(get_settings().storage_dir, job.id) / FOLDER / MANIFEST
     deadline = time.monotonic() + timeout
     while True:
         assert time.monotonic() < deadline, f"job {job.id} never checkpointed past {seconds} s: {job.attempts()}"
-        running = [a for a in job.attempts() if a["outcome"] is None and a["variant"] == variant]
+        attempts = job.attempts()
+        if any(a["variant"] == variant and a["outcome"] is not None for a in attempts):
+            return None  # it ended before it could be killed past there
+        running = [a for a in attempts if a["outcome"] is None and a["variant"] == variant]
         try:
             position = json.loads(manifest.read_bytes())["position"]
         except (OSError, ValueError):
@@ -76,9 +81,13 @@ def test_killed_on_one_rung_the_next_goes_on_and_the_result_is_a_run_never_kille
     worker, video: Path, never_killed: dict[str, Any], kill_at: float
 ) -> None:
     assert [p["rung"] for p in never_killed["output"]["made"]] == ["nano-a"]
-    job = submit("yolo", queue=QUEUE, media=str(video), stride=STRIDE, ladder="yolo_twice")
-    seen = kill_past(job, "nano-a", kill_at)
-    envelope = job.wait(timeout=300)
+    for _ in range(5):  # a job that ended before the kill proves nothing here: another one
+        job = submit("yolo", queue=QUEUE, media=str(video), stride=STRIDE, ladder="yolo_twice")
+        seen = kill_past(job, "nano-a", kill_at)
+        envelope = job.wait(timeout=300)
+        if seen is not None:
+            break
+    assert seen is not None, "five jobs in a row ended before the kill"
     first, second = envelope["attempts"]
     assert (first["variant"], first["outcome"], second["variant"], second["outcome"]) == (
         "nano-a", "killed", "nano-b", "ok")  # fmt: skip
@@ -99,9 +108,13 @@ def test_killed_on_one_rung_the_next_goes_on_and_the_result_is_a_run_never_kille
 
 def test_killed_on_the_model_the_motion_rung_makes_the_rest(worker, video: Path) -> None:
     alone = submit("yolo", queue=QUEUE, media=str(video), ladder="yolo_motion").wait(timeout=300)["output"]
-    job = submit("yolo", queue=QUEUE, media=str(video), ladder="yolo_then_motion")
-    kill_past(job, "yolo-nano", 6.0)
-    envelope = job.wait(timeout=300)
+    for _ in range(5):  # as above: only a job killed mid-way tells anything
+        job = submit("yolo", queue=QUEUE, media=str(video), ladder="yolo_then_motion")
+        seen = kill_past(job, "yolo-nano", 6.0)
+        envelope = job.wait(timeout=300)
+        if seen is not None:
+            break
+    assert seen is not None, "five jobs in a row ended before the kill"
     assert [(a["variant"], a["outcome"]) for a in envelope["attempts"]] == [("yolo-nano", "killed"), ("motion", "ok")]
     join = envelope["attempts"][1]["resumed_from"]["position"]
     output = envelope["output"]
