@@ -6,15 +6,15 @@ recogniser:
 1. The farm's streaming VAD finds the speech spans (silero; webrtcvad if silero is missing). Spans
    that are held notes or chords, not speech, are set aside (tonal.py, measured on the same pass)
    and listed in the result.
-2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows of
-   up to ``WINDOW_SECONDS`` of speech (``FITTED_WINDOW_SECONDS`` where Whisper's encoder is
-   fitted to the window: recognizers.encoder_frames), joined by a short silence; the silence
+2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows
+   (windows.py) of up to ``WINDOW_SECONDS`` of speech (``FITTED_WINDOW_SECONDS`` where Whisper's
+   encoder is fitted to the window: recognizers.encoder_frames), joined by a short silence; the silence
    between spans is never recognised (it is where Whisper hallucinates). Each word's edges are
    refined against the window's own sound (onsets.py: no word starts or ends in silence, an
    utterance's cue starts at its onset), then every recognised time is mapped back, piece by
    piece, to the media's clock.
-3. Words become cues as windows finish; cues that later words can no longer change are final and
-   go out at once as time-windowed WebVTT segments (artifacts under ``chunks/``, each announced as
+3. Words become cues as windows finish (cue_stream.py); cues that later words can no longer
+   change are final and go out at once as time-windowed WebVTT segments (artifacts under ``chunks/``, each announced as
    a partial output). The HLS playlist ``chunks/playlist.m3u8`` is rewritten (atomically) after
    each batch of new segments, an EVENT playlist that only grows, and gets ``#EXT-X-ENDLIST`` at
    the end, so a player can follow a long job.
@@ -28,17 +28,15 @@ The one exception is the VAD pass's tonal measure (900 KB an hour), let go once 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from mediafarm.tasks.families.subtitle import onsets, tonal
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
-from mediafarm.tasks.families.subtitle.cues import build_cues, final_cues
+from mediafarm.tasks.families.subtitle.cue_stream import CueStream, JsonSegments
 from mediafarm.tasks.families.subtitle.recognizers import (
     Recognition,
     load_pocketsphinx,
@@ -47,7 +45,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_whisper,
     transcribe_whisper_batch,
 )
-from mediafarm.tasks.families.subtitle.records import Cue, RejectedSpan, Segment, Word
+from mediafarm.tasks.families.subtitle.records import Cue, RejectedSpan, Segment
 from mediafarm.tasks.families.subtitle.resume import JOURNAL, STATE_VERSION, Journal, Part, Resumed, tag_cues, vad_state
 from mediafarm.tasks.families.subtitle.second_look import second_look
 from mediafarm.tasks.families.subtitle.spec import (
@@ -57,25 +55,23 @@ from mediafarm.tasks.families.subtitle.spec import (
     SubtitleResult,
     WhisperParams,
 )
+from mediafarm.tasks.families.subtitle.windows import (
+    FITTED_WINDOW_SECONDS,
+    PAD_SECONDS,
+    WINDOW_SECONDS,
+    Window,
+    cut_windows,
+    plan_windows,
+)
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, segment_name, to_srt, to_webvtt
 from mediafarm.tasks.families.vad import engines as vad
 from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
 from mediafarm.tasks.families.vad.spec import MadeBy, SileroParams, VadRequest, VadResult, WebrtcParams
-from mediafarm.tasks.kit import EngineContext, NoParams, Span
-from mediafarm.tasks.kit.media import SAMPLE_RATE, KeptAudio, audio_blocks
+from mediafarm.tasks.kit import EngineContext, NoParams
+from mediafarm.tasks.kit.media import KeptAudio, audio_blocks
 
 # VAD for subtitles: a shorter silence ends a span than for cam-filter, so cue onsets can follow it.
 VAD_PARAMS = SileroParams(threshold=0.5, min_silence_ms=250, speech_pad_ms=30)
-# Speech is cut with this much context on each side (word edges are soft)...
-PAD_SECONDS = 0.15
-# ... and recognised in windows of at most this much speech, pieces joined by a short silence:
-# nearly Whisper's whole 30 s, which it encodes whatever a window holds...
-WINDOW_SECONDS = 28.0
-# ... or this much where the encoder sees only the window (a rung's fit_context): fitted 20 s
-# windows heard more words right than fitted 28 s ones for less CPU, and 16 s windows made more
-# second looks (measured: docs/benchmarks/subtitle.md, "Fitted encoder").
-FITTED_WINDOW_SECONDS = 20.0
-JOIN_SECONDS = 0.3
 # Audio up to this long is decoded once, for the VAD and then for recognition (held meanwhile,
 # 38 MB); longer audio is decoded twice, so memory does not grow with the media's length.
 KEEP_AUDIO_SECONDS = 600.0
@@ -362,132 +358,6 @@ def _models(before: str, mine: str) -> str:
     return " + ".join(names if not mine or mine in names else [*names, mine])
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One padded speech span inside a window: [start, end) on the media clock, placed at
-    ``at`` seconds into the window's audio."""
-
-    start: float
-    end: float
-    at: float
-
-
-@dataclass
-class Window:
-    """Speech pieces recognised in one call, joined by JOIN_SECONDS of silence."""
-
-    pieces: list[Piece] = field(default_factory=list)
-
-    @property
-    def length(self) -> float:
-        last = self.pieces[-1]
-        return last.at + (last.end - last.start)
-
-    @property
-    def end(self) -> float:
-        return self.pieces[-1].end
-
-    @property
-    def speech_seconds(self) -> float:
-        return sum(p.end - p.start for p in self.pieces)
-
-    def spans(self) -> list[tuple[float, float]]:
-        """Where each piece lies in the window's audio: (start, end) seconds."""
-        return [(p.at, p.at + p.end - p.start) for p in self.pieces]
-
-    def media_time(self, t: float) -> float:
-        """A time in the window's audio → the media's clock (a time in a join goes to the piece
-        before it ends or after it starts, whichever is nearer)."""
-        best = self.pieces[0]
-        for piece in self.pieces:
-            if t >= piece.at:
-                best = piece
-        local = t - best.at
-        length = best.end - best.start
-        if local > length:  # inside the join after `best`
-            index = self.pieces.index(best)
-            following = self.pieces[index + 1] if index + 1 < len(self.pieces) else None
-            if following is None or local - length < following.at - t:
-                return best.end
-            return following.start
-        return best.start + max(0.0, local)
-
-    def to_media(self, segment: Segment) -> Segment:
-        """The segment on the media clock. A word keeps its length inside the piece its start maps
-        to: its end never jumps across the silence cut out between two pieces."""
-        words = []
-        for w in segment.words:
-            start = self.media_time(w.start)
-            piece = next(p for p in self.pieces if p.start <= start <= p.end)
-            end = min(piece.end, start + max(0.0, w.end - w.start))
-            words.append(Word(text=w.text, start=round(start, 3), end=round(end, 3), probability=w.probability))
-        if not words:
-            return Segment(start=0.0, end=0.0, text="", words=[])
-        return Segment(start=words[0].start, end=words[-1].end, text=" ".join(w.text for w in words), words=words)
-
-
-def plan_windows(spans: Sequence[Span], duration: float, window_seconds: float = WINDOW_SECONDS) -> list[Window]:
-    """Pad the speech spans, merge those that touch, and pack them into windows of at most
-    ``window_seconds`` of audio. A span longer than a window is split at window length."""
-    padded: list[Span] = []
-    for span in spans:
-        start, end = max(0.0, span.start - PAD_SECONDS), min(duration, span.end + PAD_SECONDS)
-        if padded and start <= padded[-1].end:
-            padded[-1] = Span(padded[-1].start, max(padded[-1].end, end))
-        elif end > start:
-            padded.append(Span(start, end))
-    pieces: list[Span] = []
-    for span in padded:
-        start = span.start
-        while span.end - start > window_seconds:
-            pieces.append(Span(start, start + window_seconds))
-            start += window_seconds
-        pieces.append(Span(start, span.end))
-    windows: list[Window] = []
-    for piece in pieces:
-        current = windows[-1] if windows else None
-        at = 0.0 if current is None else current.length + JOIN_SECONDS
-        if current is None or at + (piece.end - piece.start) > window_seconds:
-            windows.append(Window([Piece(piece.start, piece.end, 0.0)]))
-        else:
-            current.pieces.append(Piece(piece.start, piece.end, at))
-    return windows
-
-
-def cut_windows(audio: KeptAudio, windows: Sequence[Window]) -> Iterator[tuple[Window, np.ndarray]]:
-    """The second pass over the audio (kept, or one more streaming decode): each window's audio
-    (its pieces' samples joined by silence), in order."""
-    pieces = [(w, p) for w in windows for p in w.pieces]
-    if not pieces:
-        return
-    join = np.zeros(int(round(JOIN_SECONDS * SAMPLE_RATE)), dtype=np.float32)
-    index = 0
-    parts: list[np.ndarray] = []
-    collected: list[np.ndarray] = []
-    position = 0  # samples decoded before the current block
-    for block in audio.again():
-        block_end = position + block.size
-        while index < len(pieces):
-            window, piece = pieces[index]
-            first, last = round(piece.start * SAMPLE_RATE), round(piece.end * SAMPLE_RATE)
-            if first >= block_end:
-                break
-            collected.append(block[max(0, first - position) : max(0, min(last, block_end) - position)])
-            if last > block_end:
-                break  # the piece goes on in the next block
-            parts.append(np.concatenate(collected) if collected else np.zeros(0, dtype=np.float32))
-            collected = []
-            index += 1
-            if index == len(pieces) or pieces[index][0] is not window:
-                yield window, _join(parts, join)
-                parts = []
-        position = block_end
-    if index < len(pieces):
-        # The last piece ran to the very end of the media (its end rounded up past the last sample).
-        parts.append(np.concatenate(collected) if collected else np.zeros(0, dtype=np.float32))
-        yield pieces[index][0], _join(parts, join)
-
-
 def recognised(
     ctx: EngineContext,
     source: KeptAudio,
@@ -527,91 +397,3 @@ def _refined(
         if relook is not None:
             recognition = second_look(recognition, audio, window.spans(), relook)
         yield window, onsets.refine_heard(recognition, audio, window.spans())
-
-
-def _join(parts: list[np.ndarray], join: np.ndarray) -> np.ndarray:
-    out: list[np.ndarray] = []
-    for i, part in enumerate(parts):
-        if i:
-            out.append(join)
-        out.append(part)
-    return np.concatenate(out).astype(np.float32, copy=False)
-
-
-class CueStream:
-    """Cues made as words arrive. A cue is final once a long enough pause closes the stretch of
-    speech it belongs to (``cues.final_cues``): later words cannot change it. The whole file and
-    the chunked segments are both made of these same cues.
-
-    Speech with no such pause for FORCE_AFTER_SECONDS is cut anyway, before its last cue, so a
-    player following a long monologue is never that far behind; the cues around that cut may
-    differ slightly from cueing the whole monologue at once.
-    """
-
-    FORCE_AFTER_SECONDS = 60.0
-
-    def __init__(self, request: SubtitleRequest, rung: str | None = None) -> None:
-        self.rules = request.rules
-        self.rung = rung  # tagged on each cue made here (a live job's attempts may run on several rungs)
-        self.all: list[Cue] = []
-        self._pending: list[Word] = []
-        self._fresh: list[Cue] = []
-
-    def add(self, words: Sequence[Word]) -> None:
-        self._pending.extend(words)
-        settled, count = final_cues(self._pending, self.rules)
-        if not settled and self._pending and self._pending[-1].end - self._pending[0].start > self.FORCE_AFTER_SECONDS:
-            cues = build_cues(self._pending, self.rules)
-            # Words are counted back from the cue text: only safe when no word holds a space.
-            if sum(len(c.text.split()) for c in cues) == len(self._pending):
-                settled, count = cues[:-1], sum(len(c.text.split()) for c in cues[:-1])
-        settled = self._tagged(settled)
-        self.all.extend(settled)
-        self._fresh.extend(settled)
-        self._pending = self._pending[count:]
-
-    def _tagged(self, cues: Sequence[Cue]) -> list[Cue]:
-        if self.rung is None:
-            return list(cues)
-        return [c.model_copy(update={"rung": self.rung}) for c in cues]
-
-    @property
-    def pending(self) -> list[Word]:
-        """Words heard that no final cue holds yet (a later word may still change their cue)."""
-        return list(self._pending)
-
-    def restore(self, pending: Sequence[Word]) -> None:
-        """Take up the pending words a checkpoint kept (a resumed job goes on from them)."""
-        self._pending = list(pending)
-
-    def final_until(self, heard_until: float) -> float:
-        """Time up to which no new cue can appear."""
-        return self._pending[0].start if self._pending else heard_until
-
-    def take_final(self) -> list[Cue]:
-        fresh, self._fresh = self._fresh, []
-        return fresh
-
-    def take_rest(self) -> list[Cue]:
-        rest = self._tagged(build_cues(self._pending, self.rules)) if self._pending else []
-        self._pending = []
-        self.all.extend(rest)
-        return self.take_final() + rest
-
-
-class JsonSegments:
-    """subtitles.json written as segments arrive: ``{"segments": [...], <the rest>}``."""
-
-    def __init__(self, fh: IO[str]) -> None:
-        self.fh, self.count = fh, 0
-        fh.write('{"segments": [')
-
-    def write(self, segment: Segment) -> None:
-        self.fh.write(("," if self.count else "") + "\n" + segment.model_dump_json())
-        self.count += 1
-
-    def close(self, **rest: Any) -> None:
-        self.fh.write("\n]")
-        for key, value in rest.items():
-            self.fh.write(f",\n{json.dumps(key)}: {json.dumps(value)}")
-        self.fh.write("}\n")

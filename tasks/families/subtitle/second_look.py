@@ -1,6 +1,6 @@
 """A second look at a window's speech where Whisper's greedy decode went wrong.
 
-The farm decodes each window (``engines.plan_windows``) greedily at temperature 0
+The farm decodes each window (``windows.plan_windows``) greedily at temperature 0
 (``recognizers.transcribe_whisper``): faster-whisper's temperature fallback re-decodes a doubtful
 window at random temperatures, which is slower and gives a different result each run. Greedy
 decoding of a long window has two known ways to go wrong, and where they strike depends even on the

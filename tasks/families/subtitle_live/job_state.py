@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mediafarm.tasks.families.subtitle.engines import CueStream
+from mediafarm.tasks.families.subtitle.cue_stream import CueStream
 from mediafarm.tasks.families.subtitle.records import Cue
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT
 from mediafarm.tasks.families.subtitle_live import playlist as hls

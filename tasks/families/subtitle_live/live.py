@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
-from mediafarm.tasks.families.subtitle.engines import JOIN_SECONDS, PAD_SECONDS, VAD_PARAMS, Piece, Window
+from mediafarm.tasks.families.subtitle.engines import VAD_PARAMS
 from mediafarm.tasks.families.subtitle.recognizers import (
     Recognition,
     load_pocketsphinx,
@@ -48,6 +48,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
 )
 from mediafarm.tasks.families.subtitle.records import Word
 from mediafarm.tasks.families.subtitle.spec import WhisperParams
+from mediafarm.tasks.families.subtitle.windows import JOIN_SECONDS, PAD_SECONDS, Piece, Window
 from mediafarm.tasks.families.subtitle.writers import to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_live.buffer import Arrivals, AudioBuffer
 from mediafarm.tasks.families.subtitle_live.job_state import LiveJob, cue_key

@@ -9,8 +9,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cues import build_cues
-from mediafarm.tasks.families.subtitle.engines import JSON_NAME, PAD_SECONDS, SRT_NAME, VTT_NAME
+from mediafarm.tasks.families.subtitle.engines import JSON_NAME, SRT_NAME, VTT_NAME
 from mediafarm.tasks.families.subtitle.records import Segment
+from mediafarm.tasks.families.subtitle.windows import PAD_SECONDS
 from mediafarm.tasks.families.subtitle.writers import to_srt, to_webvtt
 from mediafarm.tasks.families.subtitle_render.spec import RenderRequest, RenderResult
 from mediafarm.tasks.kit import EngineContext, NoParams, PermanentFailure, Span, describe_validation_error

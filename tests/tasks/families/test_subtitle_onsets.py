@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 from mediafarm.tasks.families.subtitle import onsets
-from mediafarm.tasks.families.subtitle.engines import JSON_NAME, plan_windows
+from mediafarm.tasks.families.subtitle.engines import JSON_NAME
 from mediafarm.tasks.families.subtitle.engines import pocketsphinx as pocketsphinx_engine
 from mediafarm.tasks.families.subtitle.engines import whisper as whisper_engine
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import PERCEPTIBLE_MS, SubtitleRequest, WhisperParams
+from mediafarm.tasks.families.subtitle.windows import plan_windows
 from mediafarm.tasks.kit import NoParams, Span
 from mediafarm.tasks.runtime.context import EngineContext
 from tests.support import timed_speech, tiny_whisper

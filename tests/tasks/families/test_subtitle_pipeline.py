@@ -15,21 +15,19 @@ import pytest
 import soundfile as sf
 
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
+from mediafarm.tasks.families.subtitle.cue_stream import CueStream
 from mediafarm.tasks.families.subtitle.cues import build_cues
-from mediafarm.tasks.families.subtitle.engines import (
-    CHUNKS,
-    JOIN_SECONDS,
-    PAD_SECONDS,
-    PLAYLIST,
-    WINDOW_SECONDS,
-    CueStream,
-    cut_windows,
-    plan_windows,
-    transcribe,
-)
+from mediafarm.tasks.families.subtitle.engines import CHUNKS, PLAYLIST, transcribe
 from mediafarm.tasks.families.subtitle.recognizers import Recognition
 from mediafarm.tasks.families.subtitle.records import Cue, CueRules, Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
+from mediafarm.tasks.families.subtitle.windows import (
+    JOIN_SECONDS,
+    PAD_SECONDS,
+    WINDOW_SECONDS,
+    cut_windows,
+    plan_windows,
+)
 from mediafarm.tasks.media.decode import KeptAudio
 from mediafarm.tasks.media.intervals import Span
 from mediafarm.tasks.runtime.context import EngineContext
