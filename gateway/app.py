@@ -22,7 +22,7 @@ from mediafarm.gateway.security import LoopbackOnly
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws import live_subtitles, rooms
 from mediafarm.tasks import registry
-from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.producer.client import farm_redis
 from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.upload_store import UploadStore
 
@@ -64,7 +64,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
 
 async def healthz() -> dict[str, str]:
     try:
-        await anyio.to_thread.run_sync(celery_app.backend.client.ping)
+        await anyio.to_thread.run_sync(lambda: farm_redis().ping())
     except Exception as exc:  # noqa: BLE001 - any failure to reach Redis is the answer
         raise HTTPException(503, f"the farm's Redis cannot be reached: {exc}") from None
     return {"status": "ok"}

@@ -30,7 +30,6 @@ from prometheus_client import (
 )
 
 from mediafarm.gateway.security import caller
-from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.producer import scaling_metrics
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -50,7 +49,7 @@ class GatewayMetrics:
             "mediafarm_gateway_response_seconds", "Seconds to a response's headers (a stream's first bytes)",
             ["method", "route"], buckets=BUCKETS, registry=self.registry,
         )  # fmt: skip
-        self.registry.register(scaling_metrics.for_this_farm(celery_app))
+        self.registry.register(scaling_metrics.for_this_farm())
 
 
 class MetricsMiddleware:

@@ -34,7 +34,7 @@ class GatewayConfig:
         room_poll: Seconds between two looks at a room's head line (one Redis round trip each,
             the whole job read only when it changed): what a chunk may wait before it is sent.
         speech_poll: Seconds between two looks at a speech stream's job (``POST /v1/audio/speech``;
-            one Redis round trip each, the whole job read only when it changed, ``job_watch``).
+            one Redis round trip each, the whole job read only when it changed, ``job_feed.JobWatch``).
         room_linger: Seconds a dropped room connection's unfinished lines wait for the client to
             connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
         live_queue: Where a pushed live stream's job goes (``/v1/live/subtitles``); None: the

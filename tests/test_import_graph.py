@@ -219,3 +219,21 @@ def test_tasks_are_in_folders_by_audience_and_import_only_downwards() -> None:
         if task_layer(target) is not None and task_layer(target) > task_layer(module)
     )
     assert upward == [], "tasks/ imports a layer above its own: " + ", ".join(upward)
+
+
+def test_the_gateway_reads_jobs_through_the_producer_api_and_a_family_through_its_package() -> None:
+    # A job's keys are read by its handle (tasks/producer/handles.py), the farm's Redis is reached
+    # through the producer API, and a family is used through what its package offers, not its modules.
+    edges = graph(modules())
+    assert "mediafarm.tasks.producer.handles" in edges["mediafarm.gateway.openai.speech_stream"]  # the walk works
+    assert "mediafarm.tasks.families.tts" in edges["mediafarm.gateway.ws.rooms"]
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges.items()
+        if module.startswith("mediafarm.gateway")
+        for target in targets
+        if target in ("mediafarm.tasks.app", "mediafarm.tasks.wire.keys")
+        or target.startswith("mediafarm.tasks.runtime")
+        or (target.startswith("mediafarm.tasks.families.") and target.count(".") > 3)
+    )
+    assert wrong == [], "the gateway reads around the producer API or into a family's modules: " + ", ".join(wrong)

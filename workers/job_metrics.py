@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire.plan import READY
 
 log = logging.getLogger("mediafarm.metrics")
 
@@ -31,7 +32,6 @@ MB = 1024 * 1024
 RSS_BUCKETS = tuple(mb * MB for mb in (64, 128, 256, 512, 1024, 1536, 2048, 4096, 8192, 16384))
 # Moves a job one rung down (records.Outcome.moves_down), as stored; a newer farm's own reasons for
 # starting lower (a breaker, memory pressure) arrive as whatever the history says.
-READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 TERMINAL_OUTCOMES = frozenset({"rejected", "error", "cancelled"})
 
 
@@ -186,7 +186,7 @@ class EndReader:
         for i, (job_id, family) in enumerate(jobs):
             raw_meta, raw_history, first_output = replies[3 * i : 3 * i + 3]
             meta = json.loads(raw_meta) if raw_meta else {}
-            if str(meta.get("status", "")) in READY_STATES:
+            if str(meta.get("status", "")) in READY:
                 ended.append((job_id, family, meta, raw_history, first_output))
         if not ended:
             return 0

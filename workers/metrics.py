@@ -318,7 +318,7 @@ def install_collectors(worker: Any, pool: Pool, registry: CollectorRegistry = RE
         FarmState(client, pool.name, lambda: sorted(families.load())),
         GpuMemory(pool.gpus),
         GpuChildren(client, lambda: worker.hostname, pool.name),
-        scaling_metrics.for_this_farm(app),
+        scaling_metrics.for_this_farm(),
     ])  # fmt: skip
     for collector in _COLLECTORS:
         registry.register(collector)

@@ -21,37 +21,17 @@ from fastapi.responses import FileResponse, JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
-from mediafarm.gateway.common.events import END_ID, Cursor, Event, Follower, Snapshot, read_snapshot
 from mediafarm.gateway.common.intake import prepare
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.producer.client import submit
-from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle
-from mediafarm.tasks.producer.webhooks import Outbox
-from mediafarm.tasks.wire import keys
-from mediafarm.tasks.wire.artifacts import MAX_JOB_ID, ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle, Snapshot, find_job
+from mediafarm.tasks.producer.job_feed import END_ID, Cursor, Event, Follower
+from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.wire.family import FamilySpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(caller)])
-
-
-def find_job(job_id: str) -> JobHandle | None:
-    """The job called ``job_id`` if the farm knows it: submitted with an id (every gateway job is),
-    started, or ended and not yet expired. A pipeline's handle for a pipeline."""
-    if not job_id or len(job_id) > MAX_JOB_ID:
-        return None
-    client = celery_app.backend.client
-    pipe = client.pipeline(transaction=False)
-    pipe.get(keys.submitted(job_id))
-    pipe.exists(keys.pipeline_plan(job_id))
-    pipe.exists(keys.history(job_id), celery_app.backend.get_key_for_task(job_id))
-    submitted, is_pipeline, known = pipe.execute()
-    if not (submitted or is_pipeline or known):
-        return None
-    family = json.loads(submitted).get("family", "") if submitted else ""
-    return (PipelineHandle if is_pipeline else JobHandle)(id=job_id, family=family)
 
 
 async def _job(job_id: str) -> JobHandle:
@@ -135,7 +115,7 @@ async def unknown_family(family: str) -> None:
 @router.get("/{job_id}", summary="A job: state, progress, attempts, partial outputs, result or failure")
 async def get_job(job_id: str) -> dict[str, Any]:
     job = await _job(job_id)
-    return _view(job, await anyio.to_thread.run_sync(read_snapshot, job))
+    return _view(job, await anyio.to_thread.run_sync(job.snapshot))
 
 
 @router.delete("/{job_id}", status_code=202, summary="Cancel a job (it ends cancelled)")
@@ -148,8 +128,7 @@ async def cancel_job(job_id: str) -> dict[str, Any]:
 @router.get("/{job_id}/webhooks", summary="A job's webhook deliveries: each try, its status and latency")
 async def job_webhooks(job_id: str) -> dict[str, Any]:
     job = await _job(job_id)
-    outbox = Outbox(celery_app.backend.client)
-    tries, pending = await anyio.to_thread.run_sync(lambda: (outbox.tries(job.id), outbox.pending(job.id)))
+    tries, pending = await anyio.to_thread.run_sync(job.webhook_deliveries)
     return {"id": job.id, "tries": tries,
             "pending": [{"id": e["id"], "type": e["type"], "tries": e.get("tries", 0)} for e in pending]}  # fmt: skip
 
@@ -173,7 +152,7 @@ async def job_events(job_id: str, request: Request, last_event_id: Annotated[str
 
 async def _stream(job: JobHandle, follower: Follower, poll: float) -> AsyncIterator[ServerSentEvent]:
     while not follower.done:
-        snapshot = await anyio.to_thread.run_sync(read_snapshot, job)
+        snapshot = await anyio.to_thread.run_sync(job.snapshot)
         for event in follower.feed(snapshot):
             yield _sse(event)
         if not follower.done:

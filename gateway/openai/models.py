@@ -23,7 +23,7 @@ from fastapi.routing import APIRoute
 
 from mediafarm.gateway.security import caller
 from mediafarm.tasks import registry
-from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.producer.client import farm_redis
 from mediafarm.tasks.wire import capability
 from mediafarm.tasks.wire.capability import WorkerCapability
 from mediafarm.tasks.wire.errors import InvalidRequest
@@ -160,5 +160,5 @@ def listing(records: Sequence[WorkerCapability]) -> dict[str, Any]:
 
 @router.get("/models", summary="The ladders and rungs live workers can run now, and OpenAI's aliases (OpenAI's list)")
 async def list_models(who: Annotated[Any, Depends(caller)]) -> dict[str, Any]:
-    records = await anyio.to_thread.run_sync(capability.live, celery_app.backend.client)
+    records = await anyio.to_thread.run_sync(capability.live, farm_redis())
     return listing(records)

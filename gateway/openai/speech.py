@@ -25,16 +25,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
-from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
 from mediafarm.gateway.openai.models import SPEECH, UnknownModel, in_openai_words, openai_router, resolve
 from mediafarm.gateway.openai.speech_stream import NoAudio, SpeechFollower, StreamBroken, StreamEncoder
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
-from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.families.tts.speakers import get_speaker
+from mediafarm.tasks.families.tts import get_speaker
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.producer.job_feed import JobWatch
 from mediafarm.tasks.wire.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.wire.family import describe_validation_error
 
@@ -101,9 +100,8 @@ async def speech(
         model = resolve(SPEECH, asked.model)
     except UnknownModel as exc:
         raise HTTPException(404, str(exc)) from None
-    client = celery_app.backend.client
     try:
-        await anyio.to_thread.run_sync(get_speaker, asked.voice, client)
+        await anyio.to_thread.run_sync(get_speaker, asked.voice)
     except PermanentFailure as exc:
         raise HTTPException(404, f"voice {asked.voice!r}: {exc}") from None
     except InvalidRequest as exc:
@@ -127,7 +125,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
     """Wait for the first chunk (the headers name its rung), then stream the rest as it comes."""
     follower = SpeechFollower(job, config.storage_dir)
     encoder = StreamEncoder(fmt)
-    watch = JobWatch(job.id)
+    watch = JobWatch(job)
 
     def step() -> bytes:  # one Redis round trip; the job is read in full only when it changed
         if not watch.changed():

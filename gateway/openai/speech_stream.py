@@ -19,7 +19,7 @@ loop: :meth:`SpeechFollower.poll` reads Redis and files, so it runs in a worker 
 from __future__ import annotations
 
 import hashlib
-import json
+import io
 import struct
 import wave
 from dataclasses import dataclass, field
@@ -28,10 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.producer.handles import JobHandle
-from mediafarm.tasks.wire import keys
-from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.producer.handles import JobHandle, Snapshot, describe_failure
 from mediafarm.tasks.wire.plan import READY
 
 # A chunk's duration in its partial output is rounded to the millisecond at each end.
@@ -69,34 +66,11 @@ class Pcm:
         return hashlib.sha256(self.rate.to_bytes(4, "little") + self.data).hexdigest()
 
 
-@dataclass(frozen=True)
-class Look:
-    """A job at one moment: state first, then history and partial outputs in one Redis step."""
-
-    state: str
-    attempts: tuple[dict[str, Any], ...]
-    partials: tuple[dict[str, Any], ...]
-
-    @property
-    def owner(self) -> int:
-        """The attempt the partial outputs are of: the newest."""
-        return len(self.attempts) - 1
-
-
-def look(job: JobHandle) -> Look:
-    state = job.state()
-    pipe = celery_app.backend.client.pipeline(transaction=True)
-    pipe.lrange(keys.history(job.id), 0, -1)
-    pipe.lrange(keys.partials(job.id), 0, -1)
-    history, partials = pipe.execute()
-    return Look(state, tuple(json.loads(a) for a in history), tuple(json.loads(p) for p in partials))
-
-
-def read_wav(path: Path) -> Pcm:
+def read_wav(data: bytes, name: str) -> Pcm:
     """A chunk file's samples (the engines write 16-bit mono PCM WAV)."""
-    with wave.open(str(path), "rb") as chunk:
+    with wave.open(io.BytesIO(data), "rb") as chunk:
         if chunk.getsampwidth() != 2 or chunk.getnchannels() != 1:
-            raise StreamBroken(f"{path.name}: not 16-bit mono PCM")
+            raise StreamBroken(f"{name}: not 16-bit mono PCM")
         return Pcm(chunk.getframerate(), chunk.readframes(chunk.getnframes()))
 
 
@@ -127,12 +101,11 @@ class SpeechFollower:
     def __post_init__(self) -> None:
         self._rate: int | None = None
         self._checking: int | None = None
-        self._store = ArtifactStore(self.storage_dir, self.job.id)
 
     def poll(self) -> list[Pcm]:
         """The chunks made since the last call (blocking). NoAudio when the job ended without a
         chunk, StreamBroken when what was sent cannot be continued."""
-        now = look(self.job)
+        now = self.job.snapshot(detail=False)
         target = self.attempt
         if target is None and now.partials and _usable(now.attempts[now.owner]):
             target = now.owner
@@ -154,10 +127,10 @@ class SpeechFollower:
             self._end(now)
         return fresh
 
-    def _caught_up(self, now: Look) -> bool:
+    def _caught_up(self, now: Snapshot) -> bool:
         return self.attempt == now.owner and len(self.sent) == len(now.partials)
 
-    def _end(self, now: Look) -> None:
+    def _end(self, now: Snapshot) -> None:
         """The job has ended: done if every chunk of its successful attempt was given."""
         last = now.attempts[-1] if now.attempts else {}
         if now.state == "SUCCESS" and self._caught_up(now) and last.get("outcome") == "ok":
@@ -172,7 +145,7 @@ class SpeechFollower:
             reason = (failure or {}).get("reason", now.state)
             raise StreamBroken(f"job {self.job.id} ended {now.state} after {len(self.sent)} chunks were sent: {reason}")
 
-    def _take_over(self, now: Look) -> None:
+    def _take_over(self, now: Snapshot) -> None:
         """A newer attempt runs: go on with it only if it speaks the chunks sent, byte for byte."""
         cut = now.attempts[self.attempt or 0]
         if self._checking != now.owner:  # yet another attempt: it is checked from its first chunk
@@ -193,19 +166,17 @@ class SpeechFollower:
         if self.checked == len(self.sent):  # it has said again all that was sent: it takes over
             self.attempt, self.checked, self._checking = now.owner, 0, None
 
-    def _read(self, partial: dict[str, Any], now: Look) -> Pcm | None:
+    def _read(self, partial: dict[str, Any], now: Snapshot) -> Pcm | None:
         """The chunk a partial output announces, if it is still the announcing attempt's."""
         name = str(partial.get("artifact", ""))
         try:
-            pcm = read_wav(self._store.path(name))
+            data = self.job.partial_file(partial, len(now.attempts), self.storage_dir)
+            if data is None:  # a newer attempt began: whatever was read may be its
+                return None
+            pcm = read_wav(data, name)
         except (FileNotFoundError, EOFError, wave.Error):
-            pcm = None
-        # Whatever was read, it is the announcing attempt's only if no newer attempt began.
-        if celery_app.backend.client.llen(keys.history(self.job.id)) != len(now.attempts):
-            return None
-        if pcm is None:
             raise StorageMissing(f"chunk {name!r} of job {self.job.id} is not in this gateway's storage folder "
-                                 "(FARM_STORAGE_DIR must be the workers' shared one)")  # fmt: skip
+                                 "(FARM_STORAGE_DIR must be the workers' shared one)") from None  # fmt: skip
         seconds = len(pcm.data) / 2 / pcm.rate
         expected = float(partial.get("end", 0)) - float(partial.get("start", 0))
         if abs(seconds - expected) > DURATION_SLACK_S:
@@ -220,8 +191,6 @@ def _usable(attempt: dict[str, Any]) -> bool:
 
 
 def _failure(job: JobHandle) -> dict[str, Any] | None:
-    from mediafarm.gateway.common.events import describe_failure
-
     return describe_failure(job.failure())
 
 
@@ -267,7 +236,7 @@ class StreamEncoder:
             if self.fmt == "wav":
                 head = wav_header(pcm.rate)
             elif self.fmt in ("mp3", "opus"):
-                from mediafarm.tasks.families.tts.audio import Encoder
+                from mediafarm.tasks.families.tts import Encoder
 
                 self._encoder = Encoder(self._sink, self.fmt, pcm.rate)  # type: ignore[arg-type]
         if self._encoder is None:

@@ -19,7 +19,6 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mediafarm.gateway.common.events import describe_failure
 from mediafarm.gateway.common.intake import UPLOAD_PREFIX, prepare
 from mediafarm.gateway.common.submit import job_url, submitted, webhook_options
 from mediafarm.gateway.common.upload_receiver import receive_form, refuse_declared_size, upload_refusals
@@ -28,7 +27,7 @@ from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks import registry
 from mediafarm.tasks.producer.client import submit
-from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle, describe_failure
 from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.family import describe_validation_error
 from mediafarm.tasks.wire.plan import READY

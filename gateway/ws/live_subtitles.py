@@ -29,8 +29,6 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
-from mediafarm.gateway.common.events import read_snapshot
-from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.common.submit_errors import SUBMIT_ERRORS, refusal
 from mediafarm.gateway.common.ws_close import (
     CLOSE_INVALID,
@@ -43,11 +41,10 @@ from mediafarm.gateway.common.ws_close import (
 )
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws.socket_admission import admit
-from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.families.subtitle_live.push import MAX_AHEAD_SECONDS, AudioPush, PushFormatError
-from mediafarm.tasks.families.subtitle_live.spec import LiveSubtitleRequest
-from mediafarm.tasks.producer.client import submit
+from mediafarm.tasks.families.subtitle_live import MAX_AHEAD_SECONDS, AudioPush, LiveSubtitleRequest, PushFormatError
+from mediafarm.tasks.producer.client import farm_redis, submit
 from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.producer.job_feed import JobWatch
 from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.wire.errors import Overloaded
 from mediafarm.tasks.wire.plan import READY
@@ -161,7 +158,7 @@ async def _start(
         await close(websocket, CLOSE_INVALID, f"start: unknown field(s) {', '.join(unknown)}")
         return None
     try:
-        push = AudioPush(celery_app.backend.client, sample_rate=_whole(frame, "sample_rate", 16000),
+        push = AudioPush(farm_redis(), sample_rate=_whole(frame, "sample_rate", 16000),
                          channels=_whole(frame, "channels", 1))  # fmt: skip
     except (PushFormatError, ValueError) as exc:
         await close(websocket, CLOSE_INVALID, f"start: {exc}")
@@ -232,12 +229,12 @@ async def _reader(live: _Live) -> bool:
 async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
     """The job's new segments out as they are announced (and ``resume`` after a hold), then its
     end frame; closes the socket and stops the reader (``scope``)."""
-    watch = JobWatch(live.job.id)
+    watch = JobWatch(live.job)
     store = ArtifactStore(live.config.storage_dir, live.job.id)
     while True:
         try:
             changed = await anyio.to_thread.run_sync(watch.changed)
-            snapshot = await anyio.to_thread.run_sync(read_snapshot, live.job) if changed else None
+            snapshot = await anyio.to_thread.run_sync(live.job.snapshot) if changed else None
             if live.holding and await anyio.to_thread.run_sync(live.push.ahead) <= MAX_AHEAD_SECONDS / 2:
                 live.holding = False
                 await live.send_json({"type": "resume"})

@@ -1,4 +1,4 @@
-"""Which of a room line's audio chunks to send, read from its job's snapshots (``events.Snapshot``).
+"""Which of a room line's audio chunks to send, read from its job's snapshots (``JobHandle.snapshot``).
 
 The TTS family announces each chunk as a partial output of the attempt that made it, with its
 file (``chunks/chunk_NNNNN.wav``) in the job's folder. Partial outputs are per attempt: a new
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mediafarm.gateway.common.events import Snapshot
+from mediafarm.tasks.producer.handles import Snapshot
 from mediafarm.tasks.wire.plan import READY
 
 

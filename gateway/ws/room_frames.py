@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from mediafarm.tasks.families.tts.spec import TtsRequest
+from mediafarm.tasks.families.tts import TtsRequest
 
 # A room name is a part of its lines' job ids (``room_job_id``): a storage folder and a URL hold it.
 ROOM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"

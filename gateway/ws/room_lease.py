@@ -1,7 +1,7 @@
-"""Who holds a dialogue room, and what becomes of its lines when a connection leaves.
+"""What becomes of a dialogue room's lines when its connection leaves.
 
-A connection takes its room as it opens: a random id under ``keys.room_lease`` in the farm's Redis
-(so a client that connects again may reach another gateway process). Leaving:
+A connection takes its room as it opens (``tasks.producer.room_lease``: a lease in the farm's
+Redis, so a client that connects again may reach another gateway process). Leaving:
 
 - by the client's ``end`` frame: the unfinished lines are cancelled at once;
 - by a dropped connection (a phone changing networks): a grace period first (``room_linger``).
@@ -19,36 +19,23 @@ import anyio
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from mediafarm.tasks.app import app as celery_app
 from mediafarm.tasks.producer.handles import JobHandle
-from mediafarm.tasks.wire import keys
+from mediafarm.tasks.producer.room_lease import RoomLease
 from mediafarm.tasks.wire.plan import READY
 
-# A room's lease outlives any grace period; refreshed by every connection.
-LEASE_TTL_S = 24 * 3600
 # The grace periods of dropped connections still running (a reference, or asyncio may collect them).
 _LINGERING: set[asyncio.Task[None]] = set()
 
 
-class Lease:
-    """One connection's hold on one room. Attributes: key (``keys.room_lease``), connection (its id)."""
-
-    def __init__(self, owner: str, room: str, connection: str) -> None:
-        self.key, self.connection = keys.room_lease(owner, room), connection
-
-    def take(self) -> None:
-        """This connection holds the room now (blocking; RedisError if Redis cannot be reached)."""
-        celery_app.backend.client.set(self.key, self.connection, ex=LEASE_TTL_S)
+class Lease(RoomLease):
+    """One connection's hold on one room (:class:`RoomLease`), and its lines' fate when it leaves."""
 
     def leave(self, lines: Sequence[tuple[int, JobHandle]]) -> list[int]:
         """Cancel the unfinished of ``lines`` (seq, job) if this connection still holds the room (or
         no one does); the seqs cancelled. Blocking."""
-        client = celery_app.backend.client
         try:
-            holder = client.get(self.key)
-            if holder is not None and holder.decode() != self.connection:
+            if not self.give_up():
                 return []  # a newer connection took the room and its lines
-            client.delete(self.key)
         except (RedisError, OperationalError):  # unknown: the lines run to their end, nothing is lost
             return []
         return _cancel_unfinished(lines)

@@ -30,8 +30,6 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
-from mediafarm.gateway.common.events import Snapshot, read_snapshot
-from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.gateway.common.submit_errors import BROKER_AWAY, SUBMIT_ERRORS, refusal
 from mediafarm.gateway.common.ws_close import CLOSE_INVALID, CLOSE_NORMAL, CLOSE_SERVER_ERROR, close, error
 from mediafarm.gateway.settings import GatewayConfig
@@ -39,12 +37,11 @@ from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restar
 from mediafarm.gateway.ws.room_frames import ROOM_NAME, End, FrameError, Line, audio_frames, parse_frame, room_job_id
 from mediafarm.gateway.ws.room_lease import Lease
 from mediafarm.gateway.ws.socket_admission import PROTOCOL, admit
-from mediafarm.tasks.app import app as celery_app
-from mediafarm.tasks.families.tts.speakers import get_speaker
+from mediafarm.tasks.families.tts import get_speaker
 from mediafarm.tasks.producer.client import submit
-from mediafarm.tasks.producer.handles import JobHandle
-from mediafarm.tasks.wire import keys
-from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.producer.handles import JobHandle, Snapshot
+from mediafarm.tasks.producer.job_feed import JobWatch
+from mediafarm.tasks.wire.artifacts import UnsafeArtifactName
 from mediafarm.tasks.wire.errors import Overloaded, PermanentFailure
 
 router = APIRouter()
@@ -182,7 +179,7 @@ async def _accept(room: _Room, line: Line) -> None:
 
     def send() -> JobHandle:
         try:
-            get_speaker(line.speaker, celery_app.backend.client)
+            get_speaker(line.speaker)
         except PermanentFailure as exc:  # no such speaker
             raise _UnknownSpeaker(str(exc)) from None
         return submit("tts", queue=room.config.room_queue, job_id=job_id, tenant=room.owner, **line.fields)
@@ -233,14 +230,14 @@ async def _sender(room: _Room, leave: Callable[[], Any]) -> None:
 
 
 def _read_if_changed(job: JobHandle, watch: JobWatch) -> Snapshot | None:
-    """The job's snapshot if anything a room follows changed (``job_watch``), else None."""
-    return read_snapshot(job) if watch.changed() else None
+    """The job's snapshot if anything a room follows changed (``job_feed.JobWatch``), else None."""
+    return job.snapshot() if watch.changed() else None
 
 
 async def _stream_line(room: _Room, head: _Accepted) -> None:
     feed = LineFeed()
     frames = 0  # audio frames sent of the attempt being streamed
-    watch = JobWatch(head.job.id)
+    watch = JobWatch(head.job)
     while True:
         try:
             snapshot = await anyio.to_thread.run_sync(_read_if_changed, head.job, watch)
@@ -314,16 +311,8 @@ async def _send_line_end(room: _Room, head: _Accepted, step: Done) -> None:
 
 
 def _read_chunk(config: GatewayConfig, job: JobHandle, step: Chunk) -> bytes | None:
-    """A chunk's WAV file, or None if it cannot be known to be its attempt's.
-
-    A newer attempt clears the job's folder after its record is written (``tasks.runtime.base``), so the
-    file read is the chunk's own if no attempt was added by the time it was read.
-    """
+    """A chunk's WAV file, or None if it cannot be known to be its attempt's (``JobHandle.partial_file``)."""
     try:
-        path = ArtifactStore(config.storage_dir, job.id).path(str(step.partial.get("artifact", "")))
-        data = path.read_bytes()
+        return job.partial_file(step.partial, step.attempt + 1, config.storage_dir)
     except (OSError, UnsafeArtifactName):
         return None
-    if celery_app.backend.client.llen(keys.history(job.id)) != step.attempt + 1:
-        return None
-    return data

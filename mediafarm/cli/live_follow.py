@@ -19,9 +19,9 @@ from typing import Any
 
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.plan import READY
 
 PLAYLIST = "chunks/playlist.m3u8"
-ENDED = ("SUCCESS", "FAILURE", "REVOKED")
 
 
 def follow_live(job: Any, out: Path, *, timeout: float | None, poll: float = 0.25,
@@ -31,7 +31,7 @@ def follow_live(job: Any, out: Path, *, timeout: float | None, poll: float = 0.2
     store = ArtifactStore(get_settings().storage_dir, job.id)
     copied: set[str] = set()
     deadline = None if timeout is None else time.monotonic() + timeout
-    while job.state() not in ENDED:
+    while job.state() not in READY:
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job.id} still running after {timeout} s (it goes on)")
         fresh = [p["segment"] for p in job.partials() if isinstance(p, dict) and p.get("segment") not in copied]

@@ -48,11 +48,9 @@ def webhooks(
     if job_id is None:
         console.print("name a job, or --serve, or --new-secret (farm webhooks --help)")
         raise typer.Exit(2)
-    from mediafarm.tasks.app import app
-    from mediafarm.tasks.producer.webhooks import Outbox
+    from mediafarm.tasks.producer.client import handle
 
-    outbox = Outbox(app.backend.client)
-    tries, pending = outbox.tries(job_id), outbox.pending(job_id)
+    tries, pending = handle(job_id).webhook_deliveries()
     if not tries and not pending:
         console.print(f"{job_id}: no webhook delivery (none asked for, none due yet, or expired)")
         return

@@ -38,9 +38,16 @@ from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.languages import normalize_language
 from mediafarm.tasks.wire.plan import Part, Plan
 
-__all__ = ["JobHandle", "PipelineHandle", "handle", "known_families", "send_plan", "submit"]
+__all__ = ["JobHandle", "PipelineHandle", "farm_redis", "handle", "known_families", "send_plan", "submit"]
 
 log = logging.getLogger("mediafarm.client")
+
+
+def farm_redis() -> Any:
+    """The farm's Redis (the result backend's client), for what a producer keeps beside its jobs:
+    the gateway's room leases and pushed audio, the workers' capability records it lists, its
+    readiness check. A job's own keys are read through its handle (``handles.JobHandle``)."""
+    return app.backend.client
 
 
 def known_families() -> Mapping[str, FamilySpec]:

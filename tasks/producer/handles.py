@@ -2,7 +2,12 @@
 
 A handle is the producer's view of a job by id: its state, progress, partial outputs, attempts,
 artifacts and result, a wait with typed failures, a cancel. ``mediafarm.submit`` returns one;
-``mediafarm.handle(job_id)`` makes one for a job submitted elsewhere. No torch, no model imports.
+``mediafarm.handle(job_id)`` makes one for a job submitted elsewhere, and :func:`find_job` one for
+an id only if the farm knows it. It is the producer side's one reader of a job's keys: the
+gateway's followers (SSE, streamed speech, rooms, live subtitles) read a job through it, with
+:meth:`JobHandle.signature` to tell cheaply whether anything moved and :meth:`JobHandle.snapshot`
+to read it whole (``tasks.producer.job_feed`` turns snapshots into a follower's events). No torch,
+no model imports.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from pydantic import BaseModel
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
+from mediafarm.tasks.producer.webhooks import Outbox
 from mediafarm.tasks.wire import keys
-from mediafarm.tasks.wire.artifacts import ArtifactStore, missing_artifact, sha256_of
+from mediafarm.tasks.wire.artifacts import MAX_JOB_ID, ArtifactStore, missing_artifact, sha256_of
 from mediafarm.tasks.wire.errors import (
     Cancelled,
     JobCancelled,
@@ -54,6 +60,77 @@ _FAILURES: tuple[tuple[tuple[type[BaseException], ...], type[JobFailed]], ...] =
 def part_states(plan: Plan) -> list[str]:
     """The Celery state of each part of ``plan``, in plan order (one MGET)."""
     return [state_of(m) for m in metas(app.backend, [p.job_id for p in plan.parts])]
+
+
+def find_job(job_id: str) -> JobHandle | None:
+    """The job called ``job_id`` if the farm knows it: submitted with an id (every gateway job is),
+    started, or ended and not yet expired; a :class:`PipelineHandle` for a pipeline. None for an id
+    the farm never saw (Celery calls any such id PENDING forever). One Redis round trip."""
+    if not job_id or len(job_id) > MAX_JOB_ID:
+        return None
+    pipe = app.backend.client.pipeline(transaction=False)
+    pipe.get(keys.submitted(job_id))
+    pipe.exists(keys.pipeline_plan(job_id))
+    pipe.exists(keys.history(job_id), app.backend.get_key_for_task(job_id))
+    submitted, is_pipeline, known = pipe.execute()
+    if not (submitted or is_pipeline or known):
+        return None
+    family = json.loads(submitted).get("family", "") if submitted else ""
+    return (PipelineHandle if is_pipeline else JobHandle)(id=job_id, family=family)
+
+
+# A failure's kind as followers tell it (``{"kind", "reason"}``); tried in this order: a subclass
+# before JobFailed itself.
+_FAILURE_KINDS: tuple[tuple[type[JobFailed], str], ...] = (
+    (JobRejected, "rejected"),
+    (JobCancelled, "cancelled"),
+    (LadderExhausted, "ladder_exhausted"),
+    (JobFailed, "failed"),
+)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A job as read at one moment (:meth:`JobHandle.snapshot`): the one view every follower reads.
+
+    Attributes:
+        state: ``JobHandle.state()``, read first: once terminal, what is read after it is final.
+        attempts: The history, read with the partial outputs in one transaction (an attempt that
+            has ended had published all of them).
+        partials: The newest attempt's partial outputs.
+        progress: The running attempt's progress (JSON), or None.
+        stages: A pipeline's stages (``PipelineHandle.stages()``), None for a single job.
+        envelope: The result envelope once SUCCESS.
+        failure: ``{"kind", "reason"}`` once the job failed or was cancelled.
+    """
+
+    state: str
+    attempts: tuple[dict[str, Any], ...]
+    partials: tuple[Any, ...]
+    progress: dict[str, Any] | None = None
+    stages: dict[str, Any] | None = None
+    envelope: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+
+    @property
+    def owner(self) -> int:
+        """The attempt the partial outputs belong to: the newest one."""
+        return max(len(self.attempts) - 1, 0)
+
+    @property
+    def settled(self) -> bool:
+        """Has the job ended with its history complete? (A cancelled job can read REVOKED a
+        moment before its running attempt is recorded as cancelled.)"""
+        return self.state in READY and not (self.attempts and self.attempts[-1].get("outcome") is None)
+
+
+def describe_failure(failure: JobFailed | None) -> dict[str, Any] | None:
+    """A typed failure as followers tell it: ``{"kind": "rejected" | "cancelled" | "ladder_exhausted"
+    | "failed", "reason"}``; None for none."""
+    if failure is None:
+        return None
+    kind = next(name for cls, name in _FAILURE_KINDS if isinstance(failure, cls))
+    return {"kind": kind, "reason": failure.reason}
 
 
 @dataclass(frozen=True)
@@ -102,6 +179,78 @@ class JobHandle:
     def partials(self) -> list[Any]:
         """What the running (or finished) attempt of a streaming engine has yielded so far, in order."""
         return [json.loads(r) for r in app.backend.client.lrange(keys.partials(self.id), 0, -1)]
+
+    def attempt_count(self) -> int:
+        """How many attempts have started (a new one means the job moved on: a retry, a lower rung)."""
+        return int(app.backend.client.llen(keys.history(self.id)))
+
+    def snapshot(self, detail: bool = True) -> Snapshot:
+        """The job now (:class:`Snapshot`): the state first, then the attempts and the partial
+        outputs in one Redis transaction, so the partials are those of the newest attempt listed
+        (an attempt's record clears the ones before in the same step, ``tasks.wire.history``).
+        ``detail``: also the progress, a pipeline's stages, and the envelope or failure once it
+        ended; without it, a follower that needs only the chunks saves those reads."""
+        state = self.state()
+        pipe = app.backend.client.pipeline(transaction=True)
+        pipe.lrange(keys.history(self.id), 0, -1)
+        pipe.lrange(keys.partials(self.id), 0, -1)
+        history, partials = pipe.execute()
+        outputs = tuple(json.loads(p) for p in partials)
+        envelope = self.envelope() if state == "SUCCESS" else None
+        # A success's attempts are its envelope's (read_attempts): the history expires on its own.
+        stored = envelope.get("attempts") if envelope else None
+        attempts = tuple(stored) if isinstance(stored, list) else tuple(json.loads(a) for a in history)
+        if not detail:
+            return Snapshot(state, attempts, outputs)
+        progress = self.progress()
+        stages = None
+        if isinstance(self, PipelineHandle):
+            try:
+                stages = self.stages()
+            except RuntimeError:  # the plan expired with the job's result
+                stages = None
+        failure = describe_failure(self.failure()) if state in READY else None
+        return Snapshot(state, attempts, outputs, progress.to_json() if progress else None, stages, envelope, failure)
+
+    def signature(self) -> tuple[int, int, int]:
+        """What changes whenever the job moves, in one round trip: how many partial outputs and
+        attempts it has, and the size of its stored state. Equal signatures mean nothing was
+        appended and the state is the same; an attempt's outcome and the progress are written in
+        place, so a follower reads the job in full now and then anyway (``job_feed.JobWatch``)."""
+        pipe = app.backend.client.pipeline(transaction=False)
+        pipe.llen(keys.partials(self.id))
+        pipe.llen(keys.history(self.id))
+        pipe.strlen(app.backend.get_key_for_task(self.id))
+        partials, attempts, stored = pipe.execute()
+        return int(partials), int(attempts), int(stored)
+
+    def partial_file(self, partial: dict[str, Any], attempts: int, storage_dir: Path | None = None) -> bytes | None:
+        """The bytes of the file a partial output announces (its ``artifact``), if they are still the
+        announcing attempt's: None once the job has more than ``attempts`` attempts.
+
+        A newer attempt clears the job's folder only after its record is written
+        (``tasks.runtime.base``), so a file read while the job still has the attempts the partial
+        output was seen with is that attempt's own; the count is read after the file, for that.
+        FileNotFoundError (or another OSError) if the file is not there while no newer attempt
+        began: ``storage_dir`` (default ``FARM_STORAGE_DIR``) is not the workers' shared folder.
+        UnsafeArtifactName for a name that leaves the job's folder.
+        """
+        path = ArtifactStore(storage_dir or get_settings().storage_dir, self.id).path(str(partial.get("artifact", "")))
+        try:
+            data: bytes | None = path.read_bytes()
+            unread: OSError | None = None
+        except OSError as exc:
+            data, unread = None, exc
+        if self.attempt_count() != attempts:
+            return None
+        if unread is not None:
+            raise unread
+        return data
+
+    def webhook_deliveries(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The job's webhook deliveries: every try made (status, latency) and the events still due."""
+        outbox = Outbox(app.backend.client)
+        return outbox.tries(self.id), outbox.pending(self.id)
 
     def artifacts(self) -> list[ArtifactInfo]:
         """The files the job made (empty until it succeeds)."""

@@ -74,9 +74,11 @@ class PoolScaling(Collector):
         yield wanted
 
 
-def for_this_farm(app: Any) -> PoolScaling:
+def for_this_farm() -> PoolScaling:
     """The collector on this farm's Redis (``FARM_RESULT_BACKEND`` for the records, the broker for
     the depths: its lists on Redis, a passive declare per queue on RabbitMQ)."""
+    from mediafarm.tasks.app import app  # the farm's own, for RabbitMQ's passive declares
+
     settings = get_settings()
     backend = redis.Redis.from_url(settings.backend_url, socket_timeout=1, socket_connect_timeout=1)
     if settings.broker_is_rabbitmq:

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mediafarm.gateway.common.events import Cursor, Follower, Snapshot, advance
+from mediafarm.tasks.producer.handles import Snapshot
+from mediafarm.tasks.producer.job_feed import Cursor, Follower, advance
 from tests.support.sse import SseEvent, SseStream, read_events
 
 

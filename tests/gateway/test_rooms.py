@@ -27,12 +27,11 @@ import soundfile as sf
 
 from mediafarm import register_speaker, remove_speaker
 from mediafarm.config.settings import get_settings
-from mediafarm.gateway.common.events import Snapshot
 from mediafarm.gateway.security import owner_of
 from mediafarm.gateway.ws.room_feed import Chunk, Done, Failed, LineFeed, Restart
 from mediafarm.gateway.ws.room_frames import FrameError, parse_frame, room_job_id
 from mediafarm.tasks.app import app
-from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.producer.handles import JobHandle, Snapshot
 from mediafarm.tasks.wire import keys
 from tests.conftest import REPO
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway

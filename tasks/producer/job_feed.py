@@ -1,40 +1,35 @@
-"""A job's events for Server-Sent Events: what changed since a cursor, with ids that resume exactly.
+"""Following a job: has it changed (:class:`JobWatch`), and what a follower has not been told yet
+(:class:`Follower`): its events since a cursor, with ids that resume exactly.
 
-What a client gets, in order: the job's state as it changes, each attempt as it starts and as it
-ends (a downgrade is an attempt ending ``oom``/``killed``/... and the next one starting on the rung
-below), each partial output of the running attempt (``JobHandle.partials()``, in list order, each
-exactly once), progress as it changes (and a pipeline's stages), and one ``end`` event with the
-envelope or the failure.
+The gateway's Server-Sent Events send these events as they are; any producer may follow a job the
+same way. What a follower gets, in order: the job's state as it changes, each attempt as it starts
+and as it ends (a downgrade is an attempt ending ``oom``/``killed``/... and the next one starting
+on the rung below), each partial output of the running attempt (in list order, each exactly once),
+progress as it changes (and a pipeline's stages), and one ``end`` event with the envelope or the
+failure. Every event comes from snapshots (``JobHandle.snapshot``), the one reader of a job.
 
 The id of an event is the cursor after it (:class:`Cursor`): how many attempts have been told
 as ended, whether the next one was told as running, and how many partial outputs of which attempt
 were sent. A client that reconnects with ``Last-Event-ID`` gets exactly what comes after it: no
 event twice, none left out. State and progress carry no id: they are coalesced, and a resumed
 stream starts with the latest of each. A new attempt starts with no partial outputs (the farm
-clears them as its record is written, ``tasks.wire.history``); those of an attempt that was cut short
-are gone with it, which the ``attempt`` event announcing its end tells.
+clears them as its record is written, ``tasks.wire.history``); those of an attempt that was cut
+short are gone with it, which the ``attempt`` event announcing its end tells.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle
-from mediafarm.tasks.wire.errors import JobCancelled, JobFailed, JobRejected, LadderExhausted
+from mediafarm.tasks.producer.handles import JobHandle, Snapshot
 from mediafarm.tasks.wire.plan import READY
 
 END_ID = "end"
 _CURSOR = re.compile(r"^(\d{1,6})\.([01])\.(\d{1,6})\.(\d{1,9})$")
-# Tried in this order: a subclass before JobFailed itself.
-_FAILURE_KINDS: tuple[tuple[type[JobFailed], str], ...] = (
-    (JobRejected, "rejected"),
-    (JobCancelled, "cancelled"),
-    (LadderExhausted, "ladder_exhausted"),
-    (JobFailed, "failed"),
-)
 
 
 @dataclass(frozen=True)
@@ -68,73 +63,6 @@ class Event:
     kind: str
     data: Any
     id: str | None = None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A job as read at one moment.
-
-    Attributes:
-        state: ``JobHandle.state()``, read first: once terminal, what is read after it is final.
-        attempts: The history, read before the partial outputs (so an attempt that has ended had
-            published all of them).
-        partials: The newest attempt's partial outputs.
-        progress: The running attempt's progress (JSON), or None.
-        stages: A pipeline's stages (``PipelineHandle.stages()``), None for a single job.
-        envelope: The result envelope once SUCCESS.
-        failure: ``{"kind", "reason"}`` once the job failed or was cancelled.
-    """
-
-    state: str
-    attempts: tuple[dict[str, Any], ...]
-    partials: tuple[Any, ...]
-    progress: dict[str, Any] | None = None
-    stages: dict[str, Any] | None = None
-    envelope: dict[str, Any] | None = None
-    failure: dict[str, Any] | None = None
-
-    @property
-    def owner(self) -> int:
-        """The attempt the partial outputs belong to: the newest one."""
-        return max(len(self.attempts) - 1, 0)
-
-    @property
-    def settled(self) -> bool:
-        """Has the job ended with its history complete? (A cancelled job can read REVOKED a
-        moment before its running attempt is recorded as cancelled.)"""
-        return self.state in READY and not (self.attempts and self.attempts[-1].get("outcome") is None)
-
-
-def describe_failure(failure: JobFailed | None) -> dict[str, Any] | None:
-    if failure is None:
-        return None
-    kind = next(name for cls, name in _FAILURE_KINDS if isinstance(failure, cls))
-    return {"kind": kind, "reason": failure.reason}
-
-
-def read_snapshot(job: JobHandle) -> Snapshot:
-    """The job now, through the producer API (blocking: call it in a worker thread)."""
-    state = job.state()
-    # The partial outputs are the newest attempt's only if no attempt was added while they were
-    # read: an attempt's record clears them in the same Redis step (tasks.wire.history).
-    for _ in range(20):
-        attempts = job.attempts()
-        partials = job.partials()
-        if len(job.attempts()) == len(attempts):
-            break
-    progress = job.progress()
-    stages = None
-    if isinstance(job, PipelineHandle):
-        try:
-            stages = job.stages()
-        except RuntimeError:  # the plan expired with the job's result
-            stages = None
-    envelope = failure = None
-    if state in READY:
-        envelope = job.envelope()
-        failure = describe_failure(job.failure())
-    return Snapshot(state, tuple(attempts), tuple(partials), progress.to_json() if progress else None, stages,
-                    envelope, failure)  # fmt: skip
 
 
 def advance(cursor: Cursor, snapshot: Snapshot) -> tuple[list[Event], Cursor]:
@@ -213,3 +141,35 @@ class Follower:
             return []
         self._seen[kind] = value
         return [Event(kind, value)]
+
+
+# A followed job is read in full at least this often, changed or not.
+FULL_READ_S = 1.0
+
+
+class JobWatch:
+    """One follower's look at one job: :meth:`changed` says whether a full read is due (blocking:
+    call it from a worker thread).
+
+    A job's full read is several round trips and grows with its partial outputs; its signature
+    (``JobHandle.signature``) is one: the lengths of the partial outputs and of the attempt history
+    (a chunk; a new attempt) and of Celery's result (the state). It is read before the full read
+    that follows, so nothing changed after that read goes unseen. Some things are written in place
+    (an attempt's outcome, progress): a full read is therefore due at least every ``full_read_s``.
+    """
+
+    def __init__(self, job: JobHandle, full_read_s: float = FULL_READ_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.job, self.full_read_s, self.clock = job, full_read_s, clock
+        self._signature: tuple[Any, ...] | None = None
+        self._read_at = 0.0
+
+    def changed(self) -> bool:
+        """True if the job changed since the last True (or a full read is due); the caller then
+        reads the job in full."""
+        signature = self.job.signature()
+        now = self.clock()
+        if signature == self._signature and now - self._read_at < self.full_read_s:
+            return False
+        self._signature, self._read_at = signature, now
+        return True

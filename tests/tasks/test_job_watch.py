@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import uuid
 
-from mediafarm.gateway.common.job_watch import JobWatch
 from mediafarm.tasks.app import app as celery_app
+from mediafarm.tasks.producer.handles import JobHandle
+from mediafarm.tasks.producer.job_feed import JobWatch
 from mediafarm.tasks.wire import keys
 
 
@@ -23,7 +24,7 @@ def test_a_look_is_due_when_a_length_changes_or_a_full_read_is_owed() -> None:
     job_id = f"watch-{uuid.uuid4()}"
     client = celery_app.backend.client
     clock = Clock()
-    watch = JobWatch(job_id, full_read_s=1.0, clock=clock)
+    watch = JobWatch(JobHandle(job_id, "tts"), full_read_s=1.0, clock=clock)
     try:
         assert watch.changed()  # the first look always reads the job
         assert not watch.changed()
