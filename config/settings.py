@@ -40,6 +40,13 @@ class FarmSettings(BaseSettings):
         result_backend: Where results and attempt histories live: always a Redis. Defaults to
             the broker, so a RabbitMQ farm must set it.
         media_roots: Inputs must resolve (symlinks followed) inside one of these folders.
+        media_urls: Where a job's media may be fetched from when its request names an http(s) URL
+            instead of a path, comma-separated: host names, IP addresses or networks (CIDR), or
+            ``*`` for any host with public addresses. An address that is not public (loopback,
+            link-local, private ...) is reached only when its network is listed, whatever names
+            the host (``loopback`` lists 127.0.0.0/8 and ::1). Empty (the default): media is read from the media roots only.
+        media_url_max_mb: The largest media a worker fetches by URL; a larger one rejects the job.
+        media_url_timeout: Seconds a worker waits on a media URL's host for each connect and read.
         storage_dir: Artifacts of a job go under ``<storage_dir>/<job id>/``. Default: the user's
             data folder, ``$XDG_DATA_HOME/mediafarm/storage`` (``~/.local/share/mediafarm/storage``
             when XDG_DATA_HOME is unset), so every process of a farm run by one user (``farm up``,
@@ -153,6 +160,9 @@ class FarmSettings(BaseSettings):
     broker_url: str = ""
     result_backend: str = ""
     media_roots: Annotated[list[Path], NoDecode] = Field(default_factory=lambda: [Path.cwd()])
+    media_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    media_url_max_mb: int = Field(4096, ge=1)
+    media_url_timeout: float = Field(30.0, gt=0)
     storage_dir: Path = Field(default_factory=default_storage_dir)
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
@@ -236,7 +246,7 @@ class FarmSettings(BaseSettings):
         return value
 
     @field_validator("api_tokens", "cors_origins", "webhook_allow", "webhook_retry_schedule", "wake_pools",
-                     mode="before")
+                     "media_urls", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         # Comma-separated: tokens, origins and delays hold no commas, while origins hold colons.

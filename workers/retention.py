@@ -5,7 +5,8 @@ marker file) is removed when the result backend holds neither the job's result n
 history (both expire after ``result_expires``, 7 days by default), and nothing in the folder
 changed for ``grace`` seconds (a job that is about to start, or whose result write is in flight,
 keeps its folder). A job that has ended (its stored state is final) loses its checkpoint
-(``tasks.wire.checkpoint``), should its worker have died before removing it. Hidden partial files
+(``tasks.wire.checkpoint``) and the media it fetched by URL (``.inputs``), should its worker have
+died before removing them. Hidden partial files
 left by killed writers are removed from any job folder once they are older than ``grace``. Nothing
 else in the storage folder is touched, and ``farm gc`` refuses to run against a backend that holds
 no farm keys at all (a wrong database number would otherwise make every job look expired).
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mediafarm.tasks.wire import keys
-from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, MARKER, PARTIAL_MARK, job_id_of
+from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, INPUTS_FOLDER, MARKER, PARTIAL_MARK, job_id_of
 from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, upload_folders
 
 
@@ -73,6 +74,11 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
         if checkpoint.is_dir() and _ended(backend, job_id):
             # The worker removes it as the job ends; one that died in between left it.
             yield Removal(checkpoint, "checkpoint of a job that has ended", _size(checkpoint))
+        inputs = folder / INPUTS_FOLDER
+        if inputs.is_dir() and _ended(backend, job_id):
+            # Media fetched by URL (tasks.runtime.media_fetch): the attempt removes it as it
+            # ends; a child killed on the job's last attempt left it.
+            yield Removal(inputs, "media fetched for a job that has ended", _size(inputs))
         for partial in folder.rglob(f".*{PARTIAL_MARK}*"):
             if partial.is_relative_to(checkpoint) and checkpoint.is_dir() and _ended(backend, job_id):
                 continue  # goes with its checkpoint above

@@ -11,7 +11,7 @@ dispatcher tries the same event again, with the same ``webhook-id``. ``farm webh
 runs one on a host with no worker.
 
 Each try: the URL's host is resolved and every address checked against the private-address rule
-(``tasks.producer.webhooks.refused_address``), the connection made to the checked address (no second
+(``tasks.wire.outbound.refused_address``), the connection made to the checked address (no second
 lookup a DNS rebinding could answer otherwise), the body posted with the Standard Webhooks
 headers; a 2xx within ``TIMEOUT_S`` is delivered, a 410 drops the job's pending events, anything
 else is tried again after the next delay of ``FARM_WEBHOOK_RETRY_SCHEDULE``. Redirects are not
@@ -23,8 +23,6 @@ from __future__ import annotations
 import http.client
 import logging
 import signal
-import socket
-import ssl
 import sys
 import threading
 import time
@@ -36,7 +34,8 @@ from urllib.parse import urlsplit
 from standardwebhooks import Webhook
 
 from mediafarm.config.settings import FarmSettings, get_settings
-from mediafarm.tasks.producer.webhooks import Outbox, refused_address
+from mediafarm.tasks.producer.webhooks import Outbox
+from mediafarm.tasks.wire.outbound import Refused, pinned_connection, request_target
 
 log = logging.getLogger("mediafarm.webhooks")
 
@@ -55,43 +54,12 @@ def signature(secrets: Sequence[str], msg_id: str, timestamp: int, body: str) ->
     return " ".join(Webhook(secret).sign(msg_id, when, body) for secret in secrets)
 
 
-class Refused(Exception):
-    """The URL's host resolves to an address the farm does not post to."""
-
-
-class _PinnedConnection(http.client.HTTPConnection):
-    """A connection to one address already checked, with the URL's host as ``Host``."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.address = address
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self.address, self.port), self.timeout)
-
-
-class _PinnedTLSConnection(_PinnedConnection):
-    def connect(self) -> None:
-        super().connect()
-        self.sock = ssl.create_default_context().wrap_socket(self.sock, server_hostname=self.host)
-
-
 def post(url: str, body: bytes, headers: dict[str, str], allow: Sequence[str], timeout: float = TIMEOUT_S) -> int:
     """POST ``body`` to ``url``; the HTTP status. Raises Refused, OSError, http.client errors."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
-    for address in addresses:
-        why = refused_address(host, str(address), allow)
-        if why:
-            raise Refused(why)
-    kind = _PinnedTLSConnection if parts.scheme == "https" else _PinnedConnection
-    connection = kind(host, port, str(addresses[0]), timeout)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection = pinned_connection(parts, allow, timeout)
     try:
-        connection.request("POST", path, body=body, headers=headers)
+        connection.request("POST", request_target(parts), body=body, headers=headers)
         response = connection.getresponse()
         response.read(64 * 1024)
         return response.status

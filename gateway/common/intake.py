@@ -6,7 +6,8 @@ things differ from a Python producer's ``submit``:
 - A string is refused where the schema takes only a list or an object. Some such fields also
   take a file path in Python (the dialogue's ``script``); read by the gateway, that would be a
   remote client reading the gateway's own files.
-- A media field may name an upload, ``upload:<id>``, which becomes the upload's path on the farm.
+- A media field may name an upload, ``upload:<id>``, which becomes the upload's path on the farm,
+  or an http(s) URL, which the worker fetches from a host ``FARM_MEDIA_URLS`` lists.
 - Media paths are checked against the input roots here, as the worker would, so a path outside
   them is a 422 now rather than a rejected job later.
 """
@@ -23,6 +24,7 @@ from pydantic import BaseModel
 from mediafarm.tasks.wire.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.media_paths import resolve_media
+from mediafarm.tasks.wire.media_urls import is_media_url
 from mediafarm.tasks.wire.upload_store import UnknownUpload, Upload, UploadStore
 
 UPLOAD_PREFIX = "upload:"
@@ -94,6 +96,8 @@ def prepare(spec: FamilySpec, body: Any, owner: str, store: UploadStore, roots: 
         value = fields.get(field)
         if not isinstance(value, str):
             continue
+        if is_media_url(value):
+            continue  # its shape was checked above; the worker checks its host and fetches it
         named_upload = value.startswith(UPLOAD_PREFIX)
         if named_upload:
             try:

@@ -17,6 +17,7 @@ from mediafarm.cli.console import console, fail, need_broker
 from mediafarm.cli.job_view import follow, print_artifacts, print_attempts, print_envelope, progress_snapshot
 from mediafarm.tasks import registry
 from mediafarm.tasks.wire.errors import JobFailed, Overloaded
+from mediafarm.tasks.wire.media_urls import is_media_url
 
 # `farm submit`'s exit status when admission control refused the job (EX_TEMPFAIL of sysexits.h:
 # try again later); 1 is a job that failed, 2 a mistake in the command.
@@ -105,8 +106,8 @@ def submit(
         if argument is not None:
             if spec.cli_argument is None:
                 fail(f"the {family} family takes no positional argument; use --param")
-            # A relative path means the caller's working directory, not the worker's.
-            path = spec.cli_argument_is_path
+            # A relative path means the caller's working directory, not the worker's (a URL is a URL).
+            path = spec.cli_argument_is_path and not is_media_url(argument)
             fields[spec.cli_argument] = str(Path(argument).absolute()) if path else argument
         job = submit_job(family, queue=queue, priority=priority, webhook=webhook, webhook_events=webhook_events,
                          **fields)  # fmt: skip

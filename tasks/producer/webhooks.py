@@ -20,7 +20,6 @@ host resolves to before each try).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from urllib.parse import quote, urlsplit
 
 from mediafarm.tasks.wire import keys
 from mediafarm.tasks.wire.errors import InvalidRequest
+from mediafarm.tasks.wire.outbound import refused_host
 
 log = logging.getLogger("mediafarm.webhooks")
 
@@ -99,42 +99,6 @@ def checked(url: str | None, events: Iterable[str] | str | None, allow: Sequence
         if not chosen:
             raise InvalidRequest(f"webhook_events: name at least one of {', '.join(EVENTS)}")
     return Webhook(url, chosen)
-
-
-def refused_host(host: str, allow: Sequence[str]) -> str:
-    """Why a URL naming ``host`` may not be posted to ('' if it may, as far as its name tells):
-    ``localhost`` and loopback, link-local, private or otherwise non-public address literals, unless
-    ``allow`` lists the host or a network holding the address. The farm posts from inside its own
-    network: without this rule a producer could make it call the farm's own services."""
-    name = host.strip("[]").lower()
-    if name in {a.lower() for a in allow}:
-        return ""
-    if name == "localhost" or name.endswith(".localhost"):
-        return refused_address(name, "127.0.0.1", allow)
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return ""  # a name: what it resolves to is checked as it is posted to
-    return refused_address(name, name, allow)
-
-
-def refused_address(host: str, address: str, allow: Sequence[str]) -> str:
-    """Why ``address`` (which ``host`` resolved to) may not be posted to ('' if it may)."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if host.lower() in {a.lower() for a in allow}:
-        return ""
-    for entry in allow:
-        try:
-            if ip in ipaddress.ip_network(entry, strict=False):
-                return ""
-        except ValueError:
-            continue  # a host name of the list
-    for kind in ("loopback", "link_local", "unspecified", "multicast", "reserved", "private"):
-        if getattr(ip, f"is_{kind}"):
-            what = kind.replace("_", "-")
-            return (f"{host} is a {what} address ({ip}); the farm posts only to public addresses "
-                    "unless FARM_WEBHOOK_ALLOW lists the host or its network")  # fmt: skip
-    return ""
 
 
 def job_links(base: str, job_id: str, artifacts: Iterable[str] = ()) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from mediafarm.tasks.runtime import liveness, reroute, soft_time_limit
 from mediafarm.tasks.runtime.breaker import pool_breakers
 from mediafarm.tasks.runtime.context import EngineContext, JobChannel
 from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, run_ladder
+from mediafarm.tasks.runtime.media_fetch import MediaFetcher
 from mediafarm.tasks.runtime.rung_guard import RungGuard
 from mediafarm.tasks.runtime.rung_policies import Availability, Breaker, Language, RungPolicy
 from mediafarm.tasks.wire import capability, keys
@@ -448,25 +449,38 @@ def _stale_after(settings: Any) -> float:
 def run_engine(
     spec: FamilySpec, rung: Rung, ctx: EngineContext, fields: Mapping[str, Any], media_roots: list[Any]
 ) -> dict[str, Any]:
-    """One rung: validate the request in the worker (media resolved), look at its input
-    (``FamilySpec.probe``) before the engine's module and model load, call the engine, drain it
-    if it is a generator, check and dump its result. Raises what the engine raises."""
-    request = spec.parse_request(fields, media_roots)
-    if spec.probe is not None:
-        spec.probe(request)
+    """One rung: validate the request in the worker (media resolved, media named by URL fetched),
+    look at its input (``FamilySpec.probe``) before the engine's module and model load, call the
+    engine, drain it if it is a generator, check and dump its result. Raises what the engine raises."""
+    settings = ctx.settings
+    fetcher = MediaFetcher(ctx.artifacts, settings.media_urls, settings.media_url_max_mb << 20,
+                           settings.media_url_timeout, on_chunk=lambda done, total: _fetching(ctx, done, total))
+    try:
+        request = spec.parse_request(fields, media_roots, fetcher)
+        if spec.probe is not None:
+            spec.probe(request)
+            liveness.beat()
+        engine = spec.engines[rung.engine]
+        params = engine.parse_params(rung)
+        function = engine.function()  # imports the engine's module: a model runtime's import is long
         liveness.beat()
-    engine = spec.engines[rung.engine]
-    params = engine.parse_params(rung)
-    function = engine.function()  # imports the engine's module: a model runtime's import is long
-    liveness.beat()
-    result = function(ctx, request, params)
-    if inspect.isgenerator(result):
-        result = drain(result, ctx)
+        result = function(ctx, request, params)
+        if inspect.isgenerator(result):
+            result = drain(result, ctx)
+    finally:
+        fetcher.remove()  # the engine is done with the fetched media, whatever it did
     if isinstance(result, spec.result):
         return result.model_dump(mode="json")
     if isinstance(result, BaseModel) or not isinstance(result, Mapping):
         raise EngineError(f"engine {rung.engine!r} returned {type(result).__name__}, not {spec.result.__name__}")
     return spec.result.model_validate(dict(result)).model_dump(mode="json")
+
+
+def _fetching(ctx: EngineContext, done: int, total: int | None) -> None:
+    """A media URL's download as the attempt's progress; a cancel stops it (Cancelled)."""
+    ctx.check_cancelled()
+    ctx.progress(None, stage=f"fetching media: {done / (1 << 20):.0f}"
+                 + (f" of {total / (1 << 20):.0f} MB" if total else " MB"))  # fmt: skip
 
 
 def drain(stream: Generator[Any, None, Any], ctx: EngineContext) -> Any:

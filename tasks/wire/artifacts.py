@@ -32,6 +32,8 @@ from mediafarm.tasks.wire.records import ArtifactInfo
 PARTIAL_MARK = ".partial-"
 # A job's checkpoint (``tasks.wire.checkpoint``): hidden, so no artifact, and kept between attempts.
 CHECKPOINT_FOLDER = ".checkpoint"
+# Media a job names by URL, fetched by the attempt (``tasks.runtime.media_fetch``): hidden, no artifact.
+INPUTS_FOLDER = ".inputs"
 # Present in every job folder the farm made: `farm gc` never touches a folder without it.
 MARKER = ".mediafarm-job"
 # A folder name stays under common file-system limits (255 bytes) after encoding.

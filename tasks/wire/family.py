@@ -31,8 +31,9 @@ from mediafarm.config.file import ConfigFileError
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.limits import TimeLimits
 from mediafarm.tasks.wire.checkpoint import Resume
-from mediafarm.tasks.wire.errors import InvalidRequest
+from mediafarm.tasks.wire.errors import InvalidRequest, PermanentFailure
 from mediafarm.tasks.wire.media_paths import resolve_media
+from mediafarm.tasks.wire.media_urls import is_media_url, url_parts
 from mediafarm.tasks.wire.result_metrics import ResultMetric
 
 TASK_NAME = re.compile(r"^farm\.[a-z0-9_-]+\.[a-z0-9_]+$")
@@ -45,20 +46,35 @@ def _media_shape(value: Any) -> Any:
         raise ValueError(f"must be a non-empty path string, got {value!r}")
     if "\x00" in value:
         raise ValueError("contains a NUL byte")
+    if is_media_url(value):
+        url_parts(value)  # UrlNotAllowed (a ValueError) for a URL the farm never fetches
+    # A string either way (the union's str in Python and JSON modes alike); a path becomes a Path
+    # after, a URL stays the string it is (a Path would fold its "//").
     return value
 
 
-def _media_resolved(value: Path, info: ValidationInfo) -> Path:
-    roots = (info.context or {}).get("media_roots")
-    # In the worker (media roots given): the real path inside the roots, or the media failure
-    # itself (MediaNotFound ...: not a ValueError, so pydantic lets it through). In a producer:
-    # checked for shape only, since the producer may not see the farm's file system.
-    return value if roots is None else resolve_media(str(value), roots)
+def _media_resolved(value: Path | str, info: ValidationInfo) -> Path | str:
+    context = info.context or {}
+    roots = context.get("media_roots")
+    url = isinstance(value, str) and is_media_url(value)
+    # In a producer: checked for shape only, since the producer may not see the farm's file system
+    # nor know the workers' FARM_MEDIA_URLS. In the worker (media roots given): the real path inside
+    # the roots, or the local copy of a URL's media, or the failure itself (MediaNotFound, a URL
+    # not allowed ...: not a ValueError, so pydantic lets it through).
+    if roots is None:
+        return value if url else Path(value)
+    if url:
+        fetch = context.get("fetch_media")
+        if fetch is None:
+            raise PermanentFailure(f"media URL {value!r}: this process fetches no media (only a worker does)")
+        return fetch(str(value))
+    return resolve_media(str(value), roots)
 
 
-# A request field that names an input file: a string on the wire, a resolved, checked Path in
-# the engine (symlinks followed, inside FARM_MEDIA_ROOTS, a non-empty regular file).
-MediaPath = Annotated[Path, BeforeValidator(_media_shape), AfterValidator(_media_resolved)]
+# A request field that names an input: a path (or an http(s) URL) on the wire, a resolved, checked
+# Path in the engine (symlinks followed, inside FARM_MEDIA_ROOTS, a non-empty regular file; a URL's
+# media fetched by the worker first, from a host FARM_MEDIA_URLS lists: tasks.runtime.media_fetch).
+MediaPath = Annotated[Path | str, BeforeValidator(_media_shape), AfterValidator(_media_resolved)]
 
 
 def _comma_separated(value: Any) -> Any:
@@ -320,7 +336,7 @@ class FamilySpec:
         inside the media roots."""
         return tuple(
             name for name, info in self.request.model_fields.items()
-            if info.annotation is Path and any(getattr(m, "func", None) is _media_resolved for m in info.metadata)
+            if any(getattr(m, "func", None) is _media_resolved for m in info.metadata)
         )  # fmt: skip
 
     def rung_problems(self, ladder: Ladder) -> list[str]:
@@ -340,13 +356,15 @@ class FamilySpec:
                 problems.append(str(exc))
         return problems
 
-    def parse_request(self, fields: Mapping[str, Any], media_roots: list[Path] | None = None) -> Request:
+    def parse_request(self, fields: Mapping[str, Any], media_roots: list[Path] | None = None,
+                      fetch_media: Callable[[str], Path] | None = None) -> Request:  # fmt: skip
         """The job's fields as the request model, or InvalidRequest naming each problem.
 
         With ``media_roots`` (in the worker) media paths are resolved and checked too, raising
-        the media failures (``MediaNotFound`` ...) themselves.
+        the media failures (``MediaNotFound`` ...) themselves, and media named by URL is fetched
+        with ``fetch_media`` (URL -> local copy).
         """
-        context = None if media_roots is None else {"media_roots": media_roots}
+        context = None if media_roots is None else {"media_roots": media_roots, "fetch_media": fetch_media}
         try:
             return self.request.model_validate(dict(fields), context=context)
         except ValidationError as exc:

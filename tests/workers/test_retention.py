@@ -206,3 +206,20 @@ def test_the_checkpoint_of_an_ended_job_goes_and_a_running_jobs_stays(
     assert [(r.path, r.reason) for r in removals] == [(ended / ".checkpoint", "checkpoint of a job that has ended")]
     remove(removals[0])
     assert not (ended / ".checkpoint").exists() and (ended / "out.wav").is_file()
+
+
+def test_media_fetched_for_an_ended_job_goes_and_a_running_jobs_stays(
+    storage: Path, backend: Any, new_job: Any
+) -> None:
+    # A child killed on the job's last attempt leaves what it fetched (tasks.runtime.media_fetch).
+    ended, running = new_job("out.wav"), new_job("out.wav")
+    for folder in (ended, running):
+        (folder / ".inputs").mkdir()
+        (folder / ".inputs" / "0123abcd.mp4").write_bytes(b"\0" * 100)
+        _age(folder, 2 * GRACE)
+    backend.store_result(ended.name, ValueError("bad media"), "FAILURE")
+    backend.store_result(running.name, None, "RETRY")
+    removals = list(expired(storage, backend, grace=GRACE))
+    assert [(r.path, r.reason) for r in removals] == [(ended / ".inputs", "media fetched for a job that has ended")]
+    remove(removals[0])
+    assert not (ended / ".inputs").exists() and (ended / "out.wav").is_file() and (running / ".inputs").is_dir()
