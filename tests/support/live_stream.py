@@ -18,10 +18,11 @@ import functools
 import http.server
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.http_server import serving
 
 
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
@@ -82,15 +83,8 @@ def wait_listening(port: int, timeout: float = 30.0) -> None:
 @contextlib.contextmanager
 def http_folder(folder: Path) -> Iterator[str]:
     """``folder`` served by a local http.server on a free loopback port; yields its base URL."""
-    handler = functools.partial(_Quiet, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(functools.partial(_Quiet, directory=str(folder))) as url:
+        yield url
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

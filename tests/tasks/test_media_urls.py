@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.errors import Cancelled, InvalidRequest, PermanentFailure, TransientFailure
 from mediafarm.tasks.wire.media_urls import UrlNotAllowed, check_listed
 from mediafarm.tasks.wire.outbound import refused_address
+from tests.support.http_server import serving
 
 BODY = bytes(range(256)) * 4096  # 1 MiB of every byte value
 
@@ -63,21 +62,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@contextlib.contextmanager
-def serving() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    with serving() as url:
+    with serving(_Handler) as url:
         yield url
 
 
