@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,12 +151,16 @@ class JobHandle:
         attempt is running is STARTED.
         """
         result = self._result
-        state = result.state
-        if state == "PENDING" and any(a.get("outcome") is None for a in read_attempts(app.backend.client, self.id)):
+        stored = result.state
+        return self._state_of(result, stored, read_attempts(app.backend.client, self.id) if stored == "PENDING" else ())
+
+    def _state_of(self, result: AsyncResult, stored: str, attempts: Iterable[dict[str, Any]]) -> str:
+        """The job's state from Celery's ``stored`` one (of ``result``) and its ``attempts``."""
+        if stored == "PENDING" and any(a.get("outcome") is None for a in attempts):
             return "STARTED"
-        if state == "FAILURE" and isinstance(result.result, ChordError):
+        if stored == "FAILURE" and isinstance(result.result, ChordError):
             return self._fan_in_state()
-        return state
+        return stored
 
     def _fan_in_state(self) -> str:
         """A pipeline's fan-in job that never ran (Celery stores its ChordError as a FAILURE): REVOKED
@@ -190,16 +194,19 @@ class JobHandle:
         (an attempt's record clears the ones before in the same step, ``tasks.wire.history``).
         ``detail``: also the progress, a pipeline's stages, and the envelope or failure once it
         ended; without it, a follower that needs only the chunks saves those reads."""
-        state = self.state()
+        result = self._result
+        stored = result.state  # read first; the history read after it tells a running job (state())
         pipe = app.backend.client.pipeline(transaction=True)
         pipe.lrange(keys.history(self.id), 0, -1)
         pipe.lrange(keys.partials(self.id), 0, -1)
         history, partials = pipe.execute()
+        logged = [json.loads(a) for a in history]
+        state = self._state_of(result, stored, logged)
         outputs = tuple(json.loads(p) for p in partials)
-        envelope = self.envelope() if state == "SUCCESS" else None
+        envelope = self._envelope(result) if state == "SUCCESS" else None
         # A success's attempts are its envelope's (read_attempts): the history expires on its own.
-        stored = envelope.get("attempts") if envelope else None
-        attempts = tuple(stored) if isinstance(stored, list) else tuple(json.loads(a) for a in history)
+        kept = envelope.get("attempts") if envelope else None
+        attempts = tuple(kept) if isinstance(kept, list) else tuple(logged)
         if not detail:
             return Snapshot(state, attempts, outputs)
         progress = self.progress()
@@ -357,8 +364,8 @@ class JobHandle:
                 on_progress(progress)
             time.sleep(poll)
 
-    def _envelope(self) -> dict[str, Any] | None:
-        result = self._result
+    def _envelope(self, result: AsyncResult | None = None) -> dict[str, Any] | None:
+        result = self._result if result is None else result
         if result.state != "SUCCESS" or not isinstance(result.result, dict):
             return None
         return result.result
