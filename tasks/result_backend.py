@@ -31,6 +31,7 @@ from kombu.utils.encoding import bytes_to_str
 from mediafarm.tasks import sent_ledger
 from mediafarm.tasks.wire import keys
 from mediafarm.tasks.wire.history import LUA_STORED_SUCCESS
+from mediafarm.tasks.wire.trace import counting_connection
 
 # Writes the state (KEYS[1] = ARGV[1], expiry ARGV[2] s, 0: none) and publishes it to waiting
 # clients, as Celery's ``_set`` does, unless the stored meta is a SUCCESS (then returns 0). A meta
@@ -78,6 +79,11 @@ class FarmRedisBackend(RedisBackend):
 
     _set_unless_success_script: Any = None
     _store_success_script: Any = None
+
+    def _create_client(self, **params: Any) -> Any:
+        # Its connections count their round trips, for the job's trace (``tasks.wire.trace``).
+        base = params.get("connection_class") or self.redis.Connection
+        return super()._create_client(**{**params, "connection_class": counting_connection(base)})
 
     def _store_result(
         self, task_id: Any, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any

@@ -31,7 +31,7 @@ from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
 from mediafarm.tasks.producer import admission, routing, wake, webhooks
 from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle
-from mediafarm.tasks.wire import capability, keys
+from mediafarm.tasks.wire import capability, keys, trace
 from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName, folder_name
 from mediafarm.tasks.wire.errors import InvalidRequest, Overloaded
 from mediafarm.tasks.wire.family import FamilySpec
@@ -94,6 +94,7 @@ def submit(
     A family whose request has ``as_pipeline`` (``dialogue``) is sent as its plan: several jobs
     and a fan-in job (:func:`send_plan`, ``tasks.wire.plan``); the handle returned is a ``PipelineHandle``.
     """
+    steps = trace.Trace()  # the submit's side of the job's trace, kept on its handle
     spec = registry.get(family)
     priority = checked_priority(priority)
     hook = webhooks.checked(webhook, webhook_events, get_settings().webhook_allow)
@@ -101,11 +102,13 @@ def submit(
     kwargs = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     as_pipeline = getattr(request, "as_pipeline", None)
     client = app.backend.client
+    steps.mark("validated")
     # A queue the producer names is kept; else the pool that runs the job's best rung (tasks.producer.routing).
     route, wants = _route(spec, kwargs, _language(spec, request)) if queue is None and not callable(as_pipeline) \
         else (None, [])  # fmt: skip
     if route is not None:
         queue = route.queue
+    steps.mark("routed")
     wrote_key = False
     if job_id is not None:
         try:
@@ -142,6 +145,7 @@ def submit(
         job_id = str(uuid.uuid4()) if callable(as_pipeline) or tenant else None
         plan = as_pipeline(job_id) if callable(as_pipeline) else None
         admitted = _admit(spec, queue, job_id or "", tenant, plan, kwargs)
+    steps.mark("admitted")  # with a job id: its idempotency key written too
     try:
         if plan is not None:
             # A pipeline family (the dialogue): its parts and fan-in job go as one chord, the
@@ -151,8 +155,9 @@ def submit(
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
             spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
-            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook, route),
+            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook, route, time.time()),
         )  # fmt: skip
+        steps.mark("sent")
     except BaseException:
         try:
             if wrote_key:  # nothing was sent: the key must not stand for a job that never was
@@ -161,7 +166,7 @@ def submit(
             admitted.release(client)
         raise
     _want(wants, async_result.id)
-    return JobHandle(id=async_result.id, family=spec.name)
+    return JobHandle(id=async_result.id, family=spec.name, trace=steps)
 
 
 def _hooked(hook: webhooks.Webhook | None) -> dict[str, Any]:
@@ -169,10 +174,14 @@ def _hooked(hook: webhooks.Webhook | None) -> dict[str, Any]:
     return {} if hook is None else {"webhook": hook.to_header()}
 
 
-def _headers(hook: webhooks.Webhook | None, route: routing.Route | None = None) -> dict[str, Any] | None:
-    """The job message's custom headers: its webhook (``tasks.producer.webhooks.HEADER``) and why it goes
-    to its queue (``tasks.producer.routing.ROUTE_HEADER``), if any."""
-    headers = {}
+def _headers(
+    hook: webhooks.Webhook | None, route: routing.Route | None = None, sent: float | None = None
+) -> dict[str, Any] | None:
+    """The job message's custom headers: its webhook (``tasks.producer.webhooks.HEADER``), why it goes
+    to its queue (``tasks.producer.routing.ROUTE_HEADER``) and when it was sent (``trace.SENT_HEADER``), if any."""
+    headers: dict[str, Any] = {}
+    if sent is not None:
+        headers[trace.SENT_HEADER] = sent
     if hook is not None:
         headers[webhooks.HEADER] = hook.to_header()
     if route is not None:

@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from mediafarm.tasks.wire.errors import (
 from mediafarm.tasks.wire.history import read_attempts
 from mediafarm.tasks.wire.plan import READY, Plan, metas, read_plan, state_of
 from mediafarm.tasks.wire.records import ArtifactInfo, Progress
+from mediafarm.tasks.wire.trace import Trace
 
 # Failure classes (as the client rebuilds them) → what the producer gets. Sorted by class, so a
 # family's own PermanentFailure subclass, sent as PermanentFailure, lands in the right place.
@@ -135,10 +136,13 @@ def describe_failure(failure: JobFailed | None) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class JobHandle:
-    """A submitted job. Attributes: ``id`` (the Celery task id, stable across rungs), ``family``."""
+    """A submitted job. Attributes: ``id`` (the Celery task id, stable across rungs), ``family``;
+    ``trace``: the submit's side of the job's trace (``tasks.wire.trace``) on the handle ``submit``
+    returned, else None."""
 
     id: str
     family: str
+    trace: Trace | None = field(default=None, compare=False, repr=False)
 
     @property
     def _result(self) -> AsyncResult:

@@ -10,6 +10,7 @@ whole worker down), and what does reach it is always a class the client has (``w
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Generator, Mapping
 from functools import partial
@@ -38,7 +39,7 @@ from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, run_ladde
 from mediafarm.tasks.runtime.media_fetch import MediaFetcher
 from mediafarm.tasks.runtime.rung_guard import RungGuard
 from mediafarm.tasks.runtime.rung_policies import Availability, Breaker, Language, RungPolicy
-from mediafarm.tasks.wire import capability, keys
+from mediafarm.tasks.wire import capability, keys, trace
 from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, UnusableCheckpoint, store_for
 from mediafarm.tasks.wire.errors import (
@@ -99,6 +100,10 @@ class FarmTask(Task):
         """Run this job on its rung and return the envelope (JSON). ``positional``: arguments
         the message had beside its fields, which refuse the job."""
         liveness.beat()  # the child has started the job it received
+        request = self.request
+        # A retry's or redelivery's message carries its first send's time: its trace starts here.
+        first = not (request.retries or (request.delivery_info or {}).get("redelivered"))
+        trace.begin(getattr(request, trace.SENT_HEADER, None) if first else None)
         soft_time_limit.arm()
         try:
             if positional:
@@ -135,6 +140,7 @@ class FarmTask(Task):
             # retry), which may wait out a broker outage. A soft limit firing there would turn a
             # finished job into a FAILURE of SoftTimeLimitExceeded (found by the chaos suite).
             soft_time_limit.disarm()
+            trace.end()
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         """The job's state is stored (Celery calls this after it, never for a retry or an Ignore):
@@ -211,6 +217,7 @@ class FarmTask(Task):
                 return run_engine(spec, rung, ctx, fields, settings.input_roots), tuple(store.list())
 
             job = self._ladder_run(ladder, fresh, ttl, languages, resuming)
+            trace.mark("ready")  # the delivery's setup: ladder, language check, policies
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
             except StaleAttempt:
@@ -220,7 +227,7 @@ class FarmTask(Task):
                 raise
             if isinstance(outcome, Envelope):
                 resuming.ended()
-                return outcome.to_json()
+                return dataclasses.replace(outcome, trace=trace.end()).to_json()
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see
             # one. The open attempt, if any, is settled by the next run as a lost child: one rung down.
@@ -464,9 +471,11 @@ def run_engine(
         params = engine.parse_params(rung)
         function = engine.function()  # imports the engine's module: a model runtime's import is long
         liveness.beat()
+        trace.mark("engine")  # what it took to get here: validation, media fetch, probe, import
         result = function(ctx, request, params)
         if inspect.isgenerator(result):
             result = drain(result, ctx)
+        trace.mark("engine_end")
     finally:
         fetcher.remove()  # the engine is done with the fetched media, whatever it did
     if isinstance(result, spec.result):

@@ -32,6 +32,7 @@ from mediafarm.tasks.runtime.ladder_choice import answers_below, fallbacks, next
 from mediafarm.tasks.runtime.oom_killer import lost_child_cause, snapshot
 from mediafarm.tasks.runtime.reroute import Reroute, moved_attempt, rerouted_attempt
 from mediafarm.tasks.runtime.rung_policies import Availability, RungPolicy, RungStep, Skip, decide
+from mediafarm.tasks.wire import trace
 from mediafarm.tasks.wire.errors import (
     Cancelled,
     EngineError,
@@ -343,6 +344,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         running = _Running(log, attempt, result_key, job.stale_after)
         attempts.append(running.attempt)
         finish = _told(running, job.policies, note)
+        trace.mark("attempt")  # the rung decided by the policies, its attempt's record sent
         try:
             with map_exceptions():
                 output, artifacts = run_rung(rung, at, len(attempts) - 1)
@@ -383,6 +385,7 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
             cancelled.rung = rung.name
             raise cancelled
         finish(Outcome.OK)
+        trace.mark("recorded")  # the output checked, the attempt's end written or (quick) settled
         return Envelope(job.job_id, ladder.family, rung.name, at, output, tuple(attempts), artifacts)
     tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)
     raise NoRungLeft(f"no rung of the {ladder.name} ladder is left to run ({tried})")

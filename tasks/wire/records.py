@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from mediafarm.tasks.wire.trace import Trace
+
 HOST = socket.gethostname()
 
 
@@ -261,6 +263,8 @@ class Envelope:
         output: The family's result, as JSON.
         attempts: Every attempt, oldest first.
         artifacts: Files the job wrote, if any.
+        trace: The worker's side of the successful delivery's trace (``tasks.wire.trace``): from
+            the send (or from the delivery's start, after a retry) to the attempt's record.
     """
 
     job_id: str
@@ -270,9 +274,10 @@ class Envelope:
     output: dict[str, Any]
     attempts: tuple[Attempt, ...] = ()
     artifacts: tuple[ArtifactInfo, ...] = ()
+    trace: Trace | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "job_id": self.job_id,
             "family": self.family,
             "variant": self.variant,
@@ -281,6 +286,9 @@ class Envelope:
             "attempts": [a.to_json() for a in self.attempts],
             "artifacts": [a.to_json() for a in self.artifacts],
         }
+        if self.trace is not None:  # a reader that does not know the key passes it by
+            data["trace"] = self.trace.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Envelope:
@@ -292,4 +300,5 @@ class Envelope:
             output=data.get("output") or {},
             attempts=tuple(Attempt.from_json(a) for a in data.get("attempts", [])),
             artifacts=tuple(ArtifactInfo.from_json(a) for a in data.get("artifacts", [])),
+            trace=Trace.from_json(data["trace"]) if isinstance(data.get("trace"), dict) else None,
         )
