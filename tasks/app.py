@@ -21,10 +21,7 @@ from celery import Celery, signals
 from mediafarm.config.celery import celery_config
 from mediafarm.config.settings import get_settings
 from mediafarm.tasks import sent_ledger
-
-# Message header: Unix time the message was sent (a submit, or a retry), from which a worker's
-# metrics take the job's wait in the queue (``workers.job_metrics``).
-SENT_HEADER = "farm_sent"
+from mediafarm.tasks.wire.trace import SENT_HEADER
 
 # The worker side of this app: importing it wires the guards and metrics into this same app.
 WORKER_ENTRY = "mediafarm.workers.app"
@@ -39,6 +36,9 @@ app.conf.imports = (*app.conf.imports, WORKER_ENTRY)
 
 
 def _stamp_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Stamp the message's ``SENT_HEADER``: the Unix time it was sent (a submit, or a retry), from
+    which a worker's metrics take the job's wait in the queue (``workers.job_metrics``) and the
+    job's trace starts (``tasks.wire.trace``)."""
     # Always overwritten: a retry carries its delivery's headers on, and its wait starts now.
     if headers is not None:
         headers[SENT_HEADER] = time.time()

@@ -155,7 +155,7 @@ def submit(
         # registered in this process onto the message, and those override the worker's.
         async_result = app.send_task(
             spec.task_name, kwargs=kwargs, task_id=job_id, queue=queue or spec.queue,
-            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook, route, time.time()),
+            soft_time_limit=None, time_limit=None, priority=_wire(priority), headers=_headers(hook, route),
         )  # fmt: skip
         steps.mark("sent")
     except BaseException:
@@ -174,14 +174,10 @@ def _hooked(hook: webhooks.Webhook | None) -> dict[str, Any]:
     return {} if hook is None else {"webhook": hook.to_header()}
 
 
-def _headers(
-    hook: webhooks.Webhook | None, route: routing.Route | None = None, sent: float | None = None
-) -> dict[str, Any] | None:
-    """The job message's custom headers: its webhook (``tasks.producer.webhooks.HEADER``), why it goes
-    to its queue (``tasks.producer.routing.ROUTE_HEADER``) and when it was sent (``trace.SENT_HEADER``), if any."""
-    headers: dict[str, Any] = {}
-    if sent is not None:
-        headers[trace.SENT_HEADER] = sent
+def _headers(hook: webhooks.Webhook | None, route: routing.Route | None = None) -> dict[str, Any] | None:
+    """The job message's custom headers: its webhook (``tasks.producer.webhooks.HEADER``) and why it goes
+    to its queue (``tasks.producer.routing.ROUTE_HEADER``), if any."""
+    headers = {}
     if hook is not None:
         headers[webhooks.HEADER] = hook.to_header()
     if route is not None:

@@ -101,9 +101,10 @@ class FarmTask(Task):
         the message had beside its fields, which refuse the job."""
         liveness.beat()  # the child has started the job it received
         request = self.request
-        # A retry's or redelivery's message carries its first send's time: its trace starts here.
-        first = not (request.retries or (request.delivery_info or {}).get("redelivered"))
-        trace.begin(getattr(request, trace.SENT_HEADER, None) if first else None)
+        # Every publish stamps its message (a retry's too, ``tasks.app``); a redelivered message
+        # keeps the stamp of a send long past: its trace starts here.
+        redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        trace.begin(None if redelivered else getattr(request, trace.SENT_HEADER, None))
         soft_time_limit.arm()
         try:
             if positional:

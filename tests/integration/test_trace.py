@@ -4,11 +4,12 @@ the worker's start, and after a move down the ladder the trace of the delivery t
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
+from celery import Celery
 
 from mediafarm import submit
-from mediafarm.tasks.app import app
 from mediafarm.tasks.wire.trace import Trace
 
 pytestmark = pytest.mark.integration
@@ -43,20 +44,25 @@ def test_a_job_carries_both_sides_of_its_trace_in_order(worker) -> None:
     assert dict((s, n) for s, _, n in ours.spans())["attempt"] >= 1
 
 
-def test_a_job_sent_by_a_plain_celery_client_is_traced_from_its_child(worker) -> None:
-    result = app.send_task("farm.test.chaos", kwargs={}, queue=QUEUE, soft_time_limit=None, time_limit=None)
-    envelope = result.get(timeout=60)
+def test_a_job_sent_by_a_plain_celery_client_is_traced_from_its_child(worker, redis_url: str) -> None:
+    plain = Celery(f"plain-{uuid.uuid4().hex[:6]}", broker=redis_url, backend=redis_url)
+    sent = time.time()
+    try:
+        envelope = plain.send_task("farm.test.chaos", kwargs={"plan": {"sleep": 0.2}}, queue=QUEUE).get(timeout=60)
+    finally:
+        plain.close()
     ours = Trace.from_json(envelope["trace"])
     child, at, _ = ours.steps[0]
-    assert child == "child" and at < 0.05  # no send time: it starts as the child takes the job
+    # Its message has no send time: the trace starts as the child takes the job.
+    assert child == "child" and at < 0.05 and ours.t0 >= sent
 
 
-def test_after_a_move_down_the_trace_is_the_successful_deliverys(worker) -> None:
+def test_after_a_move_down_the_trace_starts_at_the_retrys_send(worker) -> None:
     job = submit("chaos", queue=QUEUE, ladder="memerr")
     envelope = job.wait(timeout=60)
     assert [a["outcome"] for a in envelope["attempts"]] == ["oom", "ok"]
     ours = Trace.from_json(envelope["trace"])
     assert [s for s, _, _ in ours.steps] == WORKER_STEPS
-    # Not measured from the first send: the retry's delivery began after the first attempt ended.
+    # From the retry's own send (every publish is stamped), sent as the first attempt ended.
     first = envelope["attempts"][0]
     assert ours.t0 >= first["started"] + first["duration"] - 0.01
