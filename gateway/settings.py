@@ -25,16 +25,21 @@ class GatewayConfig:
         input_roots: Where a job's media may be: the media roots and the uploads folder.
         upload_max_bytes: The largest upload (``FARM_UPLOAD_MAX_MB``).
         upload_max_count: Uploads one token holds at once (``FARM_UPLOAD_MAX_COUNT``).
-        poll_interval: Seconds between two looks at a followed job (events, one Redis read each).
+        poll_interval: Seconds between two looks at a followed job (events, a transcription's
+            end) when its bell is silent. A follower is woken by the job's bell as the job
+            changes (``tasks.producer.bells``); the look is for what a push cannot promise (a
+            worker of an earlier release, a subscriber connection made again) and a pipeline's stages.
         heartbeat: Seconds between two comment lines on a quiet event stream, so that proxies and
             load balancers keep the connection.
         room_max_lines: Lines a dialogue room holds in flight, accepted and not yet wholly sent
             (``FARM_ROOM_MAX_LINES``, default 8); a line past it is answered ``busy``.
         room_queue: Where a room's line jobs go; None: the TTS family's queue.
-        room_poll: Seconds between two looks at a room's head line (one Redis round trip each,
-            the whole job read only when it changed): what a chunk may wait before it is sent.
-        speech_poll: Seconds between two looks at a speech stream's job (``POST /v1/audio/speech``;
-            one Redis round trip each, the whole job read only when it changed, ``job_feed.JobWatch``).
+        room_poll: Seconds between two looks at a room's head line when its bell is silent (one
+            Redis round trip each, the whole job read only when it changed); a chunk is sent as
+            its bell rings.
+        speech_poll: Seconds between two looks at a speech stream's job (``POST /v1/audio/speech``)
+            when its bell is silent (one Redis round trip each, the whole job read only when it
+            changed, ``job_feed.JobWatch``); a chunk is sent as its bell rings.
         room_linger: Seconds a dropped room connection's unfinished lines wait for the client to
             connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
         live_queue: Where a pushed live stream's job goes (``/v1/live/subtitles``); None: the
@@ -48,12 +53,12 @@ class GatewayConfig:
     input_roots: tuple[Path, ...]
     upload_max_bytes: int
     upload_max_count: int
-    poll_interval: float = 0.1
+    poll_interval: float = 0.5
     heartbeat: float = 15.0
     room_max_lines: int = 8
     room_queue: str | None = None
-    room_poll: float = 0.03
-    speech_poll: float = 0.03
+    room_poll: float = 0.25
+    speech_poll: float = 0.25
     room_linger: float = 10.0
     live_queue: str | None = None
 

@@ -25,6 +25,7 @@ from mediafarm.gateway.common.intake import prepare
 from mediafarm.gateway.common.submit import check_idempotency_key, job_url, json_body, submitted, webhook_options
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
+from mediafarm.tasks.producer.bells import bell
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle, Snapshot, find_job
 from mediafarm.tasks.producer.job_feed import END_ID, Cursor, Event, Follower
@@ -151,12 +152,15 @@ async def job_events(job_id: str, request: Request, last_event_id: Annotated[str
 
 
 async def _stream(job: JobHandle, follower: Follower, poll: float) -> AsyncIterator[ServerSentEvent]:
-    while not follower.done:
-        snapshot = await anyio.to_thread.run_sync(job.snapshot)
-        for event in follower.feed(snapshot):
-            yield _sse(event)
-        if not follower.done:
-            await anyio.sleep(poll)
+    """The job's events as it changes: read when its bell rings (``tasks.producer.bells``), and
+    every ``poll`` seconds whatever it rang."""
+    with bell(job.id) as ring:  # before the first read: a change after it rings
+        while not follower.done:
+            snapshot = await anyio.to_thread.run_sync(job.snapshot)
+            for event in follower.feed(snapshot):
+                yield _sse(event)
+            if not follower.done:
+                await ring.changed(poll)
 
 
 def _sse(event: Event) -> ServerSentEvent:

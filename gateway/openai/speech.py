@@ -31,6 +31,7 @@ from mediafarm.gateway.openai.speech_stream import NoAudio, SpeechFollower, Stre
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks.families.tts import get_speaker
+from mediafarm.tasks.producer.bells import bell
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle
 from mediafarm.tasks.producer.job_feed import JobWatch
@@ -126,6 +127,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
     follower = SpeechFollower(job, config.storage_dir)
     encoder = StreamEncoder(fmt)
     watch = JobWatch(job)
+    ring = bell(job.id)  # before the first look: a chunk written after it rings
 
     def step() -> bytes:  # one Redis round trip; the job is read in full only when it changed
         if not watch.changed():
@@ -141,14 +143,17 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
                 if cancel_on_hang_up:
                     await anyio.to_thread.run_sync(job.cancel)
                 raise HTTPException(499, "the client went away before the first chunk")
-            await anyio.sleep(config.speech_poll)
+            await ring.changed(config.speech_poll)
     except NoAudio as exc:
+        ring.close()
         kind = (exc.failure or {}).get("kind")
         status = 422 if kind == "rejected" else 409 if kind == "cancelled" else 500
         raise HTTPException(status, f"speech job {job.id} ended {exc.state} before any audio: {exc}") from None
     except StreamBroken as exc:
+        ring.close()
         raise HTTPException(500, str(exc)) from None
     except BaseException:
+        ring.close()
         await anyio.to_thread.run_sync(encoder.close)
         raise
 
@@ -157,7 +162,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
         try:
             yield first
             while not follower.done:
-                await anyio.sleep(config.speech_poll)
+                await ring.changed(config.speech_poll)
                 data = await anyio.to_thread.run_sync(step)
                 if data:
                     yield data
@@ -168,6 +173,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
             logger.warning("speech stream of job %s cut short: %s", job.id, exc)
             raise
         finally:
+            ring.close()
             if not ended:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(encoder.close)

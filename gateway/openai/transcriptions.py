@@ -26,6 +26,7 @@ from mediafarm.gateway.openai.models import TRANSCRIPTION, UnknownModel, in_open
 from mediafarm.gateway.security import Caller, caller
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.tasks import registry
+from mediafarm.tasks.producer.bells import bell
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle, describe_failure
 from mediafarm.tasks.wire.artifacts import ArtifactStore
@@ -129,16 +130,17 @@ def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: st
 
 async def _wait(request: Request, job: JobHandle, poll: float) -> dict[str, Any]:
     """The job's envelope once it succeeded; the failure as an HTTP error otherwise. A client
-    that hangs up meanwhile cancels the job."""
-    while True:
-        state = await anyio.to_thread.run_sync(job.state)
-        if state in READY:
-            break
-        if await request.is_disconnected():
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(job.cancel)
-            raise HTTPException(499, "the client went away; the job was cancelled")
-        await anyio.sleep(poll)
+    that hangs up meanwhile cancels the job (seen at the latest ``poll`` seconds on)."""
+    with bell(job.id) as ring:  # before the first look: the stored end rings
+        while True:
+            state = await anyio.to_thread.run_sync(job.state)
+            if state in READY:
+                break
+            if await request.is_disconnected():
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(job.cancel)
+                raise HTTPException(499, "the client went away; the job was cancelled")
+            await ring.changed(poll)
     if state == "SUCCESS":
         envelope = await anyio.to_thread.run_sync(job.envelope)
         if envelope is not None:

@@ -42,6 +42,7 @@ from mediafarm.gateway.common.ws_close import (
 from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws.socket_admission import admit
 from mediafarm.tasks.families.subtitle_live import MAX_AHEAD_SECONDS, AudioPush, LiveSubtitleRequest, PushFormatError
+from mediafarm.tasks.producer.bells import Bell, bell
 from mediafarm.tasks.producer.client import farm_redis, submit
 from mediafarm.tasks.producer.handles import JobHandle
 from mediafarm.tasks.producer.job_feed import JobWatch
@@ -60,7 +61,8 @@ HOLD_GRACE_SECONDS = 30.0
 START_TIMEOUT_S = 30.0
 # A binary frame larger than this is refused: 1 MiB is 30 s of 16 kHz mono, far more than a live frame.
 MAX_AUDIO_FRAME = 1 << 20
-# Seconds between two looks at the job (one Redis round trip; the job read in full only when it changed).
+# Seconds between two looks at the job when its bell is silent (``tasks.producer.bells``; one
+# Redis round trip, the job read in full only when it changed): a hold's end is seen this soon.
 POLL_S = 0.1
 
 
@@ -229,6 +231,11 @@ async def _reader(live: _Live) -> bool:
 async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
     """The job's new segments out as they are announced (and ``resume`` after a hold), then its
     end frame; closes the socket and stops the reader (``scope``)."""
+    with bell(live.job.id) as ring:  # before the first look: a segment announced after it rings
+        await _send_segments(live, scope, ring)
+
+
+async def _send_segments(live: _Live, scope: anyio.CancelScope, ring: Bell) -> None:
     watch = JobWatch(live.job)
     store = ArtifactStore(live.config.storage_dir, live.job.id)
     while True:
@@ -259,7 +266,7 @@ async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
                         await live.websocket.close(CLOSE_NORMAL)
                 scope.cancel()  # the reader too: the job takes no more audio
                 return
-        await anyio.sleep(POLL_S)
+        await ring.changed(POLL_S)  # a hold ends by the look at least this often
 
 
 async def _send_segment(live: _Live, store: ArtifactStore, name: str) -> None:

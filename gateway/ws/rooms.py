@@ -38,6 +38,7 @@ from mediafarm.gateway.ws.room_frames import ROOM_NAME, End, FrameError, Line, a
 from mediafarm.gateway.ws.room_lease import Lease
 from mediafarm.gateway.ws.socket_admission import PROTOCOL, admit
 from mediafarm.tasks.families.tts import get_speaker
+from mediafarm.tasks.producer.bells import Bell, bell
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle, Snapshot
 from mediafarm.tasks.producer.job_feed import JobWatch
@@ -235,6 +236,11 @@ def _read_if_changed(job: JobHandle, watch: JobWatch) -> Snapshot | None:
 
 
 async def _stream_line(room: _Room, head: _Accepted) -> None:
+    with bell(head.job.id) as ring:  # before the first look: a chunk written after it rings
+        await _follow_line(room, head, ring)
+
+
+async def _follow_line(room: _Room, head: _Accepted, ring: Bell) -> None:
     feed = LineFeed()
     frames = 0  # audio frames sent of the attempt being streamed
     watch = JobWatch(head.job)
@@ -245,7 +251,7 @@ async def _stream_line(room: _Room, head: _Accepted) -> None:
             await anyio.sleep(REDIS_RETRY_S)
             continue
         if snapshot is None:
-            await anyio.sleep(room.config.room_poll)
+            await ring.changed(room.config.room_poll)
             continue
         for step in feed.steps(snapshot):
             if isinstance(step, Chunk):
@@ -269,7 +275,7 @@ async def _stream_line(room: _Room, head: _Accepted) -> None:
             feed.commit(step)
             if isinstance(step, (Done, Failed)):
                 return
-        await anyio.sleep(room.config.room_poll)
+        await ring.changed(room.config.room_poll)
 
 
 async def _send_chunk(room: _Room, head: _Accepted, step: Chunk) -> int | None:

@@ -357,16 +357,19 @@ class JobHandle:
     def _follow(
         self, result: AsyncResult, timeout: float | None, poll: float, on_progress: Callable[[Progress], Any]
     ) -> None:
+        from mediafarm.tasks.producer.bells import bell  # a thread of its own: only for who follows
+
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: Progress | None = None
-        while not result.ready():
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})")
-            progress = self.progress()
-            if progress is not None and progress != seen:
-                seen = progress
-                on_progress(progress)
-            time.sleep(poll)
+        with bell(self.id) as ring:  # before the first look: progress and the end ring it
+            while not result.ready():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})")
+                progress = self.progress()
+                if progress is not None and progress != seen:
+                    seen = progress
+                    on_progress(progress)
+                ring.wait(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
 
     def _envelope(self, result: AsyncResult | None = None) -> dict[str, Any] | None:
         result = self._result if result is None else result

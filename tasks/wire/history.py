@@ -74,7 +74,7 @@ class AttemptLog:
     def _append_command(self, attempt: Attempt, result_key: str) -> tuple[Any, ...]:
         return (_APPEND_UNLESS_SUCCEEDED, 5, self._key, keys.cancel(self.job_id), result_key or self._key,
                 keys.partials(self.job_id), keys.progress(self.job_id),
-                json.dumps(attempt.to_json()), self.ttl, int(bool(result_key)))  # fmt: skip
+                json.dumps(attempt.to_json()), self.ttl, int(bool(result_key)), keys.bell(self.job_id))  # fmt: skip
 
     def clear_kill(self) -> None:
         self.client.delete(keys.kill(self.job_id))
@@ -99,7 +99,7 @@ class AttemptLog:
             self._script(
                 keys=[self._key, result_key],
                 args=[index, attempt.pid, attempt.worker, repr(attempt.started), json.dumps(attempt.to_json()),
-                      int(newest)],
+                      int(newest), keys.bell(self.job_id)],
             )  # fmt: skip
         )
 
@@ -107,7 +107,8 @@ class AttemptLog:
 # An attempt's outcome is written only over the very attempt the writer means: same child, same
 # worker, same start, still open, and no SUCCESS stored (the SUCCESS made the log its envelope's,
 # ``tasks.result_backend``); for a process finishing its own attempt, also still the newest
-# attempt. Atomic in Redis, so a stale process can never rewrite history.
+# attempt. Atomic in Redis, so a stale process can never rewrite history. A write rings the job's
+# bell (ARGV[7], ``keys.bell``) in the same step.
 _CONDITIONAL_LSET = LUA_STORED_SUCCESS + """
 local i = tonumber(ARGV[1])
 if ARGV[6] == '1' and redis.call('LLEN', KEYS[1]) ~= i + 1 then return 0 end
@@ -119,6 +120,7 @@ if tostring(a['pid']) ~= ARGV[2] or a['worker'] ~= ARGV[3] then return 0 end
 if math.abs(tonumber(a['started']) - tonumber(ARGV[4])) > 0.000001 then return 0 end
 if KEYS[2] ~= '' and stored_success(KEYS[2]) then return 0 end
 redis.call('LSET', KEYS[1], i, ARGV[5])
+redis.call('PUBLISH', ARGV[7], 'attempt')
 return 1
 """
 
@@ -128,12 +130,14 @@ return 1
 # outputs and progress of the attempt before go in the same step, so whoever reads the history and
 # the partials together knows whose they are: the newest attempt's (the gateway's event ids rely on
 # it). The new attempt's own reset (``JobChannel.reset``) comes a moment later, too late for that.
+# An append rings the job's bell (ARGV[4], ``keys.bell``).
 _APPEND_UNLESS_SUCCEEDED = LUA_STORED_SUCCESS + """
 local cancelled = redis.call('EXISTS', KEYS[2])
 if ARGV[3] == '1' and stored_success(KEYS[3]) then return {-1, cancelled, 1} end
 local length = redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[4], KEYS[5])
+redis.call('PUBLISH', ARGV[4], 'attempt')
 return {length, cancelled, 0}
 """
 

@@ -18,7 +18,7 @@ FARM_SPACES = frozenset(
      "rung-failures", "first-output", "metered", "gpu-children",
      "refused", "pressure", "heartbeat", "tenant", "room-lease", "webhook", "webhook-seen", "webhook-due",
      "webhook-log", "capability", "load", "wanted", "unsent",
-     "sent", "sent-at", "sent-suspect", "sent-sweep"}
+     "sent", "sent-at", "sent-suspect", "sent-sweep", "bell"}
 )
 _SPACE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -41,6 +41,13 @@ def progress(job_id: str) -> str:
 def partials(job_id: str) -> str:
     """What a generator engine has yielded so far in the running attempt: a list of JSON items."""
     return f"{PREFIX}:partials:{job_id}"
+
+
+def bell(job_id: str) -> str:
+    """The pub/sub channel a job's worker publishes on whenever a follower would see it change: an
+    attempt recorded or ended, a partial output, progress (``tasks.producer.bells``). Not a key:
+    nothing is stored under it."""
+    return f"{PREFIX}:bell:{job_id}"
 
 
 def submitted(job_id: str) -> str:
