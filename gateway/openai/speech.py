@@ -127,7 +127,7 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
     follower = SpeechFollower(job, config.storage_dir)
     encoder = StreamEncoder(fmt)
     watch = JobWatch(job)
-    ring = bell(job.id)  # before the first look: a chunk written after it rings
+    ring = bell(job.id, kinds=("attempt", "partial"))  # before the first look: a chunk written after it rings
 
     def step() -> bytes:  # one Redis round trip; the job is read in full only when it changed
         if not watch.changed():

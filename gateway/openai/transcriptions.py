@@ -131,7 +131,7 @@ def _send(form: TranscriptionForm, ladder: str | None, upload: Upload, owner: st
 async def _wait(request: Request, job: JobHandle, poll: float) -> dict[str, Any]:
     """The job's envelope once it succeeded; the failure as an HTTP error otherwise. A client
     that hangs up meanwhile cancels the job (seen at the latest ``poll`` seconds on)."""
-    with bell(job.id) as ring:  # before the first look: the stored end rings
+    with bell(job.id, kinds=()) as ring:  # before the first look: only the stored end rings it
         while True:
             state = await anyio.to_thread.run_sync(job.state)
             if state in READY:

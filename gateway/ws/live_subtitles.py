@@ -231,7 +231,7 @@ async def _reader(live: _Live) -> bool:
 async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
     """The job's new segments out as they are announced (and ``resume`` after a hold), then its
     end frame; closes the socket and stops the reader (``scope``)."""
-    with bell(live.job.id) as ring:  # before the first look: a segment announced after it rings
+    with bell(live.job.id, kinds=("attempt", "partial")) as ring:  # before the first look: a segment after it rings
         await _send_segments(live, scope, ring)
 
 

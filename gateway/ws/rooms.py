@@ -236,7 +236,7 @@ def _read_if_changed(job: JobHandle, watch: JobWatch) -> Snapshot | None:
 
 
 async def _stream_line(room: _Room, head: _Accepted) -> None:
-    with bell(head.job.id) as ring:  # before the first look: a chunk written after it rings
+    with bell(head.job.id, kinds=("attempt", "partial")) as ring:  # before the first look: a chunk after it rings
         await _follow_line(room, head, ring)
 
 

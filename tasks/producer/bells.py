@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -42,6 +42,7 @@ _LISTEN_S = 1.0
 _SWEEP_S = 5.0
 # After a lost connection: how long before it listens again (redis-py subscribes anew as it reconnects).
 _RETRY_S = 0.5
+_BELL_PREFIX = keys.bell("")
 
 
 class Bell:
@@ -50,13 +51,15 @@ class Bell:
     ``wait`` blocks (call it from a thread); ``changed`` awaits (on an asyncio loop); either returns
     True when the bell rang, False after ``timeout`` seconds of silence. A ring that comes while no
     one waits is kept for the next wait. ``close`` (or leaving the ``with``) unsubscribes.
+    ``kinds``: the changes that ring it (``keys.BELL_KINDS``); the job's stored state always does.
     """
 
-    def __init__(self, listener: BellListener, channels: tuple[str, ...]) -> None:
-        self._listener, self.channels = listener, channels
+    def __init__(self, listener: BellListener, channels: tuple[str, ...], kinds: frozenset[str]) -> None:
+        self._listener, self.channels, self.kinds = listener, channels, kinds
         self._cond = threading.Condition()
         self._rung = False
         self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._unconfirmed: set[str] = set()  # channels whose subscription is not live yet
         self.closed = False
 
     def ring(self) -> None:
@@ -70,6 +73,17 @@ class Bell:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:  # that loop is closed: its waiter is gone
                 pass
+
+    def _confirmed(self, channel: str) -> None:
+        """A channel's subscription is live: once all of them are, the bell rings (once), for the
+        read that closes the gap between the follower's first look and the subscription."""
+        with self._cond:
+            if channel not in self._unconfirmed:
+                return
+            self._unconfirmed.discard(channel)
+            if self._unconfirmed:
+                return
+        self.ring()
 
     def wait(self, timeout: float) -> bool:
         with self._cond:
@@ -122,11 +136,13 @@ class BellListener:
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
 
-    def bell(self, job_id: str) -> Bell:
-        """A bell for ``job_id``: its farm bell and its result's channel, subscribed."""
-        bell = Bell(self, (keys.bell(job_id), self.result_channel(job_id)))
+    def bell(self, job_id: str, kinds: Iterable[str] = keys.BELL_KINDS) -> Bell:
+        """A bell for ``job_id``, rung by the ``kinds`` of change and by its stored state: its
+        farm bell and its result's channel, subscribed."""
+        bell = Bell(self, (keys.bell(job_id), self.result_channel(job_id)), frozenset(kinds))
         with self._lock:
             new = [c for c in bell.channels if c not in self._bells]
+            bell._unconfirmed.update(new)
             for channel in bell.channels:
                 self._bells.setdefault(channel, weakref.WeakSet()).add(bell)
             if self._pubsub is None:
@@ -173,14 +189,23 @@ class BellListener:
             except RedisError:
                 pass  # still away: the next look tries again
 
-    def _ring(self, channel: str | None) -> None:
+    def _ring(self, channel: str | None, kind: str = "") -> None:
+        """Ring the bells of ``channel`` that ``kind`` of change rings ('': every one), or every
+        bell (``channel`` None)."""
         with self._lock:
             if channel is None:
                 bells = list({id(b): b for held in self._bells.values() for b in held}.values())
             else:
                 bells = list(self._bells.get(channel, ()))
         for bell in bells:
-            bell.ring()
+            if not kind or kind in bell.kinds:
+                bell.ring()
+
+    def _confirmed(self, channel: str) -> None:
+        with self._lock:
+            bells = list(self._bells.get(channel, ()))
+        for bell in bells:
+            bell._confirmed(channel)
 
     def _listen(self) -> None:
         # It never ends: a process that followed one job will likely follow another, and a thread
@@ -206,18 +231,24 @@ class BellListener:
             channel = message.get("channel")
             if isinstance(channel, bytes):
                 channel = channel.decode()
-            # A message rings its channel's bells; a subscription going live rings them too, so
-            # a follower reads the job once more after it can no longer miss a ring.
-            if message.get("type") in ("message", "subscribe") and isinstance(channel, str):
-                self._ring(channel)
+            if not isinstance(channel, str):
+                continue
+            if message.get("type") == "message":
+                data = message.get("data")
+                kind = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+                # On a job's bell, the change it names; on the result's channel, the stored state.
+                self._ring(channel, kind if channel.startswith(_BELL_PREFIX) else "")
+            elif message.get("type") == "subscribe":
+                self._confirmed(channel)
 
 
 _listeners: dict[int, BellListener] = {}
 _listeners_lock = threading.Lock()
 
 
-def bell(job_id: str) -> Bell:
-    """A bell for ``job_id`` from this process's listener (one per process: a forked child makes its own)."""
+def bell(job_id: str, kinds: Iterable[str] = keys.BELL_KINDS) -> Bell:
+    """A bell for ``job_id`` from this process's listener (one per process: a forked child makes
+    its own), rung by the ``kinds`` of change (``keys.BELL_KINDS``) and by the job's stored state."""
     with _listeners_lock:
         listener = _listeners.get(os.getpid())
         if listener is None:
@@ -227,4 +258,4 @@ def bell(job_id: str) -> Bell:
             listener = _listeners[os.getpid()] = BellListener(
                 app.backend.client, lambda job: app.backend.get_key_for_task(job).decode()
             )
-    return listener.bell(job_id)
+    return listener.bell(job_id, kinds)

@@ -361,7 +361,7 @@ class JobHandle:
 
         deadline = None if timeout is None else time.monotonic() + timeout
         seen: Progress | None = None
-        with bell(self.id) as ring:  # before the first look: progress and the end ring it
+        with bell(self.id, kinds=("progress",)) as ring:  # before the first look: progress and the end ring it
             while not result.ready():
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})")

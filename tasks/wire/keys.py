@@ -44,10 +44,15 @@ def partials(job_id: str) -> str:
 
 
 def bell(job_id: str) -> str:
-    """The pub/sub channel a job's worker publishes on whenever a follower would see it change: an
-    attempt recorded or ended, a partial output, progress (``tasks.producer.bells``). Not a key:
-    nothing is stored under it."""
+    """The pub/sub channel a job's worker publishes on whenever a follower would see it change, the
+    message naming what changed (:data:`BELL_KINDS`; ``tasks.producer.bells``). Not a key: nothing
+    is stored under it."""
     return f"{PREFIX}:bell:{job_id}"
+
+
+# What a message on a job's bell says changed: an attempt recorded or ended, a partial output
+# published, progress reported. (The job's stored state is announced on Celery's own channel.)
+BELL_KINDS = ("attempt", "partial", "progress")
 
 
 def submitted(job_id: str) -> str:
