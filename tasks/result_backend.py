@@ -48,21 +48,25 @@ redis.call('PUBLISH', KEYS[1], ARGV[1])
 """
 
 # Any state but a farm job's SUCCESS; an end (FAILURE, REVOKED: ARGV[3] the job id, else '') also
-# takes the job out of the ledger of messages sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``).
+# takes the job out of the ledger of messages sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``). The
+# job's bell (ARGV[4], ``keys.bell``; '' for a key that names no job) rings: its state changed.
 _SET_UNLESS_SUCCESS = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 forget_sent(KEYS[2], KEYS[3], ARGV[3])
+if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], 'state') end
 return 1
 """
 
 # A farm job's SUCCESS: then the job's attempt log (KEYS[2]) becomes the envelope's attempts
-# (ARGV[4...]), and the job (ARGV[3]) leaves the ledger of messages sent (KEYS[3], KEYS[4]).
+# (ARGV[5...]), the job (ARGV[3]) leaves the ledger of messages sent (KEYS[3], KEYS[4]), and its
+# bell (ARGV[4]) rings.
 _STORE_SUCCESS_WITH_HISTORY = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 redis.call('DEL', KEYS[2])
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-if #ARGV > 3 and ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+if #ARGV > 4 and ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
 forget_sent(KEYS[3], KEYS[4], ARGV[3])
+redis.call('PUBLISH', ARGV[4], 'state')
 return 1
 """
 
@@ -104,7 +108,7 @@ class FarmRedisBackend(RedisBackend):
     def _store_success(self, key: Any, value: Any, history_key: str, history: list[str], job_id: str = "") -> bool:
         if self._store_success_script is None:
             self._store_success_script = self.client.register_script(_STORE_SUCCESS_WITH_HISTORY)
-        args = [value, int(self.expires or 0), job_id, *history]
+        args = [value, int(self.expires or 0), job_id, keys.bell(job_id), *history]
         ledger = [keys.sent_messages(), keys.sent_times()]
         return bool(self._store_success_script(keys=[key, history_key, *ledger], args=args))
 
@@ -114,16 +118,18 @@ class FarmRedisBackend(RedisBackend):
         expires = self.failure_expires if state == states.FAILURE else None
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             return super()._set_with_state(key, value, state)  # Celery's own refusal
-        ended = self._job_id_of(key) if state in states.READY_STATES else ""
-        return self.ensure(self._set_unless_success, (key, value, expires, ended))
+        job_id = self._job_id_of(key)
+        ended = job_id if state in states.READY_STATES else ""
+        return self.ensure(self._set_unless_success, (key, value, expires, ended, job_id))
 
-    def _set_unless_success(self, key: Any, value: Any, expires: Any = None, ended: str = "") -> bool:
+    def _set_unless_success(self, key: Any, value: Any, expires: Any = None, ended: str = "", job_id: str = "") -> bool:
         if expires is None:
             expires = self.expires
         if self._set_unless_success_script is None:
             self._set_unless_success_script = self.client.register_script(_SET_UNLESS_SUCCESS)
         ledger = [keys.sent_messages(), keys.sent_times()]
-        return bool(self._set_unless_success_script(keys=[key, *ledger], args=[value, int(expires or 0), ended]))
+        bell = keys.bell(job_id) if job_id else ""
+        return bool(self._set_unless_success_script(keys=[key, *ledger], args=[value, int(expires or 0), ended, bell]))
 
     def _job_id_of(self, key: Any) -> str:
         """The task id a result key names (``celery-task-meta-<id>``), '' for any other key."""

@@ -127,23 +127,29 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
     follower = SpeechFollower(job, config.storage_dir)
     encoder = StreamEncoder(fmt)
     watch = JobWatch(job)
-    ring = bell(job.id, kinds=("attempt", "partial"))  # before the first look: a chunk written after it rings
+    # Rung by chunks and by the end: a chunk's read brings the attempts with it (a new one's first
+    # chunk says it restarted), and its end is the stored state.
+    ring = bell(job.id, kinds=("partial",))
 
-    def step() -> bytes:  # one Redis round trip; the job is read in full only when it changed
-        if not watch.changed():
+    def step(rung: bool) -> bytes:
+        """The audio the job made since the last step. Rung: it changed, read it; else a look of one
+        Redis round trip first (``JobWatch``), the job read in full only when that shows a change."""
+        if not rung and not watch.changed():
             return b""
         return b"".join(encoder.feed(pcm) for pcm in follower.poll())
 
     try:
+        # The first look once the subscription is live (it rings then): nothing made before it is missed.
+        rung = await ring.changed(config.speech_poll)
         while True:
-            first = await anyio.to_thread.run_sync(step)
+            first = await anyio.to_thread.run_sync(step, rung)
             if first:
                 break
             if await request.is_disconnected():
                 if cancel_on_hang_up:
                     await anyio.to_thread.run_sync(job.cancel)
                 raise HTTPException(499, "the client went away before the first chunk")
-            await ring.changed(config.speech_poll)
+            rung = await ring.changed(config.speech_poll)
     except NoAudio as exc:
         ring.close()
         kind = (exc.failure or {}).get("kind")
@@ -162,8 +168,8 @@ async def _stream(request: Request, job: JobHandle, fmt: str, config: GatewayCon
         try:
             yield first
             while not follower.done:
-                await ring.changed(config.speech_poll)
-                data = await anyio.to_thread.run_sync(step)
+                rung = await ring.changed(config.speech_poll)
+                data = await anyio.to_thread.run_sync(step, rung)
                 if data:
                     yield data
             yield await anyio.to_thread.run_sync(encoder.finish)

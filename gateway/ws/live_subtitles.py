@@ -238,9 +238,10 @@ async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
 async def _send_segments(live: _Live, scope: anyio.CancelScope, ring: Bell) -> None:
     watch = JobWatch(live.job)
     store = ArtifactStore(live.config.storage_dir, live.job.id)
+    rung = True  # the first look reads the job
     while True:
         try:
-            changed = await anyio.to_thread.run_sync(watch.changed)
+            changed = rung or await anyio.to_thread.run_sync(watch.changed)
             snapshot = await anyio.to_thread.run_sync(live.job.snapshot) if changed else None
             if live.holding and await anyio.to_thread.run_sync(live.push.ahead) <= MAX_AHEAD_SECONDS / 2:
                 live.holding = False
@@ -266,7 +267,7 @@ async def _send_segments(live: _Live, scope: anyio.CancelScope, ring: Bell) -> N
                         await live.websocket.close(CLOSE_NORMAL)
                 scope.cancel()  # the reader too: the job takes no more audio
                 return
-        await ring.changed(POLL_S)  # a hold ends by the look at least this often
+        rung = await ring.changed(POLL_S)  # a hold ends by the look at least this often
 
 
 async def _send_segment(live: _Live, store: ArtifactStore, name: str) -> None:

@@ -230,9 +230,10 @@ async def _sender(room: _Room, leave: Callable[[], Any]) -> None:
         room.pending.pop(0)
 
 
-def _read_if_changed(job: JobHandle, watch: JobWatch) -> Snapshot | None:
-    """The job's snapshot if anything a room follows changed (``job_feed.JobWatch``), else None."""
-    return job.snapshot() if watch.changed() else None
+def _read_if_changed(job: JobHandle, watch: JobWatch, rung: bool) -> Snapshot | None:
+    """The job's snapshot if its bell ``rung`` or a look shows that anything a room follows changed
+    (``job_feed.JobWatch``), else None."""
+    return job.snapshot() if rung or watch.changed() else None
 
 
 async def _stream_line(room: _Room, head: _Accepted) -> None:
@@ -244,14 +245,15 @@ async def _follow_line(room: _Room, head: _Accepted, ring: Bell) -> None:
     feed = LineFeed()
     frames = 0  # audio frames sent of the attempt being streamed
     watch = JobWatch(head.job)
+    rung = True  # the first look reads the job
     while True:
         try:
-            snapshot = await anyio.to_thread.run_sync(_read_if_changed, head.job, watch)
+            snapshot = await anyio.to_thread.run_sync(_read_if_changed, head.job, watch, rung)
         except (RedisError, OperationalError):
             await anyio.sleep(REDIS_RETRY_S)
             continue
         if snapshot is None:
-            await ring.changed(room.config.room_poll)
+            rung = await ring.changed(room.config.room_poll)
             continue
         for step in feed.steps(snapshot):
             if isinstance(step, Chunk):
@@ -275,7 +277,7 @@ async def _follow_line(room: _Room, head: _Accepted, ring: Bell) -> None:
             feed.commit(step)
             if isinstance(step, (Done, Failed)):
                 return
-        await ring.changed(room.config.room_poll)
+        rung = await ring.changed(room.config.room_poll)
 
 
 async def _send_chunk(room: _Room, head: _Accepted, step: Chunk) -> int | None:

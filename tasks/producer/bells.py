@@ -1,10 +1,10 @@
 """Being woken when a job changes, instead of looking at it again and again.
 
 A job's worker publishes on the job's bell (``keys.bell``) in the same round trip as each write a
-follower would see: an attempt recorded or ended (``tasks.wire.history``), a partial output,
-progress (``tasks.runtime.context.JobChannel``). Celery publishes the stored state on the result
-key's own channel. A follower holds a :class:`Bell` for the job it follows and waits on it between
-two reads:
+follower would see, naming what changed: an attempt recorded or ended (``tasks.wire.history``), a
+partial output, progress (``tasks.runtime.context.JobChannel``), the job's stored state
+(``tasks.result_backend``). A follower holds a :class:`Bell` for the job it follows and waits on it
+between two reads:
 
     with bell(job.id) as ring:
         while not done:
@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -42,7 +42,8 @@ _LISTEN_S = 1.0
 _SWEEP_S = 5.0
 # After a lost connection: how long before it listens again (redis-py subscribes anew as it reconnects).
 _RETRY_S = 0.5
-_BELL_PREFIX = keys.bell("")
+# The message the result backend publishes as it stores a job's state: it rings every bell.
+STATE = "state"
 
 
 class Bell:
@@ -129,17 +130,16 @@ class BellListener:
     The thread starts with the first bell.
     """
 
-    def __init__(self, client: Any, result_channel: Callable[[str], str]) -> None:
-        self.client, self.result_channel = client, result_channel
+    def __init__(self, client: Any) -> None:
+        self.client = client
         self._lock = threading.Lock()
         self._bells: dict[str, weakref.WeakSet[Bell]] = {}
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
 
     def bell(self, job_id: str, kinds: Iterable[str] = keys.BELL_KINDS) -> Bell:
-        """A bell for ``job_id``, rung by the ``kinds`` of change and by its stored state: its
-        farm bell and its result's channel, subscribed."""
-        bell = Bell(self, (keys.bell(job_id), self.result_channel(job_id)), frozenset(kinds))
+        """A bell for ``job_id``, rung by the ``kinds`` of change and by its stored state."""
+        bell = Bell(self, (keys.bell(job_id),), frozenset(kinds))
         with self._lock:
             new = [c for c in bell.channels if c not in self._bells]
             bell._unconfirmed.update(new)
@@ -198,7 +198,7 @@ class BellListener:
             else:
                 bells = list(self._bells.get(channel, ()))
         for bell in bells:
-            if not kind or kind in bell.kinds:
+            if not kind or kind == STATE or kind in bell.kinds:
                 bell.ring()
 
     def _confirmed(self, channel: str) -> None:
@@ -235,9 +235,7 @@ class BellListener:
                 continue
             if message.get("type") == "message":
                 data = message.get("data")
-                kind = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-                # On a job's bell, the change it names; on the result's channel, the stored state.
-                self._ring(channel, kind if channel.startswith(_BELL_PREFIX) else "")
+                self._ring(channel, data.decode(errors="replace") if isinstance(data, bytes) else str(data))
             elif message.get("type") == "subscribe":
                 self._confirmed(channel)
 
@@ -255,7 +253,5 @@ def bell(job_id: str, kinds: Iterable[str] = keys.BELL_KINDS) -> Bell:
             from mediafarm.tasks.app import app
 
             _listeners.clear()  # a forked child's copy of its parent's: not its own
-            listener = _listeners[os.getpid()] = BellListener(
-                app.backend.client, lambda job: app.backend.get_key_for_task(job).decode()
-            )
+            listener = _listeners[os.getpid()] = BellListener(app.backend.client)
     return listener.bell(job_id, kinds)
