@@ -199,6 +199,13 @@ def flames(folder: Path | None, worker_pid: int) -> Iterator[None]:
             recorder.send_signal(signal.SIGINT)  # py-spy writes its SVG on SIGINT
         for recorder in recorders:
             recorder.wait(timeout=60)
+        for svg in ("trace-producer.svg", "trace-worker.svg"):  # no path of this machine in the pages
+            path = folder / svg
+            if path.exists():
+                text = path.read_text()
+                for local, shown in ((sys.executable, "python"), (str(REPO) + os.sep, "")):
+                    text = text.replace(local, shown)
+                path.write_text(text)
 
 
 def report(results: dict[str, Any]) -> None:
