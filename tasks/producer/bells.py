@@ -15,7 +15,7 @@ It is woken by a push, and it reads the job anyway after ``timeout`` seconds, fo
 cannot promise: a bell rung before its subscription was live (it rings once as the subscription
 goes live, so the follower reads the job again at that moment), a connection lost and made again
 (every bell rings), a worker of an earlier release that publishes no bells. One subscriber
-connection and one thread per process serve every bell; the thread only reads and rings.
+connection and one thread per process serve every bell; that thread alone talks to Redis.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import threading
 import time
 import weakref
@@ -30,13 +31,11 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from mediafarm.tasks.wire import keys
 
 log = logging.getLogger("mediafarm.bells")
 
-# How long the listener waits for a message before it looks whether it has channels left.
+# The longest the listener waits between two turns with nothing to read and no bell opened or closed.
 _LISTEN_S = 1.0
 # How often the listener unsubscribes the channels of bells dropped without being closed.
 _SWEEP_S = 5.0
@@ -124,70 +123,56 @@ class Bell:
 class BellListener:
     """One process's subscriber: a pub/sub connection of ``client`` and the thread that reads it.
 
+    The thread is the connection's only user (redis-py's ``PubSub`` is not safe across threads):
+    opening and closing a bell touch only this object's own sets and wake the thread through a
+    pipe, so a follower on an event loop never waits on Redis here. Each turn the thread
+    subscribes the channels bells hold that the connection lacks (a channel whose SUBSCRIBE failed
+    is tried again the next turn), unsubscribes those no bell holds, and reads what came.
+
     Its channels are those of the bells open now; a channel's last bell closing unsubscribes it,
     and so does its last bell's being dropped unclosed (a stream whose response never started):
     bells are held weakly, and the thread sweeps channels whose bells are gone.
-    The thread starts with the first bell.
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self._lock = threading.Lock()
         self._bells: dict[str, weakref.WeakSet[Bell]] = {}
-        self._pubsub: Any = None
+        self._live: set[str] = set()  # channels whose subscription Redis confirmed on this connection
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
+        self._pubsub: Any = None
 
     def bell(self, job_id: str, kinds: Iterable[str] = keys.BELL_KINDS) -> Bell:
         """A bell for ``job_id``, rung by the ``kinds`` of change and by its stored state."""
         bell = Bell(self, (keys.bell(job_id),), frozenset(kinds))
         with self._lock:
-            new = [c for c in bell.channels if c not in self._bells]
-            bell._unconfirmed.update(new)
             for channel in bell.channels:
                 self._bells.setdefault(channel, weakref.WeakSet()).add(bell)
-            if self._pubsub is None:
-                self._pubsub = self.client.pubsub()
-            try:
-                if new:
-                    self._pubsub.subscribe(*new)
-            except RedisError as exc:
-                # The listener's reconnect subscribes every channel it holds; until then the
-                # follower's timeout reads the job.
-                log.warning("job %s: bell not subscribed yet (%s: %s)", job_id, type(exc).__name__, exc)
+            bell._unconfirmed.update(c for c in bell.channels if c not in self._live)
+            live = not bell._unconfirmed
             if self._thread is None:
                 self._thread = threading.Thread(target=self._listen, name="mediafarm-bells", daemon=True)
                 self._thread.start()
-        if not new:
-            bell.ring()  # its channels were live already: nothing to wait for before the first read
+        if live:
+            bell.ring()  # its channels are live already: nothing to wait for before the first read
+        else:
+            self._wake()
         return bell
 
     def forget(self, bell: Bell) -> None:
         with self._lock:
             for channel in bell.channels:
                 self._bells.get(channel, weakref.WeakSet()).discard(bell)
-            self._unsubscribe_unheld()
+        self._wake()
 
-    def _unsubscribe_unheld(self) -> None:
-        """Unsubscribe the channels no bell holds any more (called holding the lock)."""
-        gone = [channel for channel, held in self._bells.items() if not held]
-        for channel in gone:
-            del self._bells[channel]
-        if gone and self._pubsub is not None:
-            try:
-                self._pubsub.unsubscribe(*gone)
-            except RedisError:
-                pass  # the reconnect subscribes only the channels still held
-
-    def _resubscribe(self) -> None:
-        """Subscribe every held channel on a subscriber that never connected (redis-py subscribes
-        anew by itself on a connection it made again)."""
-        with self._lock:
-            if self._pubsub.connection is not None or not self._bells:
-                return
-            try:
-                self._pubsub.subscribe(*self._bells)
-            except RedisError:
-                pass  # still away: the next look tries again
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:
+            pass  # the pipe is full: the thread has wake-ups enough waiting
 
     def _ring(self, channel: str | None, kind: str = "") -> None:
         """Ring the bells of ``channel`` that ``kind`` of change rings ('': every one), or every
@@ -202,42 +187,99 @@ class BellListener:
                 bell.ring()
 
     def _confirmed(self, channel: str) -> None:
+        """Redis confirmed a subscription: the bells waiting for it ring. A channel confirmed again
+        was subscribed anew by redis-py on a connection it made again: what was published in
+        between is lost, so each of its bells rings."""
         with self._lock:
+            again = channel in self._live
+            self._live.add(channel)
             bells = list(self._bells.get(channel, ()))
         for bell in bells:
-            bell._confirmed(channel)
+            if again:
+                bell.ring()
+            else:
+                bell._confirmed(channel)
 
     def _listen(self) -> None:
-        # It never ends: a process that followed one job will likely follow another, and a thread
-        # that stopped and started again would race a subscribe against its last read.
-        pubsub, swept = self._pubsub, time.monotonic()
+        # It never ends: a process that followed one job will likely follow another.
+        pubsub = self._pubsub = self.client.pubsub()  # an attribute to look at, used by this thread alone
+        swept = time.monotonic()
         while True:
             try:
-                message = pubsub.get_message(timeout=_LISTEN_S)  # no channels: waits, reads nothing
-            except (RedisError, OSError, ValueError, RuntimeError) as exc:
-                # RuntimeError: no connection was ever made (Redis away at the first subscribe).
+                if time.monotonic() - swept >= _SWEEP_S:
+                    swept = time.monotonic()
+                    self._sweep()
+                self._follow_held(pubsub)
+                self._read(pubsub)
+                self._wait(pubsub)
+            except Exception as exc:  # noqa: BLE001 - this thread must outlive any one failure
+                # Redis away, a connection cut, or a reply it could not parse: whatever came in
+                # meanwhile was missed, so every follower reads again; redis-py subscribes its
+                # channels anew as it reconnects, and the next turn adds any it lacks.
+                with self._lock:
+                    self._live.clear()
                 log.warning("job bells: subscriber connection lost (%s: %s); every follower reads again",
                             type(exc).__name__, exc)  # fmt: skip
                 self._ring(None)
+                if pubsub.connection is not None:
+                    pubsub.connection.disconnect()  # the next read connects again, and subscribes anew
                 time.sleep(_RETRY_S)
-                self._resubscribe()
-                continue
-            if time.monotonic() - swept >= _SWEEP_S:  # channels of bells dropped unclosed go
-                swept = time.monotonic()
-                with self._lock:
-                    self._unsubscribe_unheld()
-            if not message:
-                continue
-            channel = message.get("channel")
-            if isinstance(channel, bytes):
-                channel = channel.decode()
-            if not isinstance(channel, str):
-                continue
-            if message.get("type") == "message":
-                data = message.get("data")
-                self._ring(channel, data.decode(errors="replace") if isinstance(data, bytes) else str(data))
-            elif message.get("type") == "subscribe":
-                self._confirmed(channel)
+
+    def _sweep(self) -> None:
+        """Forget the channels whose bells were all dropped unclosed."""
+        with self._lock:
+            for channel in [c for c, held in self._bells.items() if not held]:
+                del self._bells[channel]
+
+    def _follow_held(self, pubsub: Any) -> None:
+        """Subscribe what the bells hold and the connection lacks; unsubscribe what none holds."""
+        with self._lock:
+            held = {c for c, bells in self._bells.items() if bells}
+            for channel in [c for c, bells in self._bells.items() if not bells]:
+                del self._bells[channel]
+        subscribed = {c.decode() if isinstance(c, bytes) else c for c in pubsub.channels}
+        pending = {c.decode() if isinstance(c, bytes) else c for c in pubsub.pending_unsubscribe_channels}
+        if missing := sorted(held - subscribed):
+            pubsub.subscribe(*missing)
+        if gone := sorted(subscribed - held - pending):
+            with self._lock:
+                self._live.difference_update(gone)
+            pubsub.unsubscribe(*gone)
+
+    def _read(self, pubsub: Any) -> None:
+        """Handle every message already here (on the socket or in redis-py's buffer), without waiting."""
+        for _ in range(10_000):  # a bound, so that a stream of messages cannot hold off the next turn
+            if pubsub.connection is None or not pubsub.connection.can_read(timeout=0):
+                return
+            message = pubsub.get_message(timeout=0)
+            if message:
+                self._handle(message)
+            elif not pubsub.subscribed:
+                return  # redis-py reads nothing on a connection with no channel
+
+    def _wait(self, pubsub: Any) -> None:
+        """Until the connection has something to read, a bell opened or closed, or ``_LISTEN_S``."""
+        sock = getattr(pubsub.connection, "_sock", None) if pubsub.connection is not None else None
+        ready, _, _ = select.select([self._wake_r] + ([sock] if sock is not None else []), [], [], _LISTEN_S)
+        if self._wake_r in ready:
+            while True:
+                try:
+                    if not os.read(self._wake_r, 4096):
+                        break
+                except BlockingIOError:
+                    break
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        channel = message.get("channel")
+        if isinstance(channel, bytes):
+            channel = channel.decode()
+        if not isinstance(channel, str):
+            return
+        if message.get("type") == "message":
+            data = message.get("data")
+            self._ring(channel, data.decode(errors="replace") if isinstance(data, bytes) else str(data))
+        elif message.get("type") == "subscribe":
+            self._confirmed(channel)
 
 
 _listeners: dict[int, BellListener] = {}

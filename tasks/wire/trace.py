@@ -4,9 +4,10 @@ Both sides keep one. The producer's (``submit``) marks validation, routing, admi
 idempotency key and the send; the worker's child marks its start, its bookkeeping before the
 engine, the engine's start and end, and the attempt's record; the envelope carries the worker's
 trace (``Envelope.trace``), so a producer that timed its own side has the whole job. A step's
-round trips are those its own thread made on the farm's Redis client (:class:`CountingConnection`,
-which the result backend's pool uses); the broker's publish and the worker's fetch go through
-kombu's connections and are not counted here (a bench counts every command server-side).
+round trips are those its own thread made on the farm's Redis client (:func:`counting_connection`,
+which the result backend's pool uses), a new connection's handshake among them; the broker's
+publish and the worker's fetch go through kombu's connections and are not counted here (a bench
+counts every command server-side).
 
 Times are wall-clock (``time.time``): the worker's first step is measured from the moment the
 producer sent the message (its ``SENT_HEADER``), which on two hosts includes their clock skew.
@@ -17,6 +18,7 @@ a microsecond); the envelope grows by a few hundred bytes.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -100,7 +102,13 @@ _current: ContextVar[Trace | None] = ContextVar("mediafarm_trace", default=None)
 def begin(sent: Any = None) -> Trace:
     """Start this child's trace of a job from ``sent`` (the message's ``SENT_HEADER``), or from
     now where it has none or not a time; its first mark is ``child``: the job reached its child."""
-    t0 = float(sent) if isinstance(sent, (int, float)) and not isinstance(sent, bool) and sent > 0 else time.time()
+    now = time.time()
+    try:
+        t0 = float(sent) if isinstance(sent, (int, float)) and not isinstance(sent, bool) else now
+    except OverflowError:  # an integer too large for a float: no time a producer stamps
+        t0 = now
+    if not (math.isfinite(t0) and 0 < t0 <= now + 3600):  # a clock an hour ahead is skew; past that, not a time
+        t0 = now
     trace = Trace(t0=t0)
     trace.mark("child")
     _current.set(trace)

@@ -157,3 +157,24 @@ def test_a_bell_rings_only_for_the_changes_its_follower_reads_and_always_for_the
         assert ring.wait(5)
         app.backend.store_result(job_id, {"job_id": job_id, "attempts": []}, "SUCCESS")  # a farm envelope
         assert ring.wait(5), "the stored state rings every bell"
+
+
+def test_opening_a_bell_never_waits_on_redis_even_when_it_is_away() -> None:
+    import socket
+
+    import redis
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = BellListener(redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=5))
+    started = time.monotonic()
+    ring = listener.bell("away")
+    opened = time.monotonic() - started
+    assert opened < 0.1, f"opening took {opened:.2f} s: it talked to Redis"
+    # Its listener's thread meets the refused connection (and may ring every bell: read again);
+    # the follower is not held up, and closing does not wait either.
+    ring.wait(0.2)
+    started = time.monotonic()
+    ring.close()
+    assert time.monotonic() - started < 0.1

@@ -30,7 +30,7 @@ def test_a_mark_is_the_time_since_t0_and_the_round_trips_since_the_mark_before()
     assert step == "first" and 1.0 <= at < 2.0 and trips == 0
 
 
-@pytest.mark.parametrize("sent", [None, "yesterday", True, -5, 0])
+@pytest.mark.parametrize("sent", [None, "yesterday", True, -5, 0, 10**400, float("inf"), float("nan"), 4e12])
 def test_a_child_trace_without_a_usable_send_time_starts_at_the_child(sent: object) -> None:
     before = time.time()
     tr = trace.begin(sent)
