@@ -26,6 +26,29 @@ def print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
         console.print(rendered)
     print_attempts(envelope.get("attempts", []))
     print_artifacts(envelope.get("artifacts", []))
+    print_trace(envelope.get("trace"))
+
+
+def print_trace(trace: Any) -> None:
+    line = trace_line(trace)
+    if line is not None:
+        console.print(line, highlight=False)
+
+
+def trace_line(trace: Any) -> str | None:
+    """The worker's side of a job's trace (``tasks.wire.trace``) in one line: each step's own time and
+    the Redis round trips it made, ``child`` counted from the send. None where the envelope has none."""
+    from mediafarm.tasks.wire.trace import Trace
+
+    if not isinstance(trace, dict):
+        return None
+    try:
+        spans = list(Trace.from_json(trace).spans())
+    except (KeyError, TypeError, ValueError):
+        return None  # a trace this version cannot read: the job is shown without it
+    parts = [f"{step} {seconds * 1000:.1f} ms" + (f" ({trips} round trip{'' if trips == 1 else 's'})" if trips else "")
+             for step, seconds, trips in spans]  # fmt: skip
+    return "trace: " + " · ".join(parts) if parts else None
 
 
 def print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:

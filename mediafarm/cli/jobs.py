@@ -14,7 +14,14 @@ from typing import Annotated, Any
 import typer
 
 from mediafarm.cli.console import console, fail, need_broker
-from mediafarm.cli.job_view import follow, print_artifacts, print_attempts, print_envelope, progress_snapshot
+from mediafarm.cli.job_view import (
+    follow,
+    print_artifacts,
+    print_attempts,
+    print_envelope,
+    print_trace,
+    progress_snapshot,
+)
 from mediafarm.tasks import registry
 from mediafarm.tasks.wire.errors import JobFailed, Overloaded
 from mediafarm.tasks.wire.media_urls import is_media_url
@@ -171,6 +178,8 @@ def status(job_id: str) -> None:
         console.print(progress_snapshot(progress))
     print_attempts(job.attempts(), always=True)
     print_artifacts([a.to_json() for a in job.artifacts()])
+    if state == "SUCCESS":
+        print_trace((job.envelope() or {}).get("trace"))
 
 
 def cancel(job_id: str) -> None:

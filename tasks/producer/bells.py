@@ -203,7 +203,7 @@ class BellListener:
     def _listen(self) -> None:
         # It never ends: a process that followed one job will likely follow another.
         pubsub = self._pubsub = self.client.pubsub()  # an attribute to look at, used by this thread alone
-        swept = time.monotonic()
+        swept, failing = time.monotonic(), False
         while True:
             try:
                 if time.monotonic() - swept >= _SWEEP_S:
@@ -211,6 +211,9 @@ class BellListener:
                     self._sweep()
                 self._follow_held(pubsub)
                 self._read(pubsub)
+                if failing:
+                    failing = False
+                    log.info("job bells: subscriber connection back")
                 self._wait(pubsub)
             except Exception as exc:  # noqa: BLE001 - this thread must outlive any one failure
                 # Redis away, a connection cut, or a reply it could not parse: whatever came in
@@ -218,8 +221,11 @@ class BellListener:
                 # channels anew as it reconnects, and the next turn adds any it lacks.
                 with self._lock:
                     self._live.clear()
-                log.warning("job bells: subscriber connection lost (%s: %s); every follower reads again",
-                            type(exc).__name__, exc)  # fmt: skip
+                # Once an outage, not every half second of it.
+                log.log(logging.DEBUG if failing else logging.WARNING,
+                        "job bells: subscriber connection lost (%s: %s); every follower reads again",
+                        type(exc).__name__, exc)  # fmt: skip
+                failing = True
                 self._ring(None)
                 if pubsub.connection is not None:
                     pubsub.connection.disconnect()  # the next read connects again, and subscribes anew

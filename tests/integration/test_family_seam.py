@@ -267,6 +267,12 @@ def test_the_cli_shows_a_running_jobs_progress(cpu_worker, ten_minutes: Path) ->
     assert f"{job.id}: STARTED" in shown and "silero-onnx silero-vad" in shown, shown
     assert "%" in shown and "s of media" in shown and "running" in shown, shown
     job.wait(timeout=120)
+    # Once it succeeded, where its time went in the worker: each step of its trace.
+    ended = subprocess.run([*farm, "status", job.id], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 0, ended.stderr
+    [line] = [li for li in plain(ended.stdout).splitlines() if li.startswith("trace: ")]
+    assert [part.split()[0] for part in line.removeprefix("trace: ").split(" · ")] == [
+        "child", "ready", "attempt", "engine", "engine_end", "recorded"]
 
     waited = subprocess.run([*farm, "submit", "vad", str(ten_minutes), "--wait"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=180)  # fmt: skip
@@ -274,6 +280,7 @@ def test_the_cli_shows_a_running_jobs_progress(cpu_worker, ten_minutes: Path) ->
     shown = plain(waited.stdout)
     assert "silero-onnx silero-vad" in shown and "s of media" in shown, shown  # the bar's detail
     assert "variant silero-onnx" in shown, shown  # then the result
+    assert "trace: child " in shown and "engine_end " in shown, shown
 
 
 def plain(terminal_output: str) -> str:

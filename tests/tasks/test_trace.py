@@ -99,3 +99,11 @@ def test_the_farm_backend_counts_its_round_trips() -> None:
 
     assert issubclass(app.backend.client.connection_pool.connection_class, redis.Connection)
     assert app.backend.client.connection_pool.connection_class is counting_connection(redis.Connection)
+
+
+def test_the_cli_shows_a_trace_in_one_line_and_skips_one_it_cannot_read() -> None:
+    from mediafarm.cli.job_view import trace_line
+
+    data = {"t0": 10.0, "steps": [["child", 2.4, 0], ["attempt", 3.0, 1], ["engine_end", 16.0, 3]]}
+    assert trace_line(data) == "trace: child 2.4 ms · attempt 0.6 ms (1 round trip) · engine_end 13.0 ms (3 round trips)"
+    assert trace_line(None) is None and trace_line({"steps": []}) is None and trace_line({"t0": 1, "steps": [1]}) is None
