@@ -37,7 +37,8 @@ log = logging.getLogger("mediafarm.bells")
 
 # The longest the listener waits between two turns with nothing to read and no bell opened or closed.
 _LISTEN_S = 1.0
-# How often the listener unsubscribes the channels of bells dropped without being closed.
+# How often the listener forgets the channels of bells dropped without being closed, when no bell
+# opened or closed meanwhile made it look sooner.
 _SWEEP_S = 5.0
 # After a lost connection: how long before it listens again (redis-py subscribes anew as it reconnects).
 _RETRY_S = 0.5
@@ -54,12 +55,12 @@ class Bell:
     ``kinds``: the changes that ring it (``keys.BELL_KINDS``); the job's stored state always does.
     """
 
-    def __init__(self, listener: BellListener, channels: tuple[str, ...], kinds: frozenset[str]) -> None:
-        self._listener, self.channels, self.kinds = listener, channels, kinds
+    def __init__(self, listener: BellListener, channel: str, kinds: frozenset[str]) -> None:
+        self._listener, self.channel, self.kinds = listener, channel, kinds
         self._cond = threading.Condition()
         self._rung = False
         self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-        self._unconfirmed: set[str] = set()  # channels whose subscription is not live yet
+        self._unconfirmed = False  # its channel's subscription is not live yet
         self.closed = False
 
     def ring(self) -> None:
@@ -74,15 +75,13 @@ class Bell:
             except RuntimeError:  # that loop is closed: its waiter is gone
                 pass
 
-    def _confirmed(self, channel: str) -> None:
-        """A channel's subscription is live: once all of them are, the bell rings (once), for the
-        read that closes the gap between the follower's first look and the subscription."""
+    def _confirmed(self) -> None:
+        """Its channel's subscription is live: the bell rings (once), for the read that closes the
+        gap between the follower's first look and the subscription."""
         with self._cond:
-            if channel not in self._unconfirmed:
+            if not self._unconfirmed:
                 return
-            self._unconfirmed.discard(channel)
-            if self._unconfirmed:
-                return
+            self._unconfirmed = False
         self.ring()
 
     def wait(self, timeout: float) -> bool:
@@ -131,7 +130,7 @@ class BellListener:
 
     Its channels are those of the bells open now; a channel's last bell closing unsubscribes it,
     and so does its last bell's being dropped unclosed (a stream whose response never started):
-    bells are held weakly, and the thread sweeps channels whose bells are gone.
+    bells are held weakly, and the thread forgets the channels whose bells are gone.
     """
 
     def __init__(self, client: Any) -> None:
@@ -139,6 +138,7 @@ class BellListener:
         self._lock = threading.Lock()
         self._bells: dict[str, weakref.WeakSet[Bell]] = {}
         self._live: set[str] = set()  # channels whose subscription Redis confirmed on this connection
+        self._changed = False  # a bell opened or closed since the thread last followed them
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -147,25 +147,25 @@ class BellListener:
 
     def bell(self, job_id: str, kinds: Iterable[str] = keys.BELL_KINDS) -> Bell:
         """A bell for ``job_id``, rung by the ``kinds`` of change and by its stored state."""
-        bell = Bell(self, (keys.bell(job_id),), frozenset(kinds))
+        bell = Bell(self, keys.bell(job_id), frozenset(kinds))
         with self._lock:
-            for channel in bell.channels:
-                self._bells.setdefault(channel, weakref.WeakSet()).add(bell)
-            bell._unconfirmed.update(c for c in bell.channels if c not in self._live)
-            live = not bell._unconfirmed
+            self._bells.setdefault(bell.channel, weakref.WeakSet()).add(bell)
+            self._changed = True
+            live = bell.channel in self._live
+            bell._unconfirmed = not live
             if self._thread is None:
                 self._thread = threading.Thread(target=self._listen, name="mediafarm-bells", daemon=True)
                 self._thread.start()
         if live:
-            bell.ring()  # its channels are live already: nothing to wait for before the first read
+            bell.ring()  # its channel is live already: nothing to wait for before the first read
         else:
             self._wake()
         return bell
 
     def forget(self, bell: Bell) -> None:
         with self._lock:
-            for channel in bell.channels:
-                self._bells.get(channel, weakref.WeakSet()).discard(bell)
+            self._bells.get(bell.channel, weakref.WeakSet()).discard(bell)
+            self._changed = True
         self._wake()
 
     def _wake(self) -> None:
@@ -179,7 +179,7 @@ class BellListener:
         bell (``channel`` None)."""
         with self._lock:
             if channel is None:
-                bells = list({id(b): b for held in self._bells.values() for b in held}.values())
+                bells = [b for held in self._bells.values() for b in held]  # a bell has one channel
             else:
                 bells = list(self._bells.get(channel, ()))
         for bell in bells:
@@ -198,18 +198,19 @@ class BellListener:
             if again:
                 bell.ring()
             else:
-                bell._confirmed(channel)
+                bell._confirmed()
 
     def _listen(self) -> None:
         # It never ends: a process that followed one job will likely follow another.
         pubsub = self._pubsub = self.client.pubsub()  # an attribute to look at, used by this thread alone
-        swept, failing = time.monotonic(), False
+        failing, swept = False, time.monotonic()
         while True:
             try:
-                if time.monotonic() - swept >= _SWEEP_S:
+                # Only when bells opened or closed (a turn per message must not scan them all), or
+                # now and then for bells dropped unclosed.
+                if self._changed or time.monotonic() - swept >= _SWEEP_S:
                     swept = time.monotonic()
-                    self._sweep()
-                self._follow_held(pubsub)
+                    self._follow_held(pubsub)
                 self._read(pubsub)
                 if failing:
                     failing = False
@@ -221,6 +222,7 @@ class BellListener:
                 # channels anew as it reconnects, and the next turn adds any it lacks.
                 with self._lock:
                     self._live.clear()
+                    self._changed = True  # a SUBSCRIBE that failed is sent again next turn
                 # Once an outage, not every half second of it.
                 log.log(logging.DEBUG if failing else logging.WARNING,
                         "job bells: subscriber connection lost (%s: %s); every follower reads again",
@@ -231,15 +233,11 @@ class BellListener:
                     pubsub.connection.disconnect()  # the next read connects again, and subscribes anew
                 time.sleep(_RETRY_S)
 
-    def _sweep(self) -> None:
-        """Forget the channels whose bells were all dropped unclosed."""
-        with self._lock:
-            for channel in [c for c, held in self._bells.items() if not held]:
-                del self._bells[channel]
-
     def _follow_held(self, pubsub: Any) -> None:
-        """Subscribe what the bells hold and the connection lacks; unsubscribe what none holds."""
+        """Subscribe what the bells hold and the connection lacks; unsubscribe what none holds (all
+        its bells closed, or dropped unclosed), and forget it."""
         with self._lock:
+            self._changed = False
             held = {c for c, bells in self._bells.items() if bells}
             for channel in [c for c, bells in self._bells.items() if not bells]:
                 del self._bells[channel]
@@ -247,6 +245,9 @@ class BellListener:
         pending = {c.decode() if isinstance(c, bytes) else c for c in pubsub.pending_unsubscribe_channels}
         if missing := sorted(held - subscribed):
             pubsub.subscribe(*missing)
+        if held & pending:  # reopened while its UNSUBSCRIBE is answered: subscribe it once that is in
+            with self._lock:
+                self._changed = True
         if gone := sorted(subscribed - held - pending):
             with self._lock:
                 self._live.difference_update(gone)

@@ -28,7 +28,7 @@ def job_id(redis_url: str) -> str:  # the session's Redis, which the app's backe
 def live(ring: Any) -> None:
     """Wait for the ring of the subscription going live, and nothing after it."""
     assert ring.wait(5), "a new bell rings once its subscription is live"
-    assert not ring.wait(0.2), "once, when all its channels are live"
+    assert not ring.wait(0.2), "once, when its channel is live"
 
 
 def subscribers(channel: str) -> int:
@@ -104,7 +104,7 @@ def test_two_bells_of_one_job_both_ring_and_the_channel_goes_with_the_last(job_i
     first = bell(job_id)
     live(first)
     second = bell(job_id)
-    assert second.wait(1)  # its channels were live already: it rings at once for its first read
+    assert second.wait(1)  # its channel was live already: it rings at once for its first read
     JobChannel(app.backend.client, job_id, ttl=60).publish({"x": 1})
     assert first.wait(5) and second.wait(5)
     first.close()
