@@ -37,6 +37,17 @@ SENTENCES = (
 )  # fmt: skip
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, interpolated linearly between the two nearest
+    ranks (numpy's default); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
 @contextlib.contextmanager
 def farm(
     workdir: Path,

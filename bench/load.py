@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.farm import REPO, farm, worker
+from bench.farm import REPO, farm, percentile, worker
 
 QUEUE = "chaos"  # the family's own queue: where the gateway's route sends too
 
@@ -249,15 +249,6 @@ def level(args: argparse.Namespace, factor: float, capacity: float, url: str, rn
         "wait_p50_s": round(percentile(waits, 50), 3), "wait_p99_s": round(percentile(waits, 99), 3),
         "max_depth": sampler.depth, "redis_used_memory_peak_mb": round(sampler.memory / 2**20, 2),
     }  # fmt: skip
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def report(row: dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.farm import REPO, SENTENCES, farm, worker
+from bench.farm import REPO, SENTENCES, farm, percentile, worker
 
 CONFIG = """
 [pools.bench]
@@ -155,11 +155,6 @@ def measure(run: Callable[[], dict[str, Any]], jobs: int, client: Any, idle: dic
     return {"samples": samples, "commands_per_job": round(sum(per_job.values()), 1), "commands": per_job}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def summary(kind: dict[str, Any]) -> dict[str, Any]:
     samples = kind["samples"]
     steps = list(samples[0]["ms"])
@@ -167,7 +162,7 @@ def summary(kind: dict[str, Any]) -> dict[str, Any]:
     for step in steps:
         values = [s["ms"][step] for s in samples]
         trips = [s["trips"].get(step, 0) for s in samples]
-        out[step] = {"p50_ms": round(statistics.median(values), 2), "p99_ms": round(percentile(values, 0.99), 2),
+        out[step] = {"p50_ms": round(statistics.median(values), 2), "p99_ms": round(percentile(values, 99), 2),
                      "round_trips": statistics.median(trips) if trips else 0}  # fmt: skip
     return out
 
