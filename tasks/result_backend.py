@@ -49,7 +49,7 @@ redis.call('PUBLISH', KEYS[1], ARGV[1])
 
 # Any state but a farm job's SUCCESS; an end (FAILURE, REVOKED: ARGV[3] the job id, else '') also
 # takes the job out of the ledger of messages sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``). The
-# job's bell (ARGV[4], ``keys.bell``; '' for a key that names no job) rings: its state changed.
+# job's bell (ARGV[4], ``keys.bell``; '' for a key that names no job) rings with ``keys.BELL_STATE``.
 _SET_UNLESS_SUCCESS = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 forget_sent(KEYS[2], KEYS[3], ARGV[3])
 if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], 'state') end
@@ -58,7 +58,7 @@ return 1
 
 # A farm job's SUCCESS: then the job's attempt log (KEYS[2]) becomes the envelope's attempts
 # (ARGV[5...]), the job (ARGV[3]) leaves the ledger of messages sent (KEYS[3], KEYS[4]), and its
-# bell (ARGV[4]) rings.
+# bell (ARGV[4]) rings with ``keys.BELL_STATE``.
 _STORE_SUCCESS_WITH_HISTORY = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 redis.call('DEL', KEYS[2])
 for i = 5, #ARGV do

@@ -42,8 +42,6 @@ _LISTEN_S = 1.0
 _SWEEP_S = 5.0
 # After a lost connection: how long before it listens again (redis-py subscribes anew as it reconnects).
 _RETRY_S = 0.5
-# The message the result backend publishes as it stores a job's state: it rings every bell.
-STATE = "state"
 
 
 class Bell:
@@ -183,7 +181,7 @@ class BellListener:
             else:
                 bells = list(self._bells.get(channel, ()))
         for bell in bells:
-            if not kind or kind == STATE or kind in bell.kinds:
+            if not kind or kind == keys.BELL_STATE or kind in bell.kinds:
                 bell.ring()
 
     def _confirmed(self, channel: str) -> None:

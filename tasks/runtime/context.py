@@ -72,7 +72,7 @@ class JobChannel:
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.set(keys.progress(self.job_id), json.dumps(progress.to_json()), ex=self.ttl)
-            pipe.publish(keys.bell(self.job_id), "progress")  # followers wake (``tasks.producer.bells``)
+            pipe.publish(keys.bell(self.job_id), keys.BELL_PROGRESS)  # followers wake (``tasks.producer.bells``)
             pipe.execute()
             if self.on_progress is not None:
                 self.on_progress(progress.to_json())
@@ -95,7 +95,7 @@ class JobChannel:
         if not self._published:
             # The attempt's time to first output (the workers' metrics), in the same round trip.
             pipe.set(keys.first_output(self.job_id), repr(wall_clock()), ex=self.ttl)
-        pipe.publish(keys.bell(self.job_id), "partial")  # followers wake (``tasks.producer.bells``)
+        pipe.publish(keys.bell(self.job_id), keys.BELL_PARTIAL)  # followers wake (``tasks.producer.bells``)
         try:
             pipe.execute()
         except RedisError as exc:

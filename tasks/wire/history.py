@@ -108,7 +108,7 @@ class AttemptLog:
 # worker, same start, still open, and no SUCCESS stored (the SUCCESS made the log its envelope's,
 # ``tasks.result_backend``); for a process finishing its own attempt, also still the newest
 # attempt. Atomic in Redis, so a stale process can never rewrite history. A write rings the job's
-# bell (ARGV[7], ``keys.bell``) in the same step.
+# bell (ARGV[7], ``keys.bell``) with ``keys.BELL_ATTEMPT`` in the same step.
 _CONDITIONAL_LSET = LUA_STORED_SUCCESS + """
 local i = tonumber(ARGV[1])
 if ARGV[6] == '1' and redis.call('LLEN', KEYS[1]) ~= i + 1 then return 0 end
@@ -130,7 +130,7 @@ return 1
 # outputs and progress of the attempt before go in the same step, so whoever reads the history and
 # the partials together knows whose they are: the newest attempt's (the gateway's event ids rely on
 # it). The new attempt's own reset (``JobChannel.reset``) comes a moment later, too late for that.
-# An append rings the job's bell (ARGV[4], ``keys.bell``).
+# An append rings the job's bell (ARGV[4], ``keys.bell``) with ``keys.BELL_ATTEMPT``.
 _APPEND_UNLESS_SUCCEEDED = LUA_STORED_SUCCESS + """
 local cancelled = redis.call('EXISTS', KEYS[2])
 if ARGV[3] == '1' and stored_success(KEYS[3]) then return {-1, cancelled, 1} end

@@ -50,9 +50,11 @@ def bell(job_id: str) -> str:
     return f"{PREFIX}:bell:{job_id}"
 
 
-# What a message on a job's bell says changed: an attempt recorded or ended, a partial output
-# published, progress reported. (The job's stored state is announced on Celery's own channel.)
-BELL_KINDS = ("attempt", "partial", "progress")
+# What a message on a job's bell says changed: an attempt recorded or ended (``tasks.wire.history``'s
+# scripts), a partial output published, progress reported (``JobChannel``): the kinds a follower
+# chooses among. The job's stored state (``tasks.result_backend``'s scripts) rings every bell.
+BELL_ATTEMPT, BELL_PARTIAL, BELL_PROGRESS, BELL_STATE = "attempt", "partial", "progress", "state"
+BELL_KINDS = (BELL_ATTEMPT, BELL_PARTIAL, BELL_PROGRESS)
 
 
 def submitted(job_id: str) -> str:
