@@ -3,11 +3,13 @@ from the families' own request and result models (one source of truth for the wi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
@@ -15,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 from mediafarm import __version__
 from mediafarm.config.settings import get_settings
 from mediafarm.gateway import metrics as gateway_metrics
+from mediafarm.gateway.common.submit_errors import BROKER_ERRORS, broker_away
 from mediafarm.gateway.http import jobs, uploads
 from mediafarm.gateway.openai import models as openai_models
 from mediafarm.gateway.openai import speech, transcriptions
@@ -25,6 +28,8 @@ from mediafarm.tasks import registry
 from mediafarm.tasks.producer.client import farm_redis
 from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.upload_store import UploadStore
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = (
     "Submit the farm's jobs, follow them as they run (Server-Sent Events), fetch what they made. "
@@ -47,6 +52,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.include_router(openai_models.router)
     app.include_router(rooms.router)  # WebSocket /v1/rooms/{room}: dialogue rooms
     app.include_router(live_subtitles.router)  # WebSocket /v1/live/subtitles: pushed audio in, WebVTT out
+    for error in BROKER_ERRORS:  # any route that reads Redis while it restarts: 503, not a bare 500
+        app.add_exception_handler(error, broker_unavailable)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["farm"], summary="Is the farm's Redis reachable?")
     gateway_metrics.install(app, get_settings().gateway_metrics_open)  # GET /metrics, and requests counted
     if config.cors_origins:  # no CORS header at all unless the operator names the origins
@@ -60,6 +67,11 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         app.add_middleware(LoopbackOnly)
     app.openapi = family_openapi(app, specs)  # type: ignore[method-assign]
     return app
+
+
+async def broker_unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("%s %s: the farm's Redis or broker failed: %r", request.method, request.url.path, exc)
+    return await http_exception_handler(request, broker_away(exc))
 
 
 async def healthz() -> dict[str, str]:

@@ -20,8 +20,11 @@ from redis.exceptions import RedisError
 
 from mediafarm.tasks.wire.errors import InvalidRequest, Overloaded
 
+# The farm's Redis (or the broker) away, refusing, or still loading its data after a restart: what
+# any route that touches it may raise, a submit or a read. Answered 503, so a client waits it out.
+BROKER_ERRORS = (RedisError, OperationalError)
 # What ``submit`` raises when the farm refuses a job; anything else is a bug, answered 500.
-SUBMIT_ERRORS = (Overloaded, ValueError, RedisError, OperationalError)
+SUBMIT_ERRORS = (Overloaded, ValueError, *BROKER_ERRORS)
 HTTP_STATUS = {"overloaded": 429, "conflict": 409, "invalid": 422, "unavailable": 503}
 BROKER_AWAY = "the farm's broker cannot be reached"
 
@@ -30,7 +33,7 @@ def refusal(exc: BaseException, *, named_id: bool) -> str:
     """Which refusal ``exc`` (one of SUBMIT_ERRORS) is; ``named_id``: the client chose the job's id."""
     if isinstance(exc, Overloaded):
         return "overloaded"
-    if isinstance(exc, (RedisError, OperationalError)):
+    if isinstance(exc, BROKER_ERRORS):
         return "unavailable"
     if named_id and not isinstance(exc, InvalidRequest):
         return "conflict"
@@ -51,7 +54,12 @@ def http_refusal(exc: BaseException, idempotency_key: str | None = None,
     if isinstance(exc, Overloaded):
         return HTTPException(status, str(exc), headers={"Retry-After": retry_after(exc)})
     if kind == "unavailable":
-        return HTTPException(status, f"{BROKER_AWAY}: {exc}")
+        return broker_away(exc)
     if kind == "conflict":
         return HTTPException(status, f"Idempotency-Key {idempotency_key!r}: {exc}")
     return HTTPException(status, words(exc))
+
+
+def broker_away(exc: BaseException) -> HTTPException:
+    """The answer to any route that met one of BROKER_ERRORS: 503, try again in a second."""
+    return HTTPException(HTTP_STATUS["unavailable"], f"{BROKER_AWAY}: {exc}", headers={"Retry-After": "1"})

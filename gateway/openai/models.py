@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
+from mediafarm.gateway.common.submit_errors import BROKER_ERRORS, broker_away
 from mediafarm.gateway.security import caller
 from mediafarm.tasks import registry
 from mediafarm.tasks.producer.client import farm_redis
@@ -47,7 +48,8 @@ class OpenAIRoute(APIRoute):
         async def answer(request: Request) -> Response:
             try:
                 return await handler(request)
-            except HTTPException as exc:
+            except (HTTPException, *BROKER_ERRORS) as raised:
+                exc = raised if isinstance(raised, HTTPException) else broker_away(raised)
                 kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
                 error = {"message": exc.detail, "type": kind, "param": None, "code": str(exc.status_code)}
                 return JSONResponse({"error": error, "detail": exc.detail}, exc.status_code, headers=exc.headers)
