@@ -37,7 +37,6 @@ OWNER = "mediafarm"
 CREATED = int(time.time())
 
 
-
 class OpenAIRoute(APIRoute):
     """A route of OpenAI's API: an error is answered in OpenAI's shape too (``{"error": {"message",
     "type", ...}}``, which OpenAI's clients show), beside the gateway's own ``detail``."""
