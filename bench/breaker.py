@@ -90,7 +90,7 @@ def batch(app, ladder: str, n: int) -> dict:
     envelopes = [job.wait(timeout=600) for job in jobs]
     seconds = time.perf_counter() - t0
     attempts = [a for e in envelopes for a in e["attempts"]]
-    assert all(e["variant"] == "frugal" for e in envelopes)
+    assert all(e["rung"] == "frugal" for e in envelopes)
     return {
         "kills": sum(a["outcome"] == "killed" for a in attempts),
         "probes": sum("the breaker's probe" in (a["reason"] or "") for a in attempts),

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace, media: Path) -> dict:
         "pipeline_wall_s": [round(w, 2) for w in walls], "pipeline_median_s": round(wall, 2),
         "pipeline_x_real_time": round(duration / wall, 1), "pipeline_over_floor": round(wall / floor, 2),
         "clips": len(output["clips"]), "kept_s": output["kept"],
-        "stages": {name: stage["variant"] for name, stage in output["stages"].items()},
+        "stages": {name: stage["rung"] for name, stage in output["stages"].items()},
         # The last run's attempts: seconds and the child's peak RSS of each stage and of the cut.
         "stage_s": {name: _last(stage["attempts"], "duration") for name, stage in output["stages"].items()}
         | {"cut": _last(envelope["attempts"], "duration")},

@@ -183,7 +183,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench.peers_subtitle import BARE, PIPELINE, bare_pipelines, engine_words, linked_models, tiny_model
-    from mediafarm.tasks.families.subtitle import recognizers
+    from mediafarm.tasks.families.subtitle import recognisers
     from mediafarm.tasks.families.subtitle.spec import FAMILY, WhisperParams
     from tests.support.heldout_corpus import corpus
 
@@ -203,7 +203,7 @@ def main() -> None:
     for run in contenders.values():  # model loads, first calls
         run(str(tracks[0].path))
     # The decoder timed in both models: the engine's (cached by the recogniser) and the peers'.
-    engine_model = recognizers.load_whisper(models / params.model, "cpu", params.compute_type, params.cpu_threads)
+    engine_model = recognisers.load_whisper(models / params.model, "cpu", params.compute_type, params.cpu_threads)
     for m in {id(engine_model): engine_model, id(bare_model): bare_model}.values():
         m.model = _TimedGenerate(m.model, stages)
     results: dict[str, Any] = {c: {"tracks": {}, "stages": defaultdict(float), "calls": defaultdict(int)}

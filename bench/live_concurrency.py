@@ -146,7 +146,7 @@ def run_round(n: int, streams: list[tuple[bytes, list[tuple[float, float]], floa
         if time.monotonic() > deadline:
             raise RuntimeError(f"not every job began within 240 s: {[job.attempts() for job in jobs]}")
         time.sleep(0.1)
-    variants = [s.variant for s in stages if s is not None]
+    variants = [s.rung for s in stages if s is not None]
     tree = psutil.Process(worker_pid)
     cpu_start: dict[int, float] = {}
     _tree_cpu(tree, cpu_start)
@@ -219,7 +219,7 @@ def run_round(n: int, streams: list[tuple[bytes, list[tuple[float, float]], floa
                 and output["end_reason"].startswith("ended") and len(cues) == len(truth))  # fmt: skip
         pooled += latencies
         per_stream.append({
-            "job": job.id, "rung": envelope["attempts"][-1]["variant"], "attempts": len(envelope["attempts"]),
+            "job": job.id, "rung": envelope["attempts"][-1]["rung"], "attempts": len(envelope["attempts"]),
             "end_reason": output["end_reason"], "sentences": len(truth), "cues": len(cues),
             "latency_ms": latency_stats(latencies), "first_third_p50_ms": _round(first_third),
             "last_third_p50_ms": _round(last_third), "growth_ms": _round(growth), "end_lag_s": _round(end_lag, 2),

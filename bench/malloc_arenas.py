@@ -115,7 +115,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     envelope = submit("tts", text=text_of(i), ladder="piper", queue=name).wait(timeout=120)
                     seconds[name].append(time.perf_counter() - t0)
-                    assert envelope["variant"] == "piper", envelope["attempts"]
+                    assert envelope["rung"] == "piper", envelope["attempts"]
                     child = child_of(workers[name].pid)
                     child_pids[name].add(child.pid)
                     seen.setdefault(name, arena_setting(child.pid))

@@ -228,7 +228,7 @@ def vad_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
 
             def run(path: Path) -> list[tuple[float, float]]:
                 envelope = submit("vad", media=str(path)).wait(timeout=600)
-                assert envelope["variant"] == rung.name, envelope["variant"]
+                assert envelope["rung"] == rung.name, envelope["rung"]
                 return [(s["start"], s["end"]) for s in envelope["output"]["spans"]]
 
             yield Contender("farm vad job", run, cpu=process_tree_cpu(worker))

@@ -114,7 +114,7 @@ def tracks_bench(
             def run(path: str) -> tuple[str, Words]:
                 handle = submit("subtitle", media=path, formats=["json"])
                 envelope = handle.wait(timeout=600)
-                assert envelope["variant"] == rung.name, envelope["variant"]
+                assert envelope["rung"] == rung.name, envelope["rung"]
                 data = json.loads((get_settings().storage_dir / handle.id / "subtitles.json").read_text())
                 return path, [(n, w["start"], w["end"]) for s in data["segments"] for w in s["words"]
                               for n in normalise(w["text"])]  # fmt: skip

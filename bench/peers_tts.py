@@ -122,7 +122,7 @@ def tts_job(workdir: Path, rung: str) -> Iterator[Any]:
         def run(text: Text) -> Speech:
             handle = submit("tts", text=text.text, ladder=rung, format="wav")
             envelope = handle.wait(timeout=600)
-            assert envelope["variant"] == rung, envelope["variant"]
+            assert envelope["rung"] == rung, envelope["rung"]
             output = envelope["output"]
             path = ArtifactStore(get_settings().storage_dir, handle.id).path(output["audio"])
             return Speech(path, tuple((s["start"], s["end"]) for s in output["sentences"]))

@@ -180,7 +180,7 @@ def yolo_bench(args: argparse.Namespace, workdir: Path) -> Any:
 
             def run(video: Video) -> Seen:
                 envelope = submit("yolo", media=str(video.path)).wait(timeout=600)
-                assert envelope["variant"] == RUNG, envelope["variant"]
+                assert envelope["rung"] == RUNG, envelope["rung"]
                 return seen_of_result(envelope["output"])
 
             yield Contender("farm yolo job", run, cpu=process_tree_cpu(worker))

@@ -55,7 +55,7 @@ def _tts_attempt(job: Any, *, cut: float | None = None, keep: bool = True) -> di
     if resume is not None:
         store.restore(resume)
     ctx.resume = resume
-    ctx.checkpoints = CheckpointWriter(store, "characters", ctx.rung_name, job["interval"], resume) if keep else None
+    ctx.checkpoints = CheckpointWriter(store, "characters", ctx.rung, job["interval"], resume) if keep else None
     writing = [0.0]  # seconds inside checkpoint writes: the overhead measured directly
     if ctx.checkpoints is not None:
         write = ctx.checkpoints.write

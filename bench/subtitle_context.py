@@ -12,7 +12,7 @@ sentences in espeak-ng's default voice) and the four kinds of ``tests.support.su
 
 A setting is ``fit:W:T`` (the encoder fitted to each window plus ``T`` seconds of silence, windows of
 up to ``W`` s: ``fit_context`` on, ``engines.FITTED_WINDOW_SECONDS`` and
-``recognizers.ENCODER_TAIL_SECONDS`` set to them for the run) or ``full:W`` (the encoder given
+``recognisers.ENCODER_TAIL_SECONDS`` set to them for the run) or ``full:W`` (the encoder given
 Whisper's whole 30 s, as faster-whisper does, windows of up to ``W`` s), each at every beam size of
 ``--beams`` (default: the rung's own; a contender is then named ``fit:20:4 beam 3``). Beside them the bare
 library on the same tracks and model: ``pipeline`` (``BatchedInferencePipeline.transcribe``, batch
@@ -87,7 +87,7 @@ def main() -> None:
 
     from faster_whisper import BatchedInferencePipeline, decode_audio
 
-    from mediafarm.tasks.families.subtitle import engines, recognizers
+    from mediafarm.tasks.families.subtitle import engines, recognisers
     from mediafarm.tasks.families.subtitle.spec import FAMILY, SubtitleRequest, WhisperParams
     from mediafarm.tasks.runtime.context import EngineContext
     from tests.support.speech import make_track
@@ -109,7 +109,7 @@ def main() -> None:
             track = make(kind, args.workdir / f"{kind}-{args.seconds:g}s-seed{seed}.wav", args.seconds, seed=seed)
             tracks.append((f"{kind}/{seed}", track.path, track.words))
 
-    model = recognizers.load_whisper(models / rung.params["model"], "cpu", rung.params["compute_type"], 1)
+    model = recognisers.load_whisper(models / rung.params["model"], "cpu", rung.params["compute_type"], 1)
     counted = CountedModel(model.model)
     model.model = counted  # the engine's cached model is this one: its calls are counted too
     pipeline = BatchedInferencePipeline(model)
@@ -120,7 +120,7 @@ def main() -> None:
 
         def run(path: Path) -> list[str]:
             engines.FITTED_WINDOW_SECONDS = engines.WINDOW_SECONDS = float(window)
-            recognizers.ENCODER_TAIL_SECONDS = float(tail[0]) if tail else 4.0
+            recognisers.ENCODER_TAIL_SECONDS = float(tail[0]) if tail else 4.0
             ctx = EngineContext.local(models_dir=models)
             params = WhisperParams(**{**rung.params, "fit_context": fit, **({"beam_size": beam} if beam else {})})
             steps = engines.whisper(ctx, SubtitleRequest(media=str(path), formats=["json"]), params)

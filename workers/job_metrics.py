@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from mediafarm.tasks.wire import keys
 from mediafarm.tasks.wire.plan import READY
+from mediafarm.tasks.wire.records import in_current_names
 
 log = logging.getLogger("mediafarm.metrics")
 
@@ -41,21 +42,21 @@ class JobMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.jobs = Counter(
             "mediafarm_jobs_total", "Jobs ended, by family, the rung they ended on and how they ended",
-            ["family", "variant", "outcome"], registry=registry,
+            ["family", "rung", "variant", "outcome"], registry=registry,
         )  # fmt: skip
         self.attempts = Counter(
             "mediafarm_attempts_total", "Attempts of ended jobs, by family, rung and outcome",
-            ["family", "variant", "outcome"], registry=registry,
+            ["family", "rung", "variant", "outcome"], registry=registry,
         )  # fmt: skip
         self.downgrades = Counter(
             "mediafarm_downgrades_total", "Jobs moved from one rung to a lower one, by the reason the first one lost",
-            ["family", "from_variant", "to_variant", "reason"], registry=registry,
+            ["family", "from_rung", "to_rung", "from_variant", "to_variant", "reason"], registry=registry,
         )  # fmt: skip
         self.failures = Counter(
             "mediafarm_rung_failures_total",
             "Failed attempts of ended jobs by family, rung and cause (tasks.runtime.attribution), and whether each "
             "counted against the rung's breaker",
-            ["family", "variant", "cause", "counted"], registry=registry,
+            ["family", "rung", "variant", "cause", "counted"], registry=registry,
         )  # fmt: skip
         self.queue_wait = Histogram(
             "mediafarm_queue_wait_seconds",
@@ -64,16 +65,16 @@ class JobMetrics:
         )  # fmt: skip
         self.run_time = Histogram(
             "mediafarm_attempt_seconds", "Seconds an attempt ran, by family, rung and outcome",
-            ["family", "variant", "outcome"], buckets=TIME_BUCKETS, registry=registry,
+            ["family", "rung", "variant", "outcome"], buckets=TIME_BUCKETS, registry=registry,
         )  # fmt: skip
         self.first_output = Histogram(
             "mediafarm_first_output_seconds",
             "Seconds from the start of a job's last attempt to its first partial output (streaming engines)",
-            ["family", "variant"], buckets=TIME_BUCKETS, registry=registry,
+            ["family", "rung", "variant"], buckets=TIME_BUCKETS, registry=registry,
         )  # fmt: skip
         self.peak_rss = Histogram(
             "mediafarm_attempt_peak_rss_bytes", "Peak RSS of the child during an attempt",
-            ["family", "variant"], buckets=RSS_BUCKETS, registry=registry,
+            ["family", "rung", "variant"], buckets=RSS_BUCKETS, registry=registry,
         )  # fmt: skip
 
     def observe_wait(self, family: str, sent: Any, started: float) -> None:
@@ -91,31 +92,34 @@ class JobMetrics:
     ) -> None:
         """Count one ended job from its stored state, its attempt history (JSON dicts), the time of
         its first partial output and, for a failure, its stored error's class."""
+        # Each series is labelled ``rung`` (the rung's name) and, for one release, ``variant`` (the
+        # same name, as dashboards of the release before know it): docs/operating.md, "Upgrading".
+        attempts = [in_current_names(dict(a)) for a in attempts]  # records of this release or the one before
         for attempt in attempts:
-            variant, outcome = str(attempt.get("variant", "")), str(attempt.get("outcome") or "open")
-            self.attempts.labels(family=family, variant=variant, outcome=outcome).inc()
+            rung, outcome = str(attempt["rung"]), str(attempt.get("outcome") or "open")
+            self.attempts.labels(family=family, rung=rung, variant=rung, outcome=outcome).inc()
             if isinstance(attempt.get("counted"), bool):
-                self.failures.labels(family=family, variant=variant, cause=str(attempt.get("cause") or "-"),
+                self.failures.labels(family=family, rung=rung, variant=rung, cause=str(attempt.get("cause") or "-"),
                                      counted=str(attempt["counted"]).lower()).inc()  # fmt: skip
             duration = _number(attempt.get("duration"))
             if duration is not None:
-                self.run_time.labels(family=family, variant=variant, outcome=outcome).observe(duration)
+                self.run_time.labels(family=family, rung=rung, variant=rung, outcome=outcome).observe(duration)
             rss = _number(attempt.get("peak_rss_mb"))
             if rss is not None:
-                self.peak_rss.labels(family=family, variant=variant).observe(rss * MB)
+                self.peak_rss.labels(family=family, rung=rung, variant=rung).observe(rss * MB)
         for before, after in zip(attempts, attempts[1:], strict=False):
-            if _number(after.get("rung"), -1) > _number(before.get("rung"), -1):  # type: ignore[operator]
+            if after["rung_index"] > before["rung_index"]:
                 self.downgrades.labels(
-                    family=family, from_variant=str(before.get("variant", "")),
-                    to_variant=str(after.get("variant", "")), reason=downgrade_reason(before),
+                    family=family, from_rung=before["rung"], to_rung=after["rung"], from_variant=before["rung"],
+                    to_variant=after["rung"], reason=downgrade_reason(before),
                 ).inc()  # fmt: skip
         last = attempts[-1] if attempts else {}
-        variant = str(last.get("variant", "")) or "-"
-        self.jobs.labels(family=family, variant=variant, outcome=job_outcome(state, last, exc_type)).inc()
+        rung = str(last.get("rung", "")) or "-"
+        self.jobs.labels(family=family, rung=rung, variant=rung, outcome=job_outcome(state, last, exc_type)).inc()
         first = _number(first_output)
         started = _number(last.get("started"))
         if state == "SUCCESS" and first is not None and started is not None:
-            self.first_output.labels(family=family, variant=variant).observe(max(0.0, first - started))
+            self.first_output.labels(family=family, rung=rung, variant=rung).observe(max(0.0, first - started))
 
 
 def downgrade_reason(attempt: Mapping[str, Any]) -> str:

@@ -29,6 +29,7 @@ from mediafarm.config.pools import Pool
 from mediafarm.tasks import registry as families
 from mediafarm.tasks.producer import scaling_metrics
 from mediafarm.tasks.wire.family import FamilySpec
+from mediafarm.tasks.wire.records import rung_of
 from mediafarm.workers import fork_gate
 from mediafarm.workers.collectors import FarmState, GpuChildren, GpuMemory, QueueDepth
 from mediafarm.workers.job_metrics import EndReader, JobMetrics
@@ -78,7 +79,8 @@ class ResultMetrics:
         if spec is None:
             return
         output = envelope.get("output") or {}
-        job = {"family": spec.name, "variant": str(envelope.get("variant", ""))}
+        rung = rung_of(dict(envelope))[0]
+        job = {"family": spec.name, "rung": rung, "variant": rung}
         for m in spec.metrics:
             value = m.value(output)
             if value is None:

@@ -120,7 +120,7 @@ class SpeechFollower:
                 if pcm is None:  # a newer attempt began while it was read: the next look sees it
                     break
                 if self.attempt is None:
-                    self.attempt, self.rung, self._rate = target, now.attempts[target].get("variant"), pcm.rate
+                    self.attempt, self.rung, self._rate = target, now.attempts[target].get("rung"), pcm.rate
                 self.sent.append(pcm.digest)
                 fresh.append(pcm)
         if now.state in READY:
@@ -155,7 +155,7 @@ class SpeechFollower:
             if pcm is None:
                 return
             if pcm.digest != self.sent[self.checked]:
-                rung, outcome = now.attempts[now.owner].get("variant"), cut.get("outcome") or "cut short"
+                rung, outcome = now.attempts[now.owner].get("rung"), cut.get("outcome") or "cut short"
                 raise StreamBroken(
                     f"job {self.job.id}: attempt {self.attempt} on {self.rung} ended {outcome} "
                     f"after {len(self.sent)} chunks were sent, and attempt {now.owner} on {rung} speaks chunk "

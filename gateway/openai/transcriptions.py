@@ -108,7 +108,7 @@ async def transcriptions(
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_forget, store, upload)
-    headers = {"X-Farm-Job": job.id, "X-Farm-Rung": envelope.get("variant", ""), "Location": job_url(job.id)}
+    headers = {"X-Farm-Job": job.id, "X-Farm-Rung": envelope.get("rung", ""), "Location": job_url(job.id)}
     if isinstance(answer, str):
         return PlainTextResponse(answer, headers=headers)
     return JSONResponse(answer, headers=headers)

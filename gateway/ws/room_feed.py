@@ -111,4 +111,4 @@ class LineFeed:
 
 
 def _rung(snapshot: Snapshot, attempt: int) -> str:
-    return str(snapshot.attempts[attempt].get("variant", "")) if attempt < len(snapshot.attempts) else ""
+    return str(snapshot.attempts[attempt].get("rung", "")) if attempt < len(snapshot.attempts) else ""

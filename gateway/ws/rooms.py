@@ -308,10 +308,10 @@ async def _send_line_end(room: _Room, head: _Accepted, step: Done) -> None:
     duration = float(output.get("duration", 0.0))
     await room.send_json({
         "type": "line_end", "seq": head.line.seq, "speaker": head.line.speaker, "job": head.job.id,
-        "rung": output.get("rung", step.envelope.get("variant", "")), "voice": output.get("voice", ""),
+        "rung": output.get("rung", step.envelope.get("rung", "")), "voice": output.get("voice", ""),
         "start": round(room.track, 3), "end": round(room.track + duration, 3), "duration": duration,
         "chunks": output.get("chunks"), "sample_rate": output.get("sample_rate"),
-        "attempts": [{k: a.get(k) for k in ("variant", "outcome", "reason")}
+        "attempts": [{k: a.get(k) for k in ("rung", "variant", "outcome", "reason")}  # variant: for one release
                      for a in step.envelope.get("attempts", [])],
     })  # fmt: skip
     room.track += duration

@@ -20,7 +20,7 @@ def print_envelope(envelope: dict[str, Any], as_json: bool) -> None:
         return
     spec = registry.get(envelope["family"])
     result = spec.parse_result(envelope.get("output", {}))
-    console.print(f"job [bold]{envelope['job_id']}[/]  variant [bold]{envelope['variant']}[/]  {spec.summary(result)}")
+    console.print(f"job [bold]{envelope['job_id']}[/]  rung [bold]{envelope['rung']}[/]  {spec.summary(result)}")
     rendered = spec.render(result)
     if rendered is not None:
         console.print(rendered)
@@ -54,14 +54,14 @@ def trace_line(trace: Any) -> str | None:
 def print_attempts(attempts: list[dict[str, Any]], always: bool = False) -> None:
     if len(attempts) <= 1 and not always:
         return
-    table = Table("rung", "variant", "outcome", "reason", "against the rung", "peak RSS MiB", "ran on", title="attempts")
+    table = Table("#", "rung", "outcome", "reason", "against the rung", "peak RSS MiB", "ran on", title="attempts")
     for a in attempts:
         # An open attempt is running (or its process died and the next run will settle it).
         outcome = "running" if a.get("outcome") is None else str(a["outcome"])
         peak = a.get("peak_rss_mb")
         # Whether a failure counted against the rung's breaker, and why (tasks.runtime.attribution).
         judged = "" if a.get("counted") is None else f"{'counted' if a['counted'] else 'not counted'}: {a.get('cause')}"
-        table.add_row(str(a["rung"]), a["variant"], outcome, a.get("reason") or "", judged,
+        table.add_row(str(a["rung_index"]), a["rung"], outcome, a.get("reason") or "", judged,
                       "" if peak is None else str(peak), a.get("worker") or "")  # fmt: skip
     console.print(table)
     # Why the submit sent the job to the pool it first ran on (tasks.producer.routing), kept in its first attempt.
@@ -80,7 +80,7 @@ def print_artifacts(artifacts: list[dict[str, Any]]) -> None:
 
 def progress_detail(progress: Any) -> str:
     """``whisper-tiny recognise  312 s of media``: the rung, the stage, how far into the media."""
-    detail = f"{progress.variant} {progress.stage}".strip()
+    detail = f"{progress.rung} {progress.stage}".strip()
     if progress.media_seconds is not None:
         detail += f"  {progress.media_seconds:.0f} s of media"
     return detail

@@ -46,7 +46,7 @@ from mediafarm.config.limits import TimeLimits
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks.media.intervals import Span, merge_spans
 from mediafarm.tasks.wire.artifacts import ArtifactStore, sha256_of
-from mediafarm.tasks.wire.checkpoint import Checkpoint, Made, Resume
+from mediafarm.tasks.wire.checkpoint import Checkpoint, Made, Resume, made_until
 from mediafarm.tasks.wire.errors import (
     Cancelled,
     FarmError,
@@ -71,7 +71,7 @@ from mediafarm.tasks.wire.family import (
 from mediafarm.tasks.wire.keys import family_key
 from mediafarm.tasks.wire.languages import normalize_language, script_language
 from mediafarm.tasks.wire.plan import Collected, Part, Plan
-from mediafarm.tasks.wire.records import ArtifactInfo, Envelope, Outcome, Progress
+from mediafarm.tasks.wire.records import ArtifactInfo, Envelope, Outcome, Progress, rung_named
 from mediafarm.tasks.wire.result_metrics import ResultMetric
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ __all__ = [
     # Checkpoints: what an attempt is handed to resume from (ctx.resume).
     "Checkpoint",
     "Made",
+    "made_until",
     # Errors an engine raises (tasks/wire/errors.py says which does what).
     "Cancelled",
     "FarmError",
@@ -150,6 +151,7 @@ __all__ = [
     "Envelope",
     "Outcome",
     "Progress",
+    "rung_named",  # a result model's rung as the release before wrote it (variant only)
     # Pipelines: a request's plan, and the fan-in job's parts.
     "Collected",
     "Part",

@@ -3,7 +3,7 @@
     from mediafarm import submit
     job = submit("vad", media="/media/cam/2026-11-29.mp4")    # InvalidRequest at once if malformed
     envelope = job.wait(timeout=600, on_progress=print)      # raises JobRejected / LadderExhausted / ...
-    envelope["output"]["spans"], envelope["variant"], envelope["attempts"], envelope["artifacts"]
+    envelope["output"]["spans"], envelope["rung"], envelope["attempts"], envelope["artifacts"]
 
 This is the one way to submit; following a job is its handle's (``tasks.producer.handles``). Task names
 are the wire contract (``FamilySpec.task_name``), for producers that send with a plain Celery client.

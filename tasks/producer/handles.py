@@ -45,7 +45,7 @@ from mediafarm.tasks.wire.errors import (
 )
 from mediafarm.tasks.wire.history import read_attempts
 from mediafarm.tasks.wire.plan import READY, Plan, metas, read_plan, state_of
-from mediafarm.tasks.wire.records import ArtifactInfo, Progress
+from mediafarm.tasks.wire.records import ArtifactInfo, Progress, envelope_in_current_names, in_current_names
 from mediafarm.tasks.wire.trace import Trace
 
 # Failure classes (as the client rebuilds them) → what the producer gets. Sorted by class, so a
@@ -204,7 +204,7 @@ class JobHandle:
         pipe.lrange(keys.history(self.id), 0, -1)
         pipe.lrange(keys.partials(self.id), 0, -1)
         history, partials = pipe.execute()
-        logged = [json.loads(a) for a in history]
+        logged = [in_current_names(json.loads(a)) for a in history]
         state = self._state_of(result, stored, logged)
         outputs = tuple(json.loads(p) for p in partials)
         envelope = self._envelope(result) if state == "SUCCESS" else None
@@ -350,7 +350,7 @@ class JobHandle:
         else:
             self._follow(result, timeout, poll, on_progress)
         if result.successful():
-            return result.result
+            return envelope_in_current_names(result.result)
         self._raise_failure(result)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -375,7 +375,7 @@ class JobHandle:
         result = self._result if result is None else result
         if result.state != "SUCCESS" or not isinstance(result.result, dict):
             return None
-        return result.result
+        return envelope_in_current_names(result.result)  # stored by this release or the one before
 
     def _raise_failure(self, result: AsyncResult) -> None:
         exc = result.result
@@ -442,7 +442,7 @@ class PipelineHandle(JobHandle):
                 fraction = (total + ((own.fraction or 0.0) if own else 0.0)) / (total + 1)
                 stage = f"{plan.then_stage}" + (f" {own.stage}" if own and own.stage else "")
                 progress = Progress(fraction, stage, own.media_seconds if own else None,
-                                    variant=own.variant if own else "")  # fmt: skip
+                                    rung=own.rung if own else "")  # fmt: skip
             if seen is None or (progress.fraction, progress.stage) != (seen.fraction, seen.stage):
                 seen = progress
                 on_progress(progress)

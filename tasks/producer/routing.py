@@ -153,7 +153,7 @@ def move(
     target = next((i for i in range(index, len(rungs)) if able[i] and not (why_not is not None and why_not(i))), None)
     if target is None:
         return None  # no live pool runs a rung it has left: this worker's ladder decides (tasks.runtime.reroute)
-    if any(a.outcome == Outcome.MOVED and a.rung == target for a in attempts):
+    if any(a.outcome == Outcome.MOVED and a.rung_index == target for a in attempts):
         return None  # moved once already for this rung: it runs wherever it is now
     best = best_rungs(able)
     here_best = best.get(pool)

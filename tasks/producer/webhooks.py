@@ -31,6 +31,7 @@ from urllib.parse import quote, urlsplit
 from mediafarm.tasks.wire import keys
 from mediafarm.tasks.wire.errors import InvalidRequest
 from mediafarm.tasks.wire.outbound import refused_host
+from mediafarm.tasks.wire.records import in_current_names, rung_of
 
 log = logging.getLogger("mediafarm.webhooks")
 
@@ -267,14 +268,14 @@ class JobEvents:
         """Write an ``attempt`` event for every ended attempt of the history not yet written; the
         history as read (or [] if unreadable)."""
         try:
-            history = [json.loads(r) for r in self.client.lrange(keys.history(self.job_id), 0, -1)]
+            history = [in_current_names(json.loads(r)) for r in self.client.lrange(keys.history(self.job_id), 0, -1)]
         except Exception:  # noqa: BLE001 - see the class
             log.warning("job %s: could not read its history for webhooks", self.job_id, exc_info=True)
             return []
         if self.wants("attempt"):
             for i, a in enumerate(history):
                 if a.get("outcome"):
-                    self._put("attempt", f"attempt_{i}", {"state": "STARTED", "attempt": i, "rung": a.get("variant"),
+                    self._put("attempt", f"attempt_{i}", {"state": "STARTED", "attempt": i, "rung": a.get("rung"),
                                                           "outcome": a.get("outcome"), "reason": a.get("reason", "")})
         return history
 
@@ -294,11 +295,11 @@ class JobEvents:
         if not self.wants("completed"):
             return
         if envelope is not None:
-            rung = envelope.get("variant")
+            rung = rung_of(dict(envelope))[0]
             names = [a["name"] for a in envelope.get("artifacts", []) if isinstance(a, Mapping) and "name" in a]
             attempts = len(envelope.get("attempts", []))
         else:
-            rung = next((a.get("variant") for a in reversed(history) if a.get("outcome")), None)
+            rung = next((a.get("rung") for a in reversed(history) if a.get("outcome")), None)
             names, attempts = [], len(history)
         data: dict[str, Any] = {"state": state, "rung": rung, "attempts": attempts,
                                 "links": job_links(self.base_url, self.job_id, names)}  # fmt: skip

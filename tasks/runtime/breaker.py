@@ -294,7 +294,7 @@ def count_kill(client: Any, pool: str, task_name: str, fields: Any, job_id: str,
     if attempt.outcome is not None or attempt.pid != pid or outcome not in RESOURCE_OUTCOMES:
         return ""  # the watchdog's kills over the cap or the hard limit: the rung's doing (runtime.attribution)
     attempt.outcome = outcome
-    return pool_breakers(client, pool).failed(ladder.identity, attempt.variant, policy.breaker, attempt, job_id)
+    return pool_breakers(client, pool).failed(ladder.identity, attempt.rung, policy.breaker, attempt, job_id)
 
 
 def read_breakers(client: Any, pool: str | None = None) -> list[BreakerState]:

@@ -137,8 +137,8 @@ class EngineContext:
     Attributes:
         job_id: The job's id, the same on every rung.
         attempt: Index of this attempt in the job's history.
-        rung: Ladder index of the rung being run.
-        rung_name: The rung's name (what results and the history call it: ``variant`` on the wire).
+        rung_index: The place in the ladder of the rung being run.
+        rung: The rung's name (what results, the history and the wire call it).
         device: ``cpu`` or ``cuda``, as the rung declares.
         artifacts: The job's artifact folder (``ArtifactStore``); write output files there.
         models_dir: Where local model weights live (``FARM_MODELS_DIR``).
@@ -158,8 +158,8 @@ class EngineContext:
 
     job_id: str
     attempt: int
-    rung: int
-    rung_name: str
+    rung_index: int
+    rung: str
     device: str
     artifacts: ArtifactStore
     models_dir: Path
@@ -200,7 +200,7 @@ class EngineContext:
         if fraction is not None:
             low, high = self.share
             fraction = low + (high - low) * min(1.0, max(0.0, fraction))
-        self.channel.report(Progress(fraction, stage, media_seconds, self.attempt, self.rung, self.rung_name))
+        self.channel.report(Progress(fraction, stage, media_seconds, self.attempt, self.rung_index, self.rung))
 
     def part(self, start: float, end: float) -> EngineContext:
         """The same context for one stage of a multi-stage engine: the stage reports its own

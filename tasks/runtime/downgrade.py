@@ -108,15 +108,15 @@ TERMINAL_OUTCOMES = frozenset({Outcome.REJECTED, Outcome.CANCELLED, Outcome.ERRO
 
 def recorded_end(attempt: Attempt) -> FarmError:
     """The failure a job ends with when its newest attempt already recorded a terminal outcome."""
-    reason = f"{attempt.reason} (recorded by attempt {attempt.variant} before its message came back)"
+    reason = f"{attempt.reason} (recorded by attempt {attempt.rung} before its message came back)"
     end: FarmError
     if attempt.outcome == Outcome.REJECTED:
         end = PermanentFailure(reason)
     elif attempt.outcome == Outcome.CANCELLED:
         end = Cancelled(reason)
     else:
-        end = EngineError(f"{attempt.variant}: {reason}")
-    end.rung = attempt.variant
+        end = EngineError(f"{attempt.rung}: {reason}")
+    end.rung = attempt.rung
     return end
 
 
@@ -124,8 +124,8 @@ def current_rung(attempts: list[Attempt]) -> int:
     """Rungs already lost to resource failures, repeated stalls, or skipped as unavailable (each
     rung once: a rung skipped by choice and tried again before the end, ``tasks.runtime.ladder_choice``,
     is still one)."""
-    passed = {a.rung for a in attempts if a.outcome is not None and a.outcome.moves_down}
-    return len(passed | {a.rung for i, a in enumerate(attempts) if repeated_stall(attempts, i)})
+    passed = {a.rung_index for a in attempts if a.outcome is not None and a.outcome.moves_down}
+    return len(passed | {a.rung_index for i, a in enumerate(attempts) if repeated_stall(attempts, i)})
 
 
 def repeated_stall(attempts: list[Attempt], index: int) -> bool:
@@ -135,7 +135,7 @@ def repeated_stall(attempts: list[Attempt], index: int) -> bool:
     attempt = attempts[index]
     if attempt.outcome != Outcome.STALLED:
         return False
-    return sum(1 for a in attempts[:index] if a.outcome == Outcome.STALLED and a.rung == attempt.rung) == 1
+    return sum(1 for a in attempts[:index] if a.outcome == Outcome.STALLED and a.rung_index == attempt.rung_index) == 1
 
 
 def same_rung_retries(attempts: list[Attempt]) -> int:
@@ -196,7 +196,7 @@ class _Running:
             self.pending.settle_quietly()
         elif not self.log.finish(self.pending.index(), attempt, self.result_key):
             raise StaleAttempt(
-                f"attempt {attempt.variant} of pid {attempt.pid} was settled elsewhere (this process was paused "
+                f"attempt {attempt.rung} of pid {attempt.pid} was settled elsewhere (this process was paused "
                 "or cut off while the job went on); writing nothing"
             )
 
@@ -387,5 +387,5 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         finish(Outcome.OK)
         trace.mark("recorded")  # the output checked, the attempt's end written or (quick) settled
         return Envelope(job.job_id, ladder.family, rung.name, at, output, tuple(attempts), artifacts)
-    tried = ", ".join(f"{a.variant}={a.outcome}" for a in attempts)
+    tried = ", ".join(f"{a.rung}={a.outcome}" for a in attempts)
     raise NoRungLeft(f"no rung of the {ladder.name} ladder is left to run ({tried})")

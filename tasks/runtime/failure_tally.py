@@ -33,7 +33,7 @@ def add(client: Any, pool: str, ladder: str, attempt: Attempt) -> None:
     """Count one judged failure (``attempt.counted`` set) of ``ladder``'s rung on ``pool``."""
     key = keys.rung_failures(pool)
     pipe = client.pipeline(transaction=False)
-    pipe.hincrby(key, f"{ladder}/{attempt.variant}/{attempt.cause}/{int(bool(attempt.counted))}", 1)
+    pipe.hincrby(key, f"{ladder}/{attempt.rung}/{attempt.cause}/{int(bool(attempt.counted))}", 1)
     pipe.expire(key, TTL_S)
     pipe.execute()
 

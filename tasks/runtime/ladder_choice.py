@@ -49,8 +49,8 @@ def answers_below(index: int, fallback: Sequence[bool]) -> bool:
 
 def owed(attempts: Sequence[Attempt], before: int) -> list[int]:
     """Rungs above ``before`` that the job skipped by choice and has not tried since, best first."""
-    skipped = {a.rung for a in attempts if a.outcome == Outcome.SKIPPED and a.rung < before}
-    tried = {a.rung for a in attempts if a.rung in skipped and a.outcome not in _STILL_OWED}
+    skipped = {a.rung_index for a in attempts if a.outcome == Outcome.SKIPPED and a.rung_index < before}
+    tried = {a.rung_index for a in attempts if a.rung_index in skipped and a.outcome not in _STILL_OWED}
     return sorted(skipped - tried)
 
 
@@ -67,5 +67,5 @@ def next_rung(position: int, attempts: Sequence[Attempt], fallback: Sequence[boo
 
 def owed_note(attempts: Sequence[Attempt], index: int) -> str:
     """What an attempt on an owed rung says beside its outcome."""
-    why = next((a.reason for a in reversed(attempts) if a.rung == index and a.outcome == Outcome.SKIPPED), "")
+    why = next((a.reason for a in reversed(attempts) if a.rung_index == index and a.outcome == Outcome.SKIPPED), "")
     return f"tried once before a fallback or the end: it was skipped ({why}), and no rung after it answered"

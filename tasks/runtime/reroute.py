@@ -119,15 +119,15 @@ def sender(ladder: Ladder, engines: Mapping[str, EngineSpec], models_dir: Path |
     return send
 
 
-def rerouted_attempt(rung: int, variant: str, reason: str, retries: int, worker: str) -> Attempt:
+def rerouted_attempt(rung_index: int, rung: str, reason: str, retries: int, worker: str) -> Attempt:
     """The history's record of one sending back: no rung spent, nothing counted."""
-    attempt = Attempt(rung, variant, Outcome.REROUTED, reason, retries, worker=worker)
+    attempt = Attempt(rung_index, rung, Outcome.REROUTED, reason, retries, worker=worker)
     attribution.judge(attempt, "rerouted")
     return attempt
 
 
-def moved_attempt(rung: int, variant: str, reason: str, retries: int, worker: str) -> Attempt:
+def moved_attempt(rung_index: int, rung: str, reason: str, retries: int, worker: str) -> Attempt:
     """The history's record of one move: no rung spent, nothing counted."""
-    attempt = Attempt(rung, variant, Outcome.MOVED, reason, retries, worker=worker)
+    attempt = Attempt(rung_index, rung, Outcome.MOVED, reason, retries, worker=worker)
     attribution.judge(attempt, "moved")
     return attempt

@@ -136,7 +136,7 @@ class RungGuard:
         evidence): count a failure the rung caused (``tasks.runtime.attribution``), end a probe."""
         if self.breakers is None or attempt.outcome is None:
             return
-        rung = attempt.variant
+        rung = attempt.rung
         try:
             if attempt.counted is not None:
                 failure_tally.add(self.breakers.client, self.breakers.pool, self.name, attempt)
@@ -146,7 +146,7 @@ class RungGuard:
                 # Not the rung's doing (an outside kill): if it was this job's probe (claimed by
                 # this delivery or, for a killed child, by the one before), the next job probes.
                 self.breakers.probe_ended(self.name, rung, self.job_id, succeeded=False)
-            elif attempt.rung in self.probing and attempt.outcome not in (
+            elif attempt.rung_index in self.probing and attempt.outcome not in (
                 Outcome.TRANSIENT, Outcome.WORKER_LOST, Outcome.STALLED
             ):
                 # A transient failure or a first stall keeps the claim: the same job runs the rung again.

@@ -65,7 +65,9 @@ def fingerprint(family: str, fields: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Made:
-    """One stretch of the output, [start, end) in the family's unit, and the rung that made it."""
+    """One stretch of the output, [start, end) in the family's unit, and the rung that made it: the
+    farm's one record of who made what, in checkpoints and in the results that list it (VAD's,
+    subtitle's ``made``; YOLO's adds the model)."""
 
     start: float
     end: float
@@ -297,7 +299,7 @@ class CheckpointWriter:
         return time.monotonic() - self._last >= self.interval
 
     def write(self, position: float, state: Mapping[str, Any], files: Iterable[str] = ()) -> Checkpoint:
-        made = _made(self.resumed, self.rung, float(position))
+        made = made_until(self.resumed, self.rung, float(position))
         checkpoint = Checkpoint(float(position), self.unit, self.rung, dict(state), tuple(files), made, time.time())
         try:
             self.store.save(checkpoint)
@@ -307,8 +309,9 @@ class CheckpointWriter:
         return checkpoint
 
 
-def _made(resumed: Checkpoint | None, rung: str, position: float) -> tuple[Made, ...]:
-    """The parts made so far: the resumed checkpoint's, then this attempt's from where it took over."""
+def made_until(resumed: Checkpoint | None, rung: str, position: float) -> tuple[Made, ...]:
+    """The parts made so far: the resumed checkpoint's (none: this attempt started over), then this
+    attempt's on ``rung`` from where it took over to ``position``."""
     before: Sequence[Made] = resumed.made if resumed is not None else ()
     start = resumed.position if resumed is not None else 0.0
     if before and before[-1].rung == rung:  # the same rung went on: one stretch, not two

@@ -51,6 +51,7 @@ from celery.states import READY_STATES
 
 from mediafarm.tasks.wire import keys
 from mediafarm.tasks.wire.errors import PermanentFailure
+from mediafarm.tasks.wire.records import envelope_in_current_names
 
 # Celery states after which a job changes no more (SUCCESS, FAILURE, REVOKED).
 READY = READY_STATES
@@ -131,7 +132,7 @@ class Collected:
 
     Attributes:
         part: The part, as the plan says it.
-        envelope: Its result envelope (``output``, ``variant``, ``attempts``, ``artifacts`` ...).
+        envelope: Its result envelope (``output``, ``rung``, ``attempts``, ``artifacts`` ...).
     """
 
     part: Part
@@ -164,7 +165,9 @@ def collect(backend: Any, job_id: str, *, timeout: float = 30.0, poll: float = 0
             names = ", ".join(f"{p.label} ({p.job_id}): {state_of(stored[plan.parts.index(p)])}" for p in failed)
             raise PermanentFailure(f"{len(failed)} of {len(plan.parts)} {plan.parts_stage} failed: {names}")
         if not waiting:
-            return [Collected(p, m["result"]) for p, m in zip(plan.parts, stored, strict=True) if m]
+            # Each part stored by this release or the one before: read in this release's names.
+            return [Collected(p, envelope_in_current_names(m["result"]))
+                    for p, m in zip(plan.parts, stored, strict=True) if m]  # fmt: skip
         if time.monotonic() > deadline:
             part, meta = plan.parts[waiting[0]], stored[waiting[0]]
             raise PermanentFailure(

@@ -76,13 +76,66 @@ def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
+# The wire's names for a rung, version 2 (this release): ``rung`` is the rung's name and
+# ``rung_index`` its place in the ladder. Version 1 had ``rung`` for the index and ``variant`` for
+# the name. Records of either version load; this release still writes ``variant`` (the name) beside
+# them, for readers of version 1 that read only the name (docs/operating.md, "Upgrading").
+RUNG_NAMES_VERSION = 2
+
+
+def rung_of(data: dict[str, Any]) -> tuple[str, int]:
+    """The rung a stored attempt, progress or envelope names: (name, index), in either version."""
+    if "rung_index" in data:
+        return str(data.get("rung") or data.get("variant") or ""), _index(data["rung_index"])
+    return str(data.get("variant") or ""), _index(data.get("rung"))
+
+
+def _index(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def in_current_names(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored attempt, progress or envelope dict with this release's rung names (``rung``,
+    ``rung_index``, and ``variant`` as written for one release): what every reader of raw records
+    sees, whichever release wrote them. Already current: the same dict."""
+    if "rung_index" in data and "variant" in data:
+        return data
+    name, index = rung_of(data)
+    return {**data, "rung": name, "rung_index": index, "variant": name}
+
+
+def rung_named(data: Any) -> Any:
+    """A family result's record of a rung (a pydantic model's input, before validation) with its
+    ``rung`` filled from ``variant`` where the release before wrote only that."""
+    if isinstance(data, dict) and "rung" not in data and "variant" in data:
+        return {**data, "rung": data["variant"]}
+    return data
+
+
+def envelope_in_current_names(envelope: dict[str, Any]) -> dict[str, Any]:
+    """A stored result envelope with this release's rung names, its attempts' too (anything but a
+    dict, as it is)."""
+    if not isinstance(envelope, dict):
+        return envelope
+    attempts = envelope.get("attempts")
+    listed = [in_current_names(a) for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else None
+    if "rung_index" in envelope and "variant" in envelope and (listed is None or all(
+            a is b for a, b in zip(listed, attempts, strict=False))):  # fmt: skip
+        return envelope
+    current = in_current_names(envelope)
+    return current if listed is None else {**current, "attempts": listed}
+
+
 @dataclass
 class Attempt:
     """One run (or skip) of one rung.
 
     Attributes:
-        rung: Index in the ladder.
-        variant: The rung's name.
+        rung_index: The rung's place in the ladder.
+        rung: The rung's name.
         outcome: How it ended; None while it runs.
         reason: Why it ended that way, in words an operator can act on.
         retries: Celery's ``request.retries`` when it started; tells a retry from a redelivery.
@@ -112,8 +165,8 @@ class Attempt:
             producer, a farm with no live capability records).
     """
 
-    rung: int
-    variant: str
+    rung_index: int
+    rung: str
     outcome: Outcome | None = None
     reason: str = ""
     retries: int = 0
@@ -137,6 +190,7 @@ class Attempt:
     def to_json(self) -> dict[str, Any]:
         # Flat fields only, so a shallow copy is the JSON form (dataclasses.asdict deep-copies, 10x slower).
         data = dict(self.__dict__)
+        data["variant"] = self.rung  # version 1's name of the rung, written for one release
         if self.outcome is not None:
             data["outcome"] = self.outcome.value
         # Only attempts that met a checkpoint say so: every other record stays as it was.
@@ -152,7 +206,7 @@ class Attempt:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Attempt:
-        return cls(**_known(cls, data))
+        return cls(**_known(cls, in_current_names(data)))
 
 
 @dataclass(frozen=True)
@@ -202,8 +256,8 @@ class Progress:
         stage: What it is doing (``decode``, ``synthesize chunk 3/9`` ...).
         media_seconds: Seconds of the input done, for media jobs.
         attempt: Index of the attempt in the history.
-        rung: Ladder index of the attempt.
-        variant: The rung's name.
+        rung_index: The attempt's rung, its place in the ladder.
+        rung: The rung's name.
         updated: Unix time of the report.
     """
 
@@ -211,16 +265,16 @@ class Progress:
     stage: str = ""
     media_seconds: float | None = None
     attempt: int = 0
-    rung: int = 0
-    variant: str = ""
+    rung_index: int = 0
+    rung: str = ""
     updated: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "variant": self.rung}  # version 1's name, written for one release
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Progress:
-        return cls(**_known(cls, data))
+        return cls(**_known(cls, in_current_names(data)))
 
 
 @dataclass(frozen=True)
@@ -258,8 +312,8 @@ class Envelope:
     Attributes:
         job_id: The Celery task id, the same on every rung.
         family: The job family (``vad``).
-        variant: Name of the rung that produced the output.
-        rung: Its index in the ladder.
+        rung: Name of the rung that produced the output.
+        rung_index: Its place in the ladder.
         output: The family's result, as JSON.
         attempts: Every attempt, oldest first.
         artifacts: Files the job wrote, if any.
@@ -269,8 +323,8 @@ class Envelope:
 
     job_id: str
     family: str
-    variant: str
-    rung: int
+    rung: str
+    rung_index: int
     output: dict[str, Any]
     attempts: tuple[Attempt, ...] = ()
     artifacts: tuple[ArtifactInfo, ...] = ()
@@ -280,8 +334,9 @@ class Envelope:
         data = {
             "job_id": self.job_id,
             "family": self.family,
-            "variant": self.variant,
             "rung": self.rung,
+            "rung_index": self.rung_index,
+            "variant": self.rung,  # version 1's name of the rung, written for one release
             "output": self.output,
             "attempts": [a.to_json() for a in self.attempts],
             "artifacts": [a.to_json() for a in self.artifacts],
@@ -292,11 +347,12 @@ class Envelope:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Envelope:
+        rung, rung_index = rung_of(data)
         return cls(
             job_id=data["job_id"],
             family=data["family"],
-            variant=data["variant"],
-            rung=int(data["rung"]),
+            rung=rung,
+            rung_index=rung_index,
             output=data.get("output") or {},
             attempts=tuple(Attempt.from_json(a) for a in data.get("attempts", [])),
             artifacts=tuple(ArtifactInfo.from_json(a) for a in data.get("artifacts", [])),

@@ -3,7 +3,8 @@
 A family lists them in its spec; the worker's main process (``workers/metrics.py``) makes one
 Prometheus metric per name from the registry and, for every successful job of a family that
 declares some, reads the job's output back and adds each number to its metric, labelled with the
-job's family and variant (the rung that answered) and the declaration's own labels. No file of the
+job's family and rung (the rung that answered; ``variant``, the same name, for one release) and the
+declaration's own labels. No file of the
 farm names a family's metric. Families may share a metric (every video family's frames in
 ``mediafarm_frames_total``) when they declare it alike; the registry refuses two families that
 declare one name differently.
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 PREFIX = "mediafarm_"
-# The labels every metric has: the job's family and variant.
-JOB_LABELS = ("family", "variant")
+# The labels every metric has: the job's family and rung (its name; ``variant``, the same name, is
+# kept for one release: docs/operating.md, "Upgrading").
+JOB_LABELS = ("family", "rung", "variant")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -35,7 +37,7 @@ class ResultMetric:
         help: The metric's one-line description (its HELP).
         kind: ``counter`` (the number is added) or ``histogram`` (observed once a job).
         labels: Fixed labels of this number, as pairs (``(("fate", "examined"),)``), beside family
-            and variant.
+            and rung.
         buckets: A histogram's bucket bounds, ascending.
     """
 

@@ -17,7 +17,7 @@ from tests.support.sse import SseEvent, SseStream, read_events
 
 
 def attempt(outcome: str | None, rung: int = 0) -> dict[str, Any]:
-    return {"rung": rung, "variant": f"r{rung}", "outcome": outcome}
+    return {"rung": f"r{rung}", "rung_index": rung, "variant": f"r{rung}", "outcome": outcome}
 
 
 def test_a_cursor_round_trips_and_refuses_what_the_gateway_never_sent() -> None:

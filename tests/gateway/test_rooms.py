@@ -60,8 +60,8 @@ VOICES_DIFFER = 5.0
 # --- the chunk rule, on made-up snapshots ---------------------------------------------------------
 
 
-def attempt(outcome: str | None, variant: str) -> dict[str, Any]:
-    return {"variant": variant, "outcome": outcome, "reason": "SIGKILL" if outcome == "killed" else ""}
+def attempt(outcome: str | None, rung: str) -> dict[str, Any]:
+    return {"rung": rung, "variant": rung, "outcome": outcome, "reason": "SIGKILL" if outcome == "killed" else ""}
 
 
 def run_feed(snapshots: list[Snapshot]) -> list[Any]:

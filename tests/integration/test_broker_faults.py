@@ -56,7 +56,7 @@ def test_a_redis_restart_under_running_jobs_fails_none(own_redis: EmbeddedRedis,
         assert all(state == "SUCCESS" for state, _ in states.values()), (states, log.read_text()[-4000:])
         # Each ran once, on its first rung: the outage cost no attempt and nothing ran twice.
         for _, envelope in states.values():
-            assert [(a["rung"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope
+            assert [(a["rung_index"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope
         # The two that were running when Redis went down ran across the outage, in one attempt.
         for job_id in running:
             attempt = states[job_id][1]["attempts"][0]

@@ -80,8 +80,8 @@ def test_clips_where_someone_is_heard_or_moves_with_their_reasons(camfilter_work
         # A keyframe every second: each clip is copied or smart-cut, re-encoding under a second.
         assert clip.method in ("copy", "smart") and clip.reencoded < 1.0 and clip.reason == "", clip
         assert clip.frames == frames and abs(frames - (clip.end - clip.start) * 10) <= 3
-    assert result.stages["vad"].variant == "silero-onnx" and result.stages["vad"].flags == []
-    assert result.stages["yolo"].variant == "motion" and result.stages["yolo"].flags == ["motion_only"]
+    assert result.stages["vad"].rung == "silero-onnx" and result.stages["vad"].flags == []
+    assert result.stages["yolo"].rung == "motion" and result.stages["yolo"].flags == ["motion_only"]
     assert result.stages["vad"].job_id == stage_job_id(envelope["job_id"], "vad")
 
 
@@ -90,7 +90,7 @@ def test_the_real_model_stage_runs_and_finds_nothing_so_speech_alone_is_kept(
 ) -> None:
     media, speech = recording
     result, _ = run(media)
-    assert result.stages["yolo"].variant == "yolo-nano" and result.detection_spans == 0
+    assert result.stages["yolo"].rung == "yolo-nano" and result.detection_spans == 0
     assert [c.reasons for c in result.clips] == [["speech"], ["speech"]]
     assert [a["outcome"] for a in result.stages["yolo"].attempts] == ["unavailable", "unavailable", "ok"]
 
@@ -109,7 +109,7 @@ def test_a_vad_killed_on_every_rung_ends_on_skip_and_the_clips_come_from_yolo(ca
         job = submit("camfilter", queue=QUEUE, job_id=job_id, media=str(media), rules=RULES, yolo_ladder="yolo_motion")
         result = CamfilterResult.model_validate(job.wait(timeout=180)["output"])
     vad = result.stages["vad"]
-    assert vad.variant == "skip" and vad.flags == ["vad_skipped"]
+    assert vad.rung == "skip" and vad.flags == ["vad_skipped"]
     assert [(a["variant"], a["outcome"]) for a in vad.attempts] == [
         ("silero-onnx", "killed"), ("webrtc", "killed"), ("skip", "ok")
     ]

@@ -318,7 +318,7 @@ def test_farm_submit_dialogue_script_json_out_dir_wait(dialogue_worker, speakers
 
     done = farm("script.json", "--out", str(out), "--queue", QUEUE, "--pause", "0.3", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 lines" in done.stdout and "variant assemble" in done.stdout
+    assert "2 lines" in done.stdout and "rung assemble" in done.stdout
     assert {p.name for p in out.iterdir()} == {"dialogue.wav", "dialogue.vtt", "dialogue.srt", "dialogue.json"}
     doc = json.loads((out / "dialogue.json").read_text())
     assert doc["lines"][1]["start"] - doc["lines"][0]["end"] == pytest.approx(0.3, abs=0.002)

@@ -36,7 +36,7 @@ def test_toy_family_is_routed_run_and_its_artifact_fetched(cpu_worker, tmp_path:
     assert route("farm.toy.count", (), {}, {}) == {"queue": "toy"}
     job = submit("toy", text="one two three")
     envelope = job.wait(timeout=60)
-    assert envelope["family"] == "toy" and envelope["variant"] == "streaming" and envelope["rung"] == 0
+    assert envelope["family"] == "toy" and envelope["rung"] == "streaming" and envelope["rung_index"] == 0
     assert envelope["output"] == {"words": ["ONE", "TWO", "THREE"], "engine": "stream"}
     assert envelope["attempts"][0]["worker"] == cpu_worker.node  # the default pool took its queue
     # The typed result and the partial outputs the generator engine yielded, in order.
@@ -139,7 +139,7 @@ def test_vad_progress_is_seen_by_a_polling_client(cpu_worker, ten_minutes: Path)
     fractions = [p.fraction for p in seen]
     assert len(set(fractions)) >= 3, fractions
     assert fractions == sorted(fractions) and 0 < fractions[0] < fractions[-1] <= 1
-    assert all(p.variant == "silero-onnx" and p.stage == "silero-vad" for p in seen)
+    assert all(p.rung == "silero-onnx" and p.stage == "silero-vad" for p in seen)
     seconds = [p.media_seconds for p in seen]
     assert seconds == sorted(seconds) and seconds[-1] <= 600
     assert envelope["output"]["duration"] == pytest.approx(600, abs=0.1)
@@ -279,7 +279,7 @@ def test_the_cli_shows_a_running_jobs_progress(cpu_worker, ten_minutes: Path) ->
     assert waited.returncode == 0, waited.stderr
     shown = plain(waited.stdout)
     assert "silero-onnx silero-vad" in shown and "s of media" in shown, shown  # the bar's detail
-    assert "variant silero-onnx" in shown, shown  # then the result
+    assert "rung silero-onnx" in shown, shown  # then the result
     assert "trace: child " in shown and "engine_end " in shown, shown
 
 

@@ -100,7 +100,7 @@ def tiny_gpu_worker(start_worker):
 
 def test_yolo_gpu_rung_runs_the_pt_weights_on_cuda(gpu_worker, random_yolo, yolo_video: Path) -> None:
     envelope = submit("yolo", queue="gputest", media=str(yolo_video), ladder="yolo_gpu").wait(timeout=180)
-    assert envelope["variant"] == "yolo-gpu" and envelope["rung"] == 0, envelope["attempts"]
+    assert envelope["rung"] == "yolo-gpu" and envelope["rung_index"] == 0, envelope["attempts"]
     assert outcomes(envelope) == [("yolo-gpu", "ok")]
     output = envelope["output"]
     # The model label is built from the device the engine loaded on (tasks.runtime.gpu.torch_device() on a

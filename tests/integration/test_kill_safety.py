@@ -57,7 +57,7 @@ def test_job_over_the_cap_is_killed_and_completes_on_the_next_rung(chaos_worker)
     kills_before = scrape(chaos_worker.metrics_url, 'mediafarm_child_kills_total{pool="chaos",reason="killed"}')
     job = send("kill_once")
     envelope = job.wait(timeout=60)
-    assert envelope["job_id"] == job.id and envelope["variant"] == "frugal" and envelope["rung"] == 1
+    assert envelope["job_id"] == job.id and envelope["rung"] == "frugal" and envelope["rung_index"] == 1
     killed, ok = envelope["attempts"]
     assert (killed["outcome"], ok["outcome"]) == ("killed", "ok")
     assert "watchdog" in killed["reason"] and "cap of 400 MiB" in killed["reason"]
@@ -304,7 +304,7 @@ def test_whole_worker_death_redelivers_the_job_to_another_worker(short_worker) -
     lost, ok = envelope["attempts"]
     assert (lost["outcome"], ok["outcome"]) == ("worker_lost", "ok")
     assert (lost["counted"], lost["cause"]) == (False, "worker_lost")
-    assert lost["rung"] == ok["rung"] == 0  # not the job's fault: same rung, no downgrade
+    assert lost["rung_index"] == ok["rung_index"] == 0  # not the job's fault: same rung, no downgrade
     assert (lost["worker"], ok["worker"]) == (first.node, second.node)
 
 

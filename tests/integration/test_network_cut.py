@@ -80,7 +80,7 @@ def test_a_worker_cut_off_mid_job_ends_it_once_and_reconnects(
         time.sleep(7)
         link.up()
         envelope = job.get(timeout=120)
-        assert [(a["rung"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope["attempts"]
+        assert [(a["rung_index"], a["outcome"]) for a in envelope["attempts"]] == [(0, "ok")], envelope["attempts"]
         # The worker goes on by itself: the next job is taken and done.
         after = producer.send_task("farm.test.chaos", kwargs={"ladder": "memerr"}, queue="chaos")
         assert [a["outcome"] for a in after.get(timeout=60)["attempts"]] == ["oom", "ok"]

@@ -216,7 +216,7 @@ def test_a_long_job_reports_progress_and_grows_its_playlist(
         playlists.append((text, [name for name in listed if not (chunks / name).is_file()]))
 
     envelope = job.wait(timeout=300, poll=0.02, on_progress=on_progress)
-    assert envelope["variant"] == "whisper-tiny" and all(p.variant == "whisper-tiny" for p in seen)
+    assert envelope["variant"] == "whisper-tiny" and all(p.rung == "whisper-tiny" for p in seen)
     fractions = [p.fraction for p in seen]
     assert len(set(fractions)) >= 3, fractions
     assert fractions == sorted(fractions) and 0 < fractions[0] < fractions[-1] <= 1

@@ -54,7 +54,7 @@ def _started(job, variant: str = "whisper-tiny", timeout: float = 120.0) -> None
     deadline = time.monotonic() + timeout
     while True:
         progress = job.progress()
-        if progress is not None and progress.variant == variant and progress.stage in ("connecting", "live"):
+        if progress is not None and progress.rung == variant and progress.stage in ("connecting", "live"):
             break
         assert time.monotonic() < deadline, f"no {variant} attempt began: {job.attempts()}"
         time.sleep(0.05)

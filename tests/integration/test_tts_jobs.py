@@ -112,5 +112,5 @@ def test_farm_submit_tts_out_file_wait(tts_worker, tmp_path: Path) -> None:
         cwd=REPO, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"saved {target}" in proc.stdout.replace("\n", "") and "variant chattts-cpu" in proc.stdout
+    assert f"saved {target}" in proc.stdout.replace("\n", "") and "rung chattts-cpu" in proc.stdout
     assert sf.info(target).samplerate == 24000 and sf.info(target).duration > 0.3

@@ -145,7 +145,7 @@ def artifacts(job_id: str) -> dict[str, str]:
 
 def without_rungs(doc: dict[str, Any]) -> dict[str, Any]:
     cues = [{k: v for k, v in cue.items() if k != "rung"} for cue in doc["cues"]]
-    return {**{k: v for k, v in doc.items() if k not in ("made", "variant")}, "cues": cues}
+    return {**{k: v for k, v in doc.items() if k not in ("made", "rung", "variant")}, "cues": cues}
 
 
 def test_a_subtitle_job_killed_early_and_mid_way_equals_an_unkilled_run(resume_worker, tiny_en, talk) -> None:

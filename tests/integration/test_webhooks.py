@@ -90,7 +90,7 @@ def test_start_and_completed_arrive_in_order_signed_with_both_secrets(hook_worke
         assert len(delivery["headers"]["webhook-signature"].split(" ")) == 2
         assert delivery["body"]["data"]["id"] == job.id and delivery["body"]["data"]["family"] == "chaos"
     data = done["body"]["data"]
-    assert (data["state"], data["rung"]) == ("SUCCESS", envelope["variant"])
+    assert (data["state"], data["rung"]) == ("SUCCESS", envelope["rung"])
     assert data["links"]["job"].endswith(f"/v1/jobs/{job.id}")
     assert "output" not in data and "result" not in data  # thin: links, never the output
     time.sleep(1.0)
@@ -121,7 +121,7 @@ def test_every_event_of_a_downgraded_job_in_order(hook_worker, receiver) -> None
     of_killed = [g["body"] for g in got if g["body"]["data"]["id"] == job_ok.id]
     kinds = [(b["type"], b["data"].get("outcome")) for b in of_killed]
     assert kinds == [("job.start", None), ("job.attempt", "killed"), ("job.attempt", "ok"), ("job.completed", None)]
-    assert of_killed[-1]["data"]["rung"] == envelope["variant"]
+    assert of_killed[-1]["data"]["rung"] == envelope["rung"]
 
 
 def test_a_receiver_that_never_answers_does_not_slow_the_job(hook_worker) -> None:

@@ -63,7 +63,7 @@ def test_detect_job_runs_on_the_cpu_rung_and_counts_its_frames(yolo_worker, vide
     before = scrape(yolo_worker.metrics_url, "mediafarm_frames_total", **examined)
     job = submit("yolo", queue=QUEUE, media=str(video), classes="person,car", stride=0.5)
     envelope = job.wait(timeout=120)
-    assert envelope["family"] == "yolo" and envelope["variant"] == "yolo-nano" and envelope["rung"] == 2
+    assert envelope["family"] == "yolo" and envelope["rung"] == "yolo-nano" and envelope["rung_index"] == 2
     assert outcomes(envelope["attempts"]) == [("yolo-large", "unavailable"), ("yolo-small", "unavailable"),
                                               ("yolo-nano", "ok")]  # fmt: skip
     assert all("GPU" in a["reason"] for a in envelope["attempts"][:2])
@@ -147,5 +147,5 @@ def test_cli_submits_waits_and_shows_the_intervals(yolo_worker, video: Path) -> 
     proc = subprocess.run([*cli, "submit", "yolo", str(video), "--queue", QUEUE, "--wait", "-p", "classes=person"],
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "variant yolo-nano" in proc.stdout and "frames decoded 120" in proc.stdout
+    assert "rung yolo-nano" in proc.stdout and "frames decoded 120" in proc.stdout
     assert "nothing found (person)" in proc.stdout

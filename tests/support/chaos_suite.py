@@ -540,10 +540,11 @@ class ChaosSuite:
                 report.duplicated.append(f"{job} ({ladder})")
             if status == "SUCCESS":
                 envelope = meta["result"]
-                report.succeeded_by_rung[f"{ladder}/{envelope['variant']}"] += 1
-                failed_on = {a.get("rung") for a in history if a.get("outcome") in RESOURCE_OUTCOMES | {"stalled"}}
-                if any(rung not in failed_on for rung in range(int(envelope.get("rung", 0)))):
-                    report.succeeded_past_unfailed[f"{ladder}/{envelope['variant']}"] += 1
+                report.succeeded_by_rung[f"{ladder}/{envelope['rung']}"] += 1
+                lost_on = RESOURCE_OUTCOMES | {"stalled"}
+                failed_on = {a.get("rung_index") for a in history if a.get("outcome") in lost_on}
+                if any(rung not in failed_on for rung in range(int(envelope.get("rung_index", 0)))):
+                    report.succeeded_past_unfailed[f"{ladder}/{envelope['rung']}"] += 1
                 problem = _disagreement(history, envelope["attempts"])
                 if problem:
                     report.disagreements.append(f"{job} ({ladder}): {problem}")

@@ -16,7 +16,7 @@ def kill_running(job: Any, variant: str, *, timeout: float = 60.0, after: float 
     """Wait for ``job``'s open attempt on ``variant`` (a ``JobHandle``), wait ``after`` seconds more
     (into its work), SIGKILL its child; the attempt record, as it was. AssertionError if none opens."""
     deadline = time.monotonic() + timeout
-    while not (running := [a for a in job.attempts() if a["outcome"] is None and a["variant"] == variant]):
+    while not (running := [a for a in job.attempts() if a["outcome"] is None and a["rung"] == variant]):
         assert time.monotonic() < deadline, f"no {variant} attempt of job {job.id} began: {job.attempts()}"
         time.sleep(0.05)
     time.sleep(after)
@@ -39,7 +39,7 @@ def killing(job_id: str, variants: set[str]) -> Iterator[list[str]]:
         while not stop.is_set():
             for attempt in read_attempts(client, job_id):
                 key = f"{attempt['variant']}:{attempt['pid']}"
-                if attempt["outcome"] is None and attempt["variant"] in variants and key not in killed:
+                if attempt["outcome"] is None and attempt["rung"] in variants and key not in killed:
                     try:
                         os.kill(attempt["pid"], signal.SIGKILL)
                         killed.append(key)

@@ -169,16 +169,16 @@ def test_the_ladder_skips_an_open_rung_records_why_and_the_probe_closes_it(
 
     other = AttemptLog(log.client, f"{log.job_id}-2", ttl=60)
     envelope = run(other, guard(b, other.job_id), oom_on_big)
-    assert isinstance(envelope, Envelope) and envelope.variant == "small"
+    assert isinstance(envelope, Envelope) and envelope.rung == "small"
     skipped, ran = envelope.attempts
-    assert (skipped.variant, skipped.outcome, skipped.duration) == ("big", Outcome.SKIPPED, None)
+    assert (skipped.rung, skipped.outcome, skipped.duration) == ("big", Outcome.SKIPPED, None)
     assert "breaker open since" in skipped.reason and "3 failures in 60 s" in skipped.reason
     assert [a.outcome for a in other.read()[0]] == [Outcome.SKIPPED, Outcome.OK]
 
     clock.now += 30
     probe = AttemptLog(log.client, f"{log.job_id}-3", ttl=60)
     envelope = run(probe, guard(b, probe.job_id), lambda r: {})
-    assert [(a.variant, a.outcome) for a in envelope.attempts] == [("big", Outcome.OK)]
+    assert [(a.rung, a.outcome) for a in envelope.attempts] == [("big", Outcome.OK)]
     assert envelope.attempts[0].reason.startswith("the breaker's probe (breaker open since")
     assert read_breakers(b.client, pool) == []
     log.client.delete(*(keys.history(x.job_id) for x in (other, probe)))
@@ -191,7 +191,7 @@ def test_an_open_last_rung_waits_for_its_cool_down_then_probes_and_says_so(
     clock.now += 10
     made = guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),)))
     envelope = run(log, made, lambda r: {})
-    assert [(a.variant, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
+    assert [(a.rung, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
     assert made.waited == [20.0]  # what was left of the 30 s cool-down
     reason = envelope.attempts[0].reason
     assert reason.startswith("the breaker's probe (") and "waited 20.0 s for its cool-down" in reason
@@ -206,7 +206,7 @@ def test_the_wait_is_bounded_and_the_rung_then_runs_anyway(redis_url: str, pool:
         fail(b, job, clock, "small")
     made = guard(b, log.job_id, Ladder("lad", "lad", (rung("small", "e"),)), max_wait_s=5)
     envelope = run(log, made, lambda r: {})
-    assert [(a.variant, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
+    assert [(a.rung, a.outcome) for a in envelope.attempts] == [("small", Outcome.OK)]
     assert made.waited == [5.0]
     assert "run anyway, waited 5.0 s for its cool-down: no rung below it gives an answer" in envelope.attempts[0].reason
     assert [s.state for s in read_breakers(b.client, pool)] == ["open"]  # not its probe: still open
@@ -217,7 +217,7 @@ def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: s
     readings = iter(["pool 'bt' is under memory pressure: 180 MiB available", "pool 'bt' ...: 150 MiB available"])
     envelope = run(log, guard(b, log.job_id, pressure=lambda: next(readings)), lambda r: {})
     skipped, ran = envelope.attempts
-    assert (skipped.variant, skipped.outcome, ran.variant) == ("big", Outcome.SKIPPED, "small")
+    assert (skipped.rung, skipped.outcome, ran.rung) == ("big", Outcome.SKIPPED, "small")
     assert skipped.reason == (
         "pool 'bt' is under memory pressure: 180 MiB available; the ladder steps down under pressure (a new "
         "job starts one rung lower)"
@@ -225,7 +225,7 @@ def test_memory_pressure_starts_a_new_job_one_rung_lower(redis_url: str, pool: s
     # Without pressure, or for a ladder that does not declare the step-down, the job starts on top.
     calm = AttemptLog(log.client, f"{log.job_id}-2", ttl=60)
     envelope = run(calm, guard(b, calm.job_id, pressure=lambda: None), lambda r: {})
-    assert [a.variant for a in envelope.attempts] == ["big"]
+    assert [a.rung for a in envelope.attempts] == ["big"]
     log.client.delete(keys.history(calm.job_id))
 
 

@@ -149,7 +149,7 @@ def test_run_ladder_sends_the_job_back_without_spending_a_rung(log: AttemptLog, 
                     policies=(Availability(tmp_path),),
                     reroute=sender(LADDER, weighted.FAMILY.engines, tmp_path,
                                    lambda *a: pytest.fail("not asked")))  # fmt: skip
-    assert run_ladder(job, lambda *a: ({"text": "hi", "weights_bytes": 1}, ())).variant == "from-file"
+    assert run_ladder(job, lambda *a: ({"text": "hi", "weights_bytes": 1}, ())).rung == "from-file"
     log.client.delete(keys.history(other.job_id))
 
 

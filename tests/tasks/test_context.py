@@ -104,11 +104,11 @@ def test_context_progress_clamps_the_fraction_and_carries_the_attempt(
     client: redis.Redis, job_id: str, clock: Clock, tmp_path: Path
 ) -> None:
     ctx = EngineContext.local(storage_dir=tmp_path, job_id=job_id)
-    ctx.attempt, ctx.rung, ctx.rung_name = 2, 1, "webrtc"
+    ctx.attempt, ctx.rung_index, ctx.rung = 2, 1, "webrtc"
     ctx.channel = JobChannel(client, job_id, ttl=60)
     ctx.progress(1.7, stage="detect")
     stored = _stored_progress(client, job_id)
-    assert (stored.fraction, stored.attempt, stored.rung, stored.variant) == (1.0, 2, 1, "webrtc")
+    assert (stored.fraction, stored.attempt, stored.rung_index, stored.rung) == (1.0, 2, 1, "webrtc")
 
 
 def test_a_stage_reports_into_its_share_of_the_job(client: redis.Redis, job_id: str, clock: Clock, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from mediafarm.tasks.wire.records import Attempt, KillRecord, Outcome
 
 
 def open_attempt(rung: int = 0, retries: int = 0, pid: int = 100) -> Attempt:
-    return Attempt(rung=rung, variant=f"v{rung}", retries=retries, pid=pid, worker="cpu@a", started=1000.0)
+    return Attempt(rung_index=rung, rung=f"v{rung}", retries=retries, pid=pid, worker="cpu@a", started=1000.0)
 
 
 def kill_record(pid: int, worker: str = "cpu@a", at: float = 1001.0, **extra) -> KillRecord:

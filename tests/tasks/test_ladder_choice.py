@@ -92,7 +92,7 @@ def failing_on(*names: str) -> Any:
 
 
 def seen(attempts: Any) -> list[tuple[str, str]]:
-    return [(a.variant, str(a.outcome)) for a in attempts]
+    return [(a.rung, str(a.outcome)) for a in attempts]
 
 
 def test_an_open_breaker_skips_to_the_next_answer_never_to_the_fallback(
@@ -103,7 +103,7 @@ def test_an_open_breaker_skips_to_the_next_answer_never_to_the_fallback(
     # cool-down (only the stand-in is below it) and runs small as its probe.
     made = guard(b, log.job_id, VAD_LIKE)
     envelope = deliver(log, made, failing_on())
-    assert isinstance(envelope, Envelope) and envelope.variant == "small"
+    assert isinstance(envelope, Envelope) and envelope.rung == "small"
     assert seen(envelope.attempts) == [("big", "skipped"), ("small", "ok")]
     assert made.waited == [30.0] and "the breaker's probe" in envelope.attempts[1].reason
     assert {(s.rung, s.state) for s in read_breakers(b.client, pool)} == {("big", "open")}
@@ -129,10 +129,10 @@ def test_a_rung_skipped_by_its_breaker_is_tried_once_before_the_fallback(
     # big skipped (open), small fails for this job: before the stand-in, big is owed its try; it
     # answers, so the job ends on big, not on the stand-in.
     envelope = until_done(log, b, failing_on("small"), VAD_LIKE)
-    assert isinstance(envelope, Envelope) and envelope.variant == "big" and envelope.rung == 0
+    assert isinstance(envelope, Envelope) and envelope.rung == "big" and envelope.rung_index == 0
     assert seen(envelope.attempts) == [("big", "skipped"), ("small", "oom"), ("big", "ok")]
     assert "tried once before a fallback or the end: it was skipped (breaker open since" in envelope.attempts[2].reason
-    assert [a.rung for a in log.read()[0]] == [0, 1, 0]
+    assert [a.rung_index for a in log.read()[0]] == [0, 1, 0]
 
 
 def test_the_fallback_comes_only_after_every_answer_failed_for_the_job(
@@ -140,7 +140,7 @@ def test_the_fallback_comes_only_after_every_answer_failed_for_the_job(
 ) -> None:
     _, b = opened(redis_url, pool, "big")
     envelope = until_done(log, b, failing_on("big", "small"), VAD_LIKE)
-    assert isinstance(envelope, Envelope) and envelope.variant == "none"
+    assert isinstance(envelope, Envelope) and envelope.rung == "none"
     assert seen(envelope.attempts) == [("big", "skipped"), ("small", "oom"), ("big", "oom"), ("none", "ok")]
 
 

@@ -42,7 +42,7 @@ def test_a_rejection_names_the_rung_it_ended_on(log: AttemptLog) -> None:
     with pytest.raises(PermanentFailure) as caught:
         run(log, refuse)
     assert caught.value.rung == "first"
-    assert [(a.variant, a.outcome) for a in log.read()[0]] == [("first", Outcome.REJECTED)]
+    assert [(a.rung, a.outcome) for a in log.read()[0]] == [("first", Outcome.REJECTED)]
 
 
 def test_a_cancel_names_the_rung_it_ended_on(log: AttemptLog) -> None:
@@ -74,14 +74,14 @@ def test_an_attempt_left_open_by_a_redis_error_runs_its_rung_again(log: AttemptL
     log.append(Attempt(0, "first", retries=0, worker="cpu@a", pid=4242))
     error = "Redis error: Error 111 connecting to 127.0.0.1:6390. Connection refused."
     envelope = run(log, lambda: {}, retries=1, fresh=False, unwritten={0: error})
-    assert isinstance(envelope, Envelope) and envelope.variant == "first"
+    assert isinstance(envelope, Envelope) and envelope.rung == "first"
     first, second = log.read()[0]
-    assert (first.outcome, second.outcome, second.variant) == (Outcome.TRANSIENT, Outcome.OK, "first")
+    assert (first.outcome, second.outcome, second.rung) == (Outcome.TRANSIENT, Outcome.OK, "first")
     assert first.reason.startswith(error)
 
 
 def test_without_the_word_of_its_delivery_the_open_attempt_is_a_lost_child(log: AttemptLog) -> None:
     log.append(Attempt(0, "first", retries=0, worker="cpu@a", pid=4242))
     envelope = run(log, lambda: {}, retries=1, fresh=False)
-    assert isinstance(envelope, Envelope) and envelope.variant == "second"
+    assert isinstance(envelope, Envelope) and envelope.rung == "second"
     assert [a.outcome for a in log.read()[0]] == [Outcome.KILLED, Outcome.OK]

@@ -124,9 +124,9 @@ def test_a_rung_that_cannot_handle_the_language_is_skipped_without_an_attempt(lo
     job = LadderRun(log.job_id, ladder, SPEC.engines, log, worker="cpu@a", fresh=True,
                     policies=(Availability(), Language(check.why_not)))  # fmt: skip
     envelope = run_ladder(job, run_rung)
-    assert ran == ["mandarin"] and envelope.variant == "mandarin"
+    assert ran == ["mandarin"] and envelope.rung == "mandarin"
     attempts, _ = log.read()
-    assert [(a.variant, a.outcome) for a in attempts] == [("english", Outcome.UNAVAILABLE), ("mandarin", Outcome.OK)]
+    assert [(a.rung, a.outcome) for a in attempts] == [("english", Outcome.UNAVAILABLE), ("mandarin", Outcome.OK)]
     assert attempts[0].reason == "rung english handles en, not the job's language 'zh'"
     # English text goes to the first rung, as before.
     english = LanguageCheck.of(SPEC, ladder, {"text": "Hi.", "language": "en"}, None)

@@ -49,5 +49,5 @@ def test_a_recorded_terminal_outcome_ends_the_job_again_without_running_it(log, 
     assert ran == []
     assert reason in str(caught.value) and "first" in str(caught.value)
     attempts, _ = log.read()
-    assert [(a.variant, a.outcome) for a in attempts] == [("first", outcome)]  # nothing appended
+    assert [(a.rung, a.outcome) for a in attempts] == [("first", outcome)]  # nothing appended
 

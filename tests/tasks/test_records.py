@@ -6,7 +6,17 @@ import json
 
 import pytest
 
-from mediafarm.tasks.wire.records import ArtifactInfo, Attempt, Envelope, KillRecord, Outcome, Progress
+from mediafarm.tasks.wire.records import (
+    ArtifactInfo,
+    Attempt,
+    Envelope,
+    KillRecord,
+    Outcome,
+    Progress,
+    envelope_in_current_names,
+    in_current_names,
+    rung_named,
+)
 
 
 def _through_json(data: dict) -> dict:
@@ -32,7 +42,7 @@ def test_running_attempt_round_trips_with_no_outcome() -> None:
 
 def test_attempt_from_json_ignores_unknown_keys_and_defaults_missing_ones() -> None:
     loaded = Attempt.from_json({"rung": 1, "variant": "skip", "outcome": "killed", "gpu_mb": 12, "future": [1]})
-    assert (loaded.rung, loaded.variant, loaded.outcome) == (1, "skip", Outcome.KILLED)
+    assert (loaded.rung_index, loaded.rung, loaded.outcome) == (1, "skip", Outcome.KILLED)
     assert loaded.reason == "" and loaded.duration is None
 
 
@@ -55,7 +65,7 @@ def test_kill_record_outcome_string_becomes_the_enum() -> None:
 
 
 def test_progress_round_trip_ignores_unknown_keys() -> None:
-    progress = Progress(0.5, "decode", 12.0, attempt=1, rung=2, variant="webrtc", updated=9.0)
+    progress = Progress(0.5, "decode", 12.0, attempt=1, rung_index=2, rung="webrtc", updated=9.0)
     loaded = Progress.from_json({**_through_json(progress.to_json()), "eta": 3})
     assert loaded == progress
 
@@ -67,7 +77,7 @@ def test_artifact_info_round_trip_ignores_unknown_keys() -> None:
 
 def test_envelope_round_trip_rebuilds_attempts_and_artifacts() -> None:
     envelope = Envelope(
-        job_id="j1", family="vad", variant="webrtc", rung=1, output={"spans": [{"start": 0.0, "end": 1.5}]},
+        job_id="j1", family="vad", rung="webrtc", rung_index=1, output={"spans": [{"start": 0.0, "end": 1.5}]},
         attempts=(Attempt(0, "silero-onnx", "killed", started=1.0, worker="w", pid=3),
                   Attempt(1, "webrtc", Outcome.OK, started=2.0, worker="w", pid=3)),
         artifacts=(ArtifactInfo("a.json", 2, "application/json", "00" * 32),),
@@ -81,7 +91,7 @@ def test_envelope_round_trip_rebuilds_attempts_and_artifacts() -> None:
 def test_envelope_from_json_ignores_unknown_keys_and_defaults_missing_lists() -> None:
     loaded = Envelope.from_json({"job_id": "j", "family": "toy", "variant": "plain", "rung": "1",
                                  "output": None, "version": 2})  # fmt: skip
-    assert loaded.rung == 1
+    assert (loaded.rung, loaded.rung_index) == ("plain", 1)
     assert loaded.output == {} and loaded.attempts == () and loaded.artifacts == ()
 
 
@@ -127,3 +137,30 @@ def test_every_outcome_is_covered_by_the_moves_down_table() -> None:
     assert not Outcome.MOVED.moves_down
     # A stall moves a job down only when it repeats on its rung (tasks.runtime.downgrade.repeated_stall).
     assert not Outcome.STALLED.moves_down
+
+
+def test_the_wire_names_a_rung_by_rung_and_rung_index_and_still_writes_variant_for_one_release() -> None:
+    attempt = Attempt(1, "webrtc", Outcome.OK, started=2.0, worker="w", pid=3)
+    progress = Progress(0.5, "decode", attempt=1, rung_index=1, rung="webrtc", updated=9.0)
+    envelope = Envelope("j1", "vad", "webrtc", 1, {}, attempts=(attempt,))
+    for wire in (attempt.to_json(), progress.to_json(), envelope.to_json(), envelope.to_json()["attempts"][0]):
+        assert (wire["rung"], wire["rung_index"], wire["variant"]) == ("webrtc", 1, "webrtc"), wire
+
+
+def test_records_of_the_release_before_read_in_this_releases_names() -> None:
+    # Version 1: "rung" was the index and "variant" the name.
+    old = {"rung": 2, "variant": "frugal", "outcome": "killed", "started": 1.0}
+    assert in_current_names(old) == {**old, "rung": "frugal", "rung_index": 2, "variant": "frugal"}
+    assert (Attempt.from_json(old).rung, Attempt.from_json(old).rung_index) == ("frugal", 2)
+    assert (Progress.from_json({"rung": 2, "variant": "frugal"}).rung_index) == 2
+    envelope = envelope_in_current_names({"job_id": "j", "family": "vad", "variant": "frugal", "rung": 2,
+                                          "output": {}, "attempts": [old]})  # fmt: skip
+    assert (envelope["rung"], envelope["rung_index"]) == ("frugal", 2)
+    assert (envelope["attempts"][0]["rung"], envelope["attempts"][0]["rung_index"]) == ("frugal", 2)
+    # This release's: as they are, the very same dicts.
+    current = Attempt(0, "big", started=1.0).to_json()
+    assert in_current_names(current) is current
+    written = Envelope("j", "vad", "big", 0, {}, attempts=(Attempt(0, "big", started=1.0),)).to_json()
+    assert envelope_in_current_names(written) is written
+    # A family result of the release before (variant only) gets its rung.
+    assert rung_named({"variant": "piper", "outcome": "ok"}) == {"variant": "piper", "outcome": "ok", "rung": "piper"}

@@ -21,7 +21,7 @@ def examined(help: str = "Frames looked at") -> ResultMetric:
 
 def test_the_number_is_read_at_its_path_and_nothing_else_counts() -> None:
     metric = examined()
-    assert metric.full_name == "mediafarm_frames_total" and metric.label_names == ("family", "variant", "fate")
+    assert metric.full_name == "mediafarm_frames_total" and metric.label_names == ("family", "rung", "variant", "fate")
     assert metric.value({"frames": {"examined": 12}}) == 12.0
     nothing = ({}, {"frames": None}, {"frames": {"examined": None}}, {"frames": {"examined": "12"}},
                {"frames": {"examined": True}}, {"frames": {"examined": float("nan")}}, {"frames": 3}, None)  # fmt: skip

@@ -42,7 +42,7 @@ class NoBig(RungPolicy):
         return Skip("too big for today", Outcome.SKIPPED) if step.rung.name == "big" else RUN
 
     def after(self, attempt: Attempt) -> None:
-        self.heard.append((attempt.variant, attempt.outcome))
+        self.heard.append((attempt.rung, attempt.outcome))
 
 
 class Noted(RungPolicy):
@@ -64,9 +64,9 @@ def test_a_policy_skips_a_rung_notes_the_one_that_runs_and_hears_its_outcome(log
     job = LadderRun(log.job_id, LADDER, ENGINES, log, worker="cpu@a", fresh=True,
                     policies=(Availability(), no_big, noted, Noted("")))  # fmt: skip
     envelope = run_ladder(job, lambda rung_, index, attempt: ({}, ()))
-    assert envelope.variant == "small"
+    assert envelope.rung == "small"
     attempts, _ = log.read()
-    assert [(a.variant, a.outcome, a.reason) for a in attempts] == [
+    assert [(a.rung, a.outcome, a.reason) for a in attempts] == [
         ("big", Outcome.SKIPPED, "too big for today"), ("small", Outcome.OK, "a note")
     ]  # fmt: skip
     assert attempts[1].resumed_from == {"rung": "small"}

@@ -54,7 +54,7 @@ def test_a_bad_file_is_charged_to_the_first_rung_that_can_run(log: AttemptLog, t
         run_ladder(job, run_rung)
     assert ran == ["tiny"]
     attempts, _ = log.read()
-    assert [(a.variant, a.outcome) for a in attempts] == [
+    assert [(a.rung, a.outcome) for a in attempts] == [
         ("large", Outcome.UNAVAILABLE), ("small", Outcome.UNAVAILABLE), ("tiny", Outcome.REJECTED)
     ]
     assert "'small' is not in the models dir" in attempts[1].reason

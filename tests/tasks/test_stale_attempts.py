@@ -112,4 +112,4 @@ def test_a_stale_attempt_that_fails_after_a_stored_success_writes_nothing(job, f
 def test_a_quick_success_pays_no_extra_round_trip_and_succeeds(job) -> None:
     log, result_key = job
     envelope = run(log, result_key, lambda v, r, a: ({"ok": True}, ()))
-    assert envelope.variant == "first" and envelope.attempts[0].outcome is Outcome.OK
+    assert envelope.rung == "first" and envelope.attempts[0].outcome is Outcome.OK

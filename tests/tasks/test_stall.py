@@ -18,7 +18,7 @@ from tests.tasks.test_family import operator_file  # noqa: F401 - a fixture
 
 
 def attempt(rung: int, outcome: Outcome | None = None, pid: int = 42) -> Attempt:
-    return Attempt(rung=rung, variant=f"v{rung}", outcome=outcome, pid=pid, worker="cpu@a", started=1000.0)
+    return Attempt(rung_index=rung, rung=f"v{rung}", outcome=outcome, pid=pid, worker="cpu@a", started=1000.0)
 
 
 def test_a_first_stall_keeps_the_rung_and_a_second_moves_the_job_down() -> None:

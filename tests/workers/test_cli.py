@@ -31,7 +31,7 @@ def test_demo_runs_on_an_embedded_redis_and_prints_spans() -> None:
     # No FARM_BROKER_URL at all: the newcomer's path.
     proc = run(["demo"], clean_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "variant silero-onnx" in proc.stdout and "demo done" in proc.stdout
+    assert "rung silero-onnx" in proc.stdout and "demo done" in proc.stdout
     # The bundled clip holds three sentences; each becomes a row of the table.
     rows = [line for line in proc.stdout.splitlines() if line.startswith("│ ")]
     assert len(rows) == 3, proc.stdout
@@ -42,7 +42,7 @@ def test_submit_wait_prints_spans_and_rejects_bad_input(cpu_worker, speech_track
     env = {**os.environ, "COLUMNS": "200"}
     ok = run(["submit", "vad", str(speech_track.path), "--wait", "--json"], env)
     assert ok.returncode == 0, ok.stderr
-    assert '"variant": "silero-onnx"' in ok.stdout and ok.stdout.count('"start"') == len(speech_track.truth)
+    assert '"rung": "silero-onnx"' in ok.stdout and ok.stdout.count('"start"') == len(speech_track.truth)
     bad = run(["submit", "vad", str(media_root / "nope.wav"), "--wait"], env)
     assert bad.returncode == 1 and "JobRejected: MediaNotFound" in bad.stderr
 

@@ -8,8 +8,14 @@ from prometheus_client import CollectorRegistry
 from mediafarm.workers.job_metrics import JobMetrics
 
 
-def attempt(rung: int, variant: str, outcome: str, reason: str = "", **more: float) -> dict:
-    return {"rung": rung, "variant": variant, "outcome": outcome, "reason": reason, "started": 1000.0 + rung, **more}
+def attempt(index: int, rung: str, outcome: str, reason: str = "", **more: float) -> dict:
+    return {"rung": rung, "rung_index": index, "variant": rung, "outcome": outcome, "reason": reason,
+            "started": 1000.0 + index, **more}  # fmt: skip
+
+
+def of_release_before(record: dict) -> dict:
+    """The same attempt as the release before wrote it: ``rung`` the index, ``variant`` the name."""
+    return {k: v for k, v in record.items() if k != "rung_index"} | {"rung": record["rung_index"]}
 
 
 def test_skips_by_breaker_and_pressure_are_downgrades_with_their_reasons() -> None:
@@ -25,15 +31,20 @@ def test_skips_by_breaker_and_pressure_are_downgrades_with_their_reasons() -> No
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
 
-    assert value("mediafarm_downgrades_total", family="subtitle", from_variant="large", to_variant="small",
-                 reason="breaker") == 1  # fmt: skip
-    assert value("mediafarm_downgrades_total", family="subtitle", from_variant="small", to_variant="tiny",
-                 reason="pressure") == 1  # fmt: skip
-    assert value("mediafarm_jobs_total", family="subtitle", variant="tiny", outcome="ok") == 1
-    assert value("mediafarm_attempts_total", family="subtitle", variant="large", outcome="skipped") == 1
-    assert value("mediafarm_first_output_seconds_sum", family="subtitle", variant="tiny") == 0.75
-    assert value("mediafarm_attempt_seconds_sum", family="subtitle", variant="tiny", outcome="ok") == 2.5
-    assert value("mediafarm_attempt_peak_rss_bytes_sum", family="subtitle", variant="tiny") == 300 * 1024 * 1024
+    def moved(first: str, then: str, reason: str) -> float | None:
+        return value("mediafarm_downgrades_total", family="subtitle", from_rung=first, to_rung=then,
+                     from_variant=first, to_variant=then, reason=reason)  # fmt: skip
+
+    assert moved("large", "small", "breaker") == 1 and moved("small", "tiny", "pressure") == 1
+    # The same history as the release before wrote it counts the same (a rolling upgrade).
+    metrics.observe_end("subtitle", "SUCCESS", [of_release_before(a) for a in history], first_output=1002.75)
+    assert moved("large", "small", "breaker") == 2 and moved("small", "tiny", "pressure") == 2
+    assert value("mediafarm_jobs_total", family="subtitle", rung="tiny", variant="tiny", outcome="ok") == 2
+    assert value("mediafarm_attempts_total", family="subtitle", rung="large", variant="large", outcome="skipped") == 2
+    assert value("mediafarm_first_output_seconds_sum", family="subtitle", rung="tiny", variant="tiny") == 1.5
+    assert value("mediafarm_attempt_seconds_sum", family="subtitle", rung="tiny", variant="tiny", outcome="ok") == 5.0
+    tiny_rss = value("mediafarm_attempt_peak_rss_bytes_sum", family="subtitle", rung="tiny", variant="tiny")
+    assert tiny_rss == 2 * 300 * 1024 * 1024
 
 
 def test_failed_jobs_end_rejected_exhausted_or_in_error() -> None:

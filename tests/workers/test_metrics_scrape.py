@@ -69,8 +69,9 @@ def test_a_kill_and_its_downgrade_move_their_counters(metered_worker) -> None:
     job = submit("chaos", ladder="kill_once", queue=QUEUE)
     envelope = job.wait(timeout=60)
     assert [a["outcome"] for a in envelope["attempts"]] == ["killed", "ok"]
-    downgrade = {"family": "chaos", "from_variant": "hungry", "to_variant": "frugal", "reason": "killed"}
-    ended = {"family": "chaos", "variant": "frugal", "outcome": "ok"}
+    downgrade = {"family": "chaos", "from_rung": "hungry", "to_rung": "frugal", "from_variant": "hungry",
+                 "to_variant": "frugal", "reason": "killed"}  # fmt: skip
+    ended = {"family": "chaos", "rung": "frugal", "variant": "frugal", "outcome": "ok"}
     after = eventually(url, lambda s: moved_by(before, s, "mediafarm_jobs_total", **ended) >= 1)
 
     def moved(name: str, **labels: str) -> float:
@@ -79,20 +80,21 @@ def test_a_kill_and_its_downgrade_move_their_counters(metered_worker) -> None:
     assert moved("mediafarm_child_kills_total", pool="chaos", reason="killed") == 1
     assert moved("mediafarm_downgrades_total", **downgrade) == 1
     assert moved("mediafarm_jobs_total", **ended) == 1
-    assert moved("mediafarm_attempts_total", family="chaos", variant="hungry", outcome="killed") == 1
-    assert moved("mediafarm_attempts_total", family="chaos", variant="frugal", outcome="ok") == 1
+    assert moved("mediafarm_attempts_total", family="chaos", rung="hungry", variant="hungry", outcome="killed") == 1
+    assert moved("mediafarm_attempts_total", family="chaos", rung="frugal", variant="frugal", outcome="ok") == 1
     # Two deliveries (the submit, the retry after the kill), each waited in the queue.
     assert moved("mediafarm_queue_wait_seconds_count", family="chaos") == 2
-    assert moved("mediafarm_attempt_seconds_count", family="chaos", variant="hungry", outcome="killed") == 1
-    assert moved("mediafarm_attempt_peak_rss_bytes_count", family="chaos", variant="hungry") == 1
+    killed = {"family": "chaos", "rung": "hungry", "variant": "hungry", "outcome": "killed"}
+    assert moved("mediafarm_attempt_seconds_count", **killed) == 1
+    assert moved("mediafarm_attempt_peak_rss_bytes_count", family="chaos", rung="hungry", variant="hungry") == 1
     assert value(after, "mediafarm_queue_depth", queue=QUEUE) == 0
     assert ("mediafarm_child_rss_max_bytes", frozenset({("pool", "chaos")})) in after
 
 
 def test_jobs_in_two_children_are_both_counted_once(metered_worker) -> None:
     url = metered_worker.metrics_url
-    ok = {"family": "chaos", "variant": "a", "outcome": "ok"}
-    rejected = {"family": "chaos", "variant": "strict", "outcome": "rejected"}
+    ok = {"family": "chaos", "rung": "a", "variant": "a", "outcome": "ok"}
+    rejected = {"family": "chaos", "rung": "strict", "variant": "strict", "outcome": "rejected"}
     before = scrape(url)
     # Both sleep at once (3 s: long enough that a loaded machine delivers the second before the
     # first ends): the worker's two children take one each.

@@ -22,7 +22,7 @@ def test_a_yolo_envelope_counts_its_frames_and_model_time_under_the_old_names() 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
 
-    job = {"family": "yolo", "variant": "yolo-nano"}
+    job = {"family": "yolo", "rung": "yolo-nano", "variant": "yolo-nano"}  # variant: for one release
     assert value("mediafarm_frames_total", fate="decoded", **job) == 600
     assert value("mediafarm_frames_total", fate="examined", **job) == 14
     assert value("mediafarm_frames_total", fate="skipped", **job) == 26
@@ -30,8 +30,8 @@ def test_a_yolo_envelope_counts_its_frames_and_model_time_under_the_old_names() 
     assert value("mediafarm_model_ms_per_frame_count", **job) == 2
     assert value("mediafarm_model_ms_per_frame_sum", **job) == 85.0
     assert value("mediafarm_model_ms_per_frame_bucket", le="50.0", **job) == 2
-    assert value("mediafarm_frames_total", fate="examined", family="yolo", variant="motion") == 7
-    assert value("mediafarm_model_ms_per_frame_count", family="yolo", variant="motion") is None
+    assert value("mediafarm_frames_total", fate="examined", family="yolo", rung="motion", variant="motion") == 7
+    assert value("mediafarm_model_ms_per_frame_count", family="yolo", rung="motion", variant="motion") is None
 
 
 def test_envelopes_of_other_families_or_other_shapes_count_nothing() -> None:
@@ -49,8 +49,9 @@ def test_envelopes_of_other_families_or_other_shapes_count_nothing() -> None:
 def test_a_subtitle_envelope_counts_its_recognition_confidence() -> None:
     registry = CollectorRegistry()
     metrics = ResultMetrics(families.load().values(), registry)
-    job = {"family": "subtitle", "variant": "whisper-tiny"}
-    metrics.observe({**job, "output": {"confidence": {"scored": 40, "mean": 0.83, "unsure_share": 0.075}}})
+    job = {"family": "subtitle", "rung": "whisper-tiny", "variant": "whisper-tiny"}
+    confidence = {"scored": 40, "mean": 0.83, "unsure_share": 0.075}
+    metrics.observe({"job_id": "j", **job, "rung_index": 0, "output": {"confidence": confidence}})
     # pocketsphinx scores no word: nothing observed.
     metrics.observe({"family": "subtitle", "variant": "pocketsphinx",
                      "output": {"confidence": {"scored": 0, "mean": None, "unsure_share": None}}})  # fmt: skip
@@ -58,5 +59,5 @@ def test_a_subtitle_envelope_counts_its_recognition_confidence() -> None:
     assert registry.get_sample_value("mediafarm_recognition_word_probability_bucket", {**job, "le": "0.8"}) == 0
     assert registry.get_sample_value("mediafarm_recognition_word_probability_bucket", {**job, "le": "0.9"}) == 1
     assert registry.get_sample_value("mediafarm_recognition_unsure_share_sum", job) == 0.075
-    assert registry.get_sample_value("mediafarm_recognition_unsure_share_count",
-                                     {"family": "subtitle", "variant": "pocketsphinx"}) is None  # fmt: skip
+    pocketsphinx = {"family": "subtitle", "rung": "pocketsphinx", "variant": "pocketsphinx"}
+    assert registry.get_sample_value("mediafarm_recognition_unsure_share_count", pocketsphinx) is None

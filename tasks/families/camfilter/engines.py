@@ -92,5 +92,6 @@ def _stage(envelope: dict[str, Any], output: VadResult | YoloResult) -> StageOut
     flags = [name for name in ("vad_skipped", "no_audio", "motion_only") if getattr(output, name, False)]
     if isinstance(output, YoloResult) and not output.motion_only and output.spans(MOTION_CLASS):
         flags.append("motion_part")  # resumed on the motion rung: motion clips after the join
-    return StageOut(job_id=envelope["job_id"], variant=envelope.get("variant", ""), flags=flags,
+    rung = envelope.get("rung", "")
+    return StageOut(job_id=envelope["job_id"], rung=rung, variant=rung, flags=flags,
                     attempts=list(envelope.get("attempts") or []))  # fmt: skip

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from rich.table import Table
 
 from mediafarm.tasks.families.camfilter.plan import ClipRules
@@ -32,6 +32,7 @@ from mediafarm.tasks.kit import (
     Request,
     TimeLimits,
     rung,
+    rung_named,
 )
 
 ENGINES = "mediafarm.tasks.families.camfilter.engines"
@@ -97,15 +98,19 @@ class ClipOut(BaseModel):
 
 
 class StageOut(BaseModel):
-    """One stage of the pipeline as the cut saw it. Attributes: job_id, variant (the rung that
-    answered), flags (``vad_skipped``, ``no_audio``, ``motion_only`` as the stage reported them;
-    ``motion_part``: a YOLO job that resumed on its motion rung, motion spans after the join),
-    attempts (its whole history)."""
+    """One stage of the pipeline as the cut saw it. Attributes: job_id, rung (the name of the rung
+    that answered), flags (``vad_skipped``, ``no_audio``, ``motion_only`` as the stage reported
+    them; ``motion_part``: a YOLO job that resumed on its motion rung, motion spans after the
+    join), attempts (its whole history); variant: the rung's name again, as the release before
+    called it (written for one release)."""
 
     job_id: str
-    variant: str
+    rung: str
     flags: list[str] = Field(default_factory=list)
     attempts: list[dict[str, Any]] = Field(default_factory=list)
+    variant: str = ""
+
+    _from_release_before = model_validator(mode="before")(rung_named)
 
 
 class CamfilterResult(BaseModel):

@@ -84,7 +84,7 @@ def assemble(ctx: EngineContext, request: DialogueRequest, params: AssembleParam
                 index=number, speaker=result.speaker, text=part.fields["text"], start=sentences[0].start,
                 end=sentences[-1].end, sentences=sentences, job_id=part.job_id, rung=result.rung,
                 voice=result.voice, sample_rate=line_rate, resampled=line_rate != rate,
-                attempts=[LineAttempt(variant=a.get("variant", ""), outcome=a.get("outcome"),
+                attempts=[LineAttempt(rung=a["rung"], variant=a["rung"], outcome=a.get("outcome"),
                                       reason=a.get("reason", "")) for a in envelope.get("attempts", [])],
             ))  # fmt: skip
             ctx.progress(number / len(lines), stage=f"line {number}/{len(lines)}", media_seconds=position / rate)

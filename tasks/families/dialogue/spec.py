@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 from rich.table import Table
 
 from mediafarm.tasks.families.dialogue.script import DialogueLine, line_job_id, load_script
@@ -29,6 +29,7 @@ from mediafarm.tasks.kit import (
     Request,
     TimeLimits,
     rung,
+    rung_named,
 )
 
 ENGINES = "mediafarm.tasks.families.dialogue.engines"
@@ -89,11 +90,15 @@ class DialogueRequest(Request):
 
 
 class LineAttempt(BaseModel):
-    """One attempt of a line's TTS job. Attributes: variant (rung), outcome, reason."""
+    """One attempt of a line's TTS job. Attributes: rung (its name), outcome, reason; variant: the
+    rung's name again, as the release before called it (written for one release)."""
 
-    variant: str
+    rung: str
     outcome: str | None
     reason: str = ""
+    variant: str = ""
+
+    _from_release_before = model_validator(mode="before")(rung_named)
 
 
 class DialogueLineResult(BaseModel):
@@ -169,7 +174,7 @@ def render(result: DialogueResult) -> Table:
     table = Table("#", "speaker", "rung", "start (s)", "end (s)", "attempts", "text", title=result.audio)
     for line in result.lines:
         text = line.text if len(line.text) <= 60 else line.text[:59] + "…"
-        tried = " → ".join(f"{a.variant}:{a.outcome}" for a in line.attempts)
+        tried = " → ".join(f"{a.rung}:{a.outcome}" for a in line.attempts)
         table.add_row(str(line.index), line.speaker, line.rung, f"{line.start:.2f}", f"{line.end:.2f}", tried, text)
     return table
 

@@ -8,7 +8,7 @@ recogniser:
    and listed in the result.
 2. One more streaming decode cuts the speech out. Neighbouring spans are packed into windows
    (windows.py) of up to ``WINDOW_SECONDS`` of speech (``FITTED_WINDOW_SECONDS`` where Whisper's
-   encoder is fitted to the window: recognizers.encoder_frames), joined by a short silence; the silence
+   encoder is fitted to the window: recognisers.encoder_frames), joined by a short silence; the silence
    between spans is never recognised (it is where Whisper hallucinates). Each word's edges are
    refined against the window's own sound (onsets.py: no word starts or ends in silence, an
    utterance's cue starts at its onset), then every recognised time is mapped back, piece by
@@ -37,7 +37,7 @@ import numpy as np
 from mediafarm.tasks.families.subtitle import onsets, tonal
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cue_stream import CueStream, JsonSegments
-from mediafarm.tasks.families.subtitle.recognizers import (
+from mediafarm.tasks.families.subtitle.recognisers import (
     Recognition,
     load_pocketsphinx,
     load_whisper,
@@ -46,7 +46,7 @@ from mediafarm.tasks.families.subtitle.recognizers import (
     transcribe_whisper_batch,
 )
 from mediafarm.tasks.families.subtitle.records import Cue, RejectedSpan, Segment
-from mediafarm.tasks.families.subtitle.resume import JOURNAL, STATE_VERSION, Journal, Part, Resumed, tag_cues, vad_state
+from mediafarm.tasks.families.subtitle.resume import JOURNAL, STATE_VERSION, Journal, Resumed, tag_cues, vad_state
 from mediafarm.tasks.families.subtitle.second_look import second_look
 from mediafarm.tasks.families.subtitle.spec import (
     UNSURE_BELOW,
@@ -66,8 +66,8 @@ from mediafarm.tasks.families.subtitle.windows import (
 from mediafarm.tasks.families.subtitle.writers import ChunkedWebVTT, segment_name, to_srt, to_webvtt
 from mediafarm.tasks.families.vad import engines as vad
 from mediafarm.tasks.families.vad.spec import FAMILY as VAD_FAMILY
-from mediafarm.tasks.families.vad.spec import MadeBy, SileroParams, VadRequest, VadResult, WebrtcParams
-from mediafarm.tasks.kit import EngineContext, NoParams
+from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
+from mediafarm.tasks.kit import EngineContext, NoParams, made_until
 from mediafarm.tasks.kit.media import KeptAudio, audio_blocks
 
 # VAD for subtitles: a shorter silence ends a span than for cam-filter, so cue onsets can follow it.
@@ -240,9 +240,10 @@ def transcribe(
             cues.all, vad.spans, vad.duration, request.rules, words_in_silence=silent_words.count,
             refined_by=onsets.METHOD,
         )  # fmt: skip
-        parts = resumed.parts(ctx.rung_name, vad.duration) if resumed else [Part(0.0, vad.duration, ctx.rung_name)]
+        parts = resumed.parts(ctx.rung, vad.duration) if resumed else made_until(None, ctx.rung, vad.duration)
         segments_out.close(
-            language=language, language_probability=probability, model=model_name or "none", variant=ctx.rung_name,
+            language=language, language_probability=probability, model=model_name or "none", rung=ctx.rung,
+            variant=ctx.rung,  # the rung's name as the release before called it, written for one release
             duration=round(vad.duration, 3), speech=[s.to_json() for s in vad.spans],
             rules=request.rules.model_dump(mode="json"),
             cues=[c.model_dump(mode="json") for c in tag_cues(cues.all, parts)],
@@ -262,7 +263,7 @@ def transcribe(
         duration=round(vad.duration, 3), speech_seconds=round(sum(s.end - s.start for s in vad.spans), 3),
         spans=len(vad.spans), words=words, cues=len(cues.all), rules=request.rules, timing=report, files=files,
         playlist=PLAYLIST, confidence=confidence(probabilities),
-        made=[MadeBy(**p.to_json()) for p in parts] if resumed is not None else [], rejected=rejected,
+        made=list(parts) if resumed is not None else [], rejected=rejected,
     )  # fmt: skip
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mediafarm.tasks.families.subtitle.recognizers import Recognition
+from mediafarm.tasks.families.subtitle.recognisers import Recognition
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 

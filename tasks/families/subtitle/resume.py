@@ -30,25 +30,13 @@ from typing import Any
 
 from mediafarm.tasks.families.subtitle.records import Cue, RejectedSpan, Segment, Word
 from mediafarm.tasks.families.vad.spec import VadResult
-from mediafarm.tasks.kit import Checkpoint, EngineContext, Span
+from mediafarm.tasks.kit import Checkpoint, EngineContext, Made, Span, made_until
 
 # The state's own format ("subtitle" key): an attempt that finds another starts over.
 STATE_VERSION = 1
 JOURNAL = "resume"
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Part:
-    """One stretch of the media and the rung that recognised it."""
-
-    start: float
-    end: float
-    rung: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "rung": self.rung}
 
 
 @dataclass
@@ -105,14 +93,9 @@ class Resumed:
                     entry = json.loads(line)
                     yield entry["kind"], entry["value"]
 
-    def parts(self, rung: str, end: float) -> list[Part]:
+    def parts(self, rung: str, end: float) -> tuple[Made, ...]:
         """Which rung recognised which stretch: the checkpoint's, then this attempt's to ``end``."""
-        parts = [Part(m.start, m.end, m.rung) for m in self.checkpoint.made]
-        if parts and parts[-1].rung == rung:
-            parts[-1] = Part(parts[-1].start, end, rung)
-        else:
-            parts.append(Part(self.checkpoint.position, end, rung))
-        return parts
+        return made_until(self.checkpoint, rung, end)
 
 
 @dataclass
@@ -153,7 +136,7 @@ def vad_state(vad: VadResult) -> dict[str, Any]:
     return {"spans": [[s.start, s.end] for s in vad.spans], "duration": vad.duration, "model": vad.model}
 
 
-def tag_cues(cues: Sequence[Cue], parts: Sequence[Part]) -> list[Cue]:
+def tag_cues(cues: Sequence[Cue], parts: Sequence[Made]) -> list[Cue]:
     """Each cue with the rung that made it: the rung of the part its start is in."""
     tagged = []
     for cue in cues:

@@ -1,7 +1,7 @@
 """A second look at a window's speech where Whisper's greedy decode went wrong.
 
 The farm decodes each window (``windows.plan_windows``) greedily at temperature 0
-(``recognizers.transcribe_whisper``): faster-whisper's temperature fallback re-decodes a doubtful
+(``recognisers.transcribe_whisper``): faster-whisper's temperature fallback re-decodes a doubtful
 window at random temperatures, which is slower and gives a different result each run. Greedy
 decoding of a long window has two known ways to go wrong, and where they strike depends even on the
 CPU, because the int8 kernels differ. On one AVX-512 machine, for example, tiny.en skipped the first
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mediafarm.tasks.families.subtitle.recognizers import Recognition
+from mediafarm.tasks.families.subtitle.recognisers import Recognition
 from mediafarm.tasks.families.subtitle.records import Segment
 from mediafarm.tasks.kit.media import SAMPLE_RATE
 

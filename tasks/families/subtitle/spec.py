@@ -13,11 +13,11 @@ from rich.table import Table
 
 from mediafarm.tasks.families.subtitle.languages import pocketsphinx_languages, request_language, whisper_languages
 from mediafarm.tasks.families.subtitle.records import CueRules, RejectedSpan
-from mediafarm.tasks.families.vad.spec import MadeBy
 from mediafarm.tasks.kit import (
     CommaList,
     EngineSpec,
     FamilySpec,
+    Made,
     MediaPath,
     NoParams,
     Params,
@@ -162,7 +162,7 @@ class SubtitleResult(BaseModel):
     files: dict[str, str]
     playlist: str | None = None
     confidence: Confidence = Field(default_factory=Confidence)
-    made: list[MadeBy] = Field(default_factory=list)
+    made: list[Made] = Field(default_factory=list)
     rejected: list[RejectedSpan] = Field(default_factory=list)
 
 
@@ -174,7 +174,7 @@ class WhisperParams(Params):
     re-decodes a window that stopped early; GPU rungs batch), fit_context (the encoder sees a
     window's audio and a few seconds of silence instead of Whisper's whole 30 s, several times
     cheaper for a short window; a decode that then repeats itself is done again with the whole
-    30 s: recognizers.encoder_frames; off by default, on for the rung whose model it was measured
+    30 s: recognisers.encoder_frames; off by default, on for the rung whose model it was measured
     with, tiny.en: a shorter encoder input is outside how Whisper was trained, and its effect on
     other models and languages is unmeasured here). The device is the rung's own
     (``device = "cuda"`` in the ladder)."""

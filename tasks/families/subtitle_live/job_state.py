@@ -33,7 +33,7 @@ class LiveJob:
     def __init__(self, ctx: EngineContext, request: LiveSubtitleRequest) -> None:
         self.ctx, self.request = ctx, request
         self.clock = StreamClock(SAMPLE_RATE)
-        self.cues = CueStream(request, rung=ctx.rung_name)  # type: ignore[arg-type]  # it reads .rules only
+        self.cues = CueStream(request, rung=ctx.rung)  # type: ignore[arg-type]  # it reads .rules only
         self.chunks = ChunkedWebVTT(window_seconds=request.chunk_seconds)
         self.speech: list[Span] = []
         self.gaps: list[Gap] = []

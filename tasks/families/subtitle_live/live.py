@@ -39,7 +39,7 @@ import numpy as np
 
 from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.engines import VAD_PARAMS
-from mediafarm.tasks.families.subtitle.recognizers import (
+from mediafarm.tasks.families.subtitle.recognisers import (
     Recognition,
     load_pocketsphinx,
     load_whisper,
@@ -381,7 +381,8 @@ def _finish(ctx: EngineContext, job: LiveJob, end_reason: str, duration: float) 
     files = {"json": JSON_NAME}
     canonical = {
         "stream": request.stream, "end_reason": end_reason, "language": language, "model": job.model or "none",
-        "variant": ctx.rung_name, "duration": round(duration, 3), "speech": [[s.start, s.end] for s in job.speech],
+        "rung": ctx.rung, "variant": ctx.rung,  # variant: the release before's name, written for one release
+        "duration": round(duration, 3), "speech": [[s.start, s.end] for s in job.speech],
         "rules": request.rules.model_dump(mode="json"), "cues": [c.model_dump(mode="json") for c in cues],
         "timing": timing.model_dump(mode="json"),
     }  # fmt: skip

@@ -154,7 +154,7 @@ def speak(ctx: EngineContext, request: TtsRequest, voice: Voice, max_chars: int)
     return TtsResult(
         audio=name, format=request.format, duration=_s(joiner.samples, rate), sample_rate=encoder.rate,
         sentences=[SentenceTiming(**_timing(text, spans[i], rate)) for i, text in enumerate(plan.sentences)],
-        chunks=len(plan.chunks), speaker=request.speaker, rung=ctx.rung_name, voice=voice.label,
+        chunks=len(plan.chunks), speaker=request.speaker, rung=ctx.rung, voice=voice.label,
         language=request_language(request),
     )  # fmt: skip
 

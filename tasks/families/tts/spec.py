@@ -65,7 +65,7 @@ class TtsResult(BaseModel):
             subtitles take their cue times from here.
         chunks: Engine calls made; ``chunks/chunk_NNNNN.wav`` hold their audio, in order.
         speaker: The speaker asked for.
-        rung: The ladder rung that spoke (also the envelope's ``variant``).
+        rung: The ladder rung that spoke (also the envelope's ``rung``).
         voice: The engine, model and voice that spoke, e.g. ``eSpeak NG text-to-speech 1.51 en-us+m3``.
         language: The language the text was spoken as: the request's, else the one its script
             tells (``zh`` for Chinese characters); None when neither tells it (Latin-only text).

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from mediafarm.tasks.families.vad.spec import MadeBy, SileroParams, VadRequest, VadResult, WebrtcParams
-from mediafarm.tasks.kit import Checkpoint, EngineContext, NoParams, Span
+from mediafarm.tasks.families.vad.spec import SileroParams, VadRequest, VadResult, WebrtcParams
+from mediafarm.tasks.kit import Checkpoint, EngineContext, NoParams, Span, made_until
 from mediafarm.tasks.kit.media import SAMPLE_RATE, audio_blocks, has_audio_stream, probe_duration
 
 SILERO_WINDOW = 512  # samples at 16 kHz: the only window size silero-vad 5+ accepts
@@ -347,17 +347,7 @@ class _Own:
             mine = [Span(max(s.start, floor), s.end) for s in spans if s.end > floor]
         earlier = [Span(start, end) for start, end in self.before]
         return VadResult(spans=earlier + mine, duration=duration, model=_models(self.model, model),
-                         made=made_by(self.resumed.checkpoint, ctx.rung_name, duration))  # fmt: skip
-
-
-def made_by(checkpoint: Checkpoint, rung: str, end: float) -> list[MadeBy]:
-    """Which rung made which part: the checkpoint's parts, then this attempt's to ``end``."""
-    parts = [MadeBy(start=m.start, end=m.end, rung=m.rung) for m in checkpoint.made]
-    if parts and parts[-1].rung == rung:
-        parts[-1] = MadeBy(start=parts[-1].start, end=end, rung=rung)
-    else:
-        parts.append(MadeBy(start=checkpoint.position, end=end, rung=rung))
-    return parts
+                         made=list(made_until(self.resumed.checkpoint, ctx.rung, duration)))  # fmt: skip
 
 
 @answers_no_audio

@@ -14,6 +14,7 @@ from rich.table import Table
 from mediafarm.tasks.kit import (
     EngineSpec,
     FamilySpec,
+    Made,
     MediaPath,
     NoParams,
     Params,
@@ -39,16 +40,6 @@ class VadRequest(Request):
     ladder: str | None = None
 
 
-class MadeBy(BaseModel):
-    """One stretch of the media, [start, end) in seconds, and the rung whose detector made its spans."""
-
-    model_config = ConfigDict(frozen=True)
-
-    start: float
-    end: float
-    rung: str
-
-
 class VadResult(BaseModel):
     """Speech found in one media file.
 
@@ -60,7 +51,7 @@ class VadResult(BaseModel):
             design, not because the media is silent.
         no_audio: True when the media has no audio track (``if_no_audio="empty"``).
         made: Which rung made which stretch, when the job resumed from a checkpoint (issue #19);
-            empty when one attempt made it all (the envelope's ``variant`` says which). A stretch
+            empty when one attempt made it all (the envelope's ``rung`` says which). A stretch
             made by ``skip`` had no detection (and ``vad_skipped`` is set).
     """
 
@@ -71,7 +62,7 @@ class VadResult(BaseModel):
     model: str = ""
     vad_skipped: bool = False
     no_audio: bool = False
-    made: list[MadeBy] = Field(default_factory=list)
+    made: list[Made] = Field(default_factory=list)
 
     @field_serializer("spans")
     def _spans(self, spans: list[Span]) -> list[dict[str, float]]:

@@ -53,7 +53,7 @@ def detect(ctx: EngineContext, request: YoloRequest, params: DetectParams) -> Yo
             if ctx.checkpoint_due():
                 keep(ctx, video, motion, tracks, held=gate.held(), gate=gate.state(), skipped=gate.skipped,
                      examined=carried.examined + detector.calls, model_seconds=carried.model_seconds + detector.seconds,
-                     models={**carried.models, ctx.rung_name: detector.label})  # fmt: skip
+                     models={**carried.models, ctx.rung: detector.label})  # fmt: skip
         gate.finish()
         drop_kept(ctx)
         duration = video.duration or video.position
@@ -82,7 +82,7 @@ def motion(ctx: EngineContext, request: YoloRequest, params: MotionParams) -> Yo
                 keep(ctx, video, motion, tracks, held=[], gate=None,
                      skipped=carried.skipped + video.sampled - sampled_before - moving, examined=carried.examined,
                      model_seconds=carried.model_seconds, moving=carried.moving + moving,
-                     models={**carried.models, ctx.rung_name: MOTION_LABEL})  # fmt: skip
+                     models={**carried.models, ctx.rung: MOTION_LABEL})  # fmt: skip
         drop_kept(ctx)
         duration = video.duration or video.position
         examined = carried.examined  # by a model rung, before this one took over

@@ -36,9 +36,9 @@ import numpy as np
 
 from mediafarm.tasks.families.yolo.frames import SLOT_TOLERANCE, Sample, VideoSamples, scaled_size
 from mediafarm.tasks.families.yolo.motion import Gated, MotionDetector
-from mediafarm.tasks.families.yolo.spec import MadePart
+from mediafarm.tasks.families.yolo.spec import MadeWithModel
 from mediafarm.tasks.families.yolo.tracks import IntervalBuilder
-from mediafarm.tasks.kit import EngineContext
+from mediafarm.tasks.kit import EngineContext, made_until
 
 log = logging.getLogger(__name__)
 
@@ -150,18 +150,14 @@ def keep(
     ctx.checkpoint(at, state, files=[GATE_FILE])
 
 
-def made(ctx: EngineContext, carried: Carried, end: float, model: str) -> list[MadePart]:
-    """Which rung made which stretch of the video: the checkpoint's parts, then this attempt's."""
-    models = {**carried.models, ctx.rung_name: model}
+def made(ctx: EngineContext, carried: Carried, end: float, model: str) -> list[MadeWithModel]:
+    """Which rung made which stretch of the video: the checkpoint's parts, then this attempt's
+    (from where the checkpoint's parts end: samples a rung of another stride passed over there,
+    held at the checkpoint, off its grid, count as its skips)."""
+    models = {**carried.models, ctx.rung: model}
     resumed = ctx.resume if carried.models else None  # None: this attempt started over
-    parts = [(m.start, m.end, m.rung) for m in resumed.made] if resumed is not None else []
-    # From where the checkpoint's parts end: samples a rung of another stride passed over there
-    # (held at the checkpoint, off its grid) count as its skips.
-    start = resumed.position if resumed is not None else 0.0
-    if parts and parts[-1][2] == ctx.rung_name:
-        start = parts.pop()[0]  # the same rung went on: one part
-    parts.append((start, end, ctx.rung_name))
-    return [MadePart(start=round(s, 3), end=round(e, 3), rung=r, model=models.get(r, "")) for s, e, r in parts]
+    return [MadeWithModel(round(m.start, 3), round(m.end, 3), m.rung, models.get(m.rung, ""))
+            for m in made_until(resumed, ctx.rung, end)]  # fmt: skip
 
 
 def drop_kept(ctx: EngineContext) -> None:

@@ -6,7 +6,8 @@ numpy and ultralytics in the pool child).
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from rich.table import Table
@@ -15,6 +16,7 @@ from mediafarm.tasks.kit import (
     CommaList,
     EngineSpec,
     FamilySpec,
+    Made,
     MediaPath,
     Params,
     Request,
@@ -96,15 +98,14 @@ class FrameCounters(BaseModel):
     keyframes_only: bool = False
 
 
-class MadePart(BaseModel):
-    """A stretch ``[start, end)`` of the video and the rung (and model) whose attempt looked at it."""
+@dataclass(frozen=True)
+class MadeWithModel(Made):
+    """A stretch ``[start, end)`` of the video, the rung whose attempt looked at it, and its model."""
 
-    model_config = ConfigDict(frozen=True)
+    model: str = ""
 
-    start: float
-    end: float
-    rung: str
-    model: str
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "model": self.model}
 
 
 class YoloResult(BaseModel):
@@ -139,7 +140,7 @@ class YoloResult(BaseModel):
     model: str = ""
     crop: bool = False
     motion_only: bool = False
-    made: list[MadePart] = Field(default_factory=list)
+    made: list[MadeWithModel] = Field(default_factory=list)
 
     def spans(self, name: str) -> list[Span]:
         """The intervals of class ``name`` as spans (empty when it was not asked for or not seen)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mediafarm.tasks.families.camfilter.engines import _spans_by_reason, _stage
 from mediafarm.tasks.families.vad.spec import VadResult
-from mediafarm.tasks.families.yolo.spec import Detection, MadePart, YoloResult
+from mediafarm.tasks.families.yolo.spec import Detection, MadeWithModel, YoloResult
 from mediafarm.tasks.kit import Span
 
 
@@ -13,12 +13,12 @@ def found(start: float, end: float) -> Detection:
 
 
 def test_a_yolo_stage_resumed_on_its_motion_rung_gives_its_class_spans_and_motion_after_the_join() -> None:
-    made = [MadePart(start=0, end=20, rung="yolo-nano", model="yolo11n"),
-            MadePart(start=20, end=60, rung="motion", model="motion prefilter")]  # fmt: skip
+    made = [MadeWithModel(start=0, end=20, rung="yolo-nano", model="yolo11n"),
+            MadeWithModel(start=20, end=60, rung="motion", model="motion prefilter")]  # fmt: skip
     yolo = YoloResult(detections={"person": [found(3, 6)], "motion": [found(30, 34)]}, duration=60, made=made)
     spans = _spans_by_reason(VadResult(spans=[], duration=60), yolo, ["person"])
     assert spans == {"speech": [], "person": [Span(3, 6)], "motion": [Span(30, 34)]}
-    envelope = {"job_id": "j.yolo", "variant": "motion"}
+    envelope = {"job_id": "j.yolo", "rung": "motion", "rung_index": 1, "variant": "motion"}
     assert _stage(envelope, yolo).flags == ["motion_part"]
 
 

@@ -97,7 +97,7 @@ def test_an_attempt_resumed_from_a_checkpoint_goes_on_from_the_earlier_ones_stat
     request = LiveSubtitleRequest.model_construct(stream="udp://127.0.0.1:1", language=None, chunk_seconds=2.0,
                                                   rules=LiveSubtitleRequest.model_fields["rules"].get_default(
                                                       call_default_factory=True))  # fmt: skip
-    ctx = dataclasses.replace(EngineContext.local(storage_dir=tmp_path), rung_name="whisper-tiny")
+    ctx = dataclasses.replace(EngineContext.local(storage_dir=tmp_path), rung="whisper-tiny")
     first = LiveJob(ctx, request)
     first.clock.anchor(0, 90.0)
     first.clock.anchor(32000, 95.0)  # a 3 s jump, absorbed and recorded

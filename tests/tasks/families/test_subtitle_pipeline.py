@@ -18,7 +18,7 @@ from mediafarm.tasks.families.subtitle.checks import SilentWords, timing_report
 from mediafarm.tasks.families.subtitle.cue_stream import CueStream
 from mediafarm.tasks.families.subtitle.cues import build_cues
 from mediafarm.tasks.families.subtitle.engines import CHUNKS, PLAYLIST, transcribe
-from mediafarm.tasks.families.subtitle.recognizers import Recognition
+from mediafarm.tasks.families.subtitle.recognisers import Recognition
 from mediafarm.tasks.families.subtitle.records import Cue, CueRules, Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.families.subtitle.windows import (

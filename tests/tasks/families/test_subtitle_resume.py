@@ -48,7 +48,7 @@ class Attempt:
     """One attempt of one job, in ``folder``: the rung, the checkpoint it resumes from, its writes."""
 
     def __init__(self, folder: Path, models: Path, rung: str, resume: Checkpoint | None = None) -> None:
-        self.ctx = replace(EngineContext.local(storage_dir=folder, models_dir=models), rung_name=rung, resume=resume)
+        self.ctx = replace(EngineContext.local(storage_dir=folder, models_dir=models), rung=rung, resume=resume)
         self.store = store_for(ArtifactStore(folder, "local"), "subtitle", FIELDS)
         self.ctx.checkpoints = CheckpointWriter(self.store, "seconds", rung, interval=0.0, resumed=resume)
 
@@ -80,9 +80,9 @@ class Attempt:
 
 
 def without_rungs(doc: dict[str, Any]) -> dict[str, Any]:
-    """subtitles.json but for who made it: the cues' rungs, the parts, the variant."""
+    """subtitles.json but for who made it: the cues' rungs, the parts, the rung (and its variant)."""
     cues = [{k: v for k, v in cue.items() if k != "rung"} for cue in doc["cues"]]
-    return {**{k: v for k, v in doc.items() if k not in ("made", "variant")}, "cues": cues}
+    return {**{k: v for k, v in doc.items() if k not in ("made", "rung", "variant")}, "cues": cues}
 
 
 def test_whisper_resumed_after_a_window_equals_a_run_never_stopped(tiny_en, long_track, tmp_path) -> None:

