@@ -442,7 +442,8 @@ class PipelineHandle(JobHandle):
                 fraction = (total + ((own.fraction or 0.0) if own else 0.0)) / (total + 1)
                 stage = f"{plan.then_stage}" + (f" {own.stage}" if own and own.stage else "")
                 progress = Progress(fraction, stage, own.media_seconds if own else None,
-                                    rung=own.rung if own else "")  # fmt: skip
+                                    own.attempt if own else 0, own.rung_index if own else 0,
+                                    own.rung if own else "")  # fmt: skip
             if seen is None or (progress.fraction, progress.stage) != (seen.fraction, seen.stage):
                 seen = progress
                 on_progress(progress)

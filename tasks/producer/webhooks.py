@@ -275,8 +275,10 @@ class JobEvents:
         if self.wants("attempt"):
             for i, a in enumerate(history):
                 if a.get("outcome"):
-                    self._put("attempt", f"attempt_{i}", {"state": "STARTED", "attempt": i, "rung": a.get("rung"),
-                                                          "outcome": a.get("outcome"), "reason": a.get("reason", "")})
+                    self._put("attempt", f"attempt_{i}", {
+                        "state": "STARTED", "attempt": i, "rung": a.get("rung"), "rung_index": a.get("rung_index"),
+                        "outcome": a.get("outcome"), "reason": a.get("reason", ""),
+                    })  # fmt: skip
         return history
 
     def progress(self, progress: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from mediafarm.tasks.wire import keys
-from mediafarm.tasks.wire.records import Attempt, KillRecord, in_current_names
+from mediafarm.tasks.wire.records import Attempt, KillRecord, attempts_in_current_names, in_current_names
 
 # A Lua function for the farm's scripts (here and ``tasks/result_backend.py``): does the result key hold a
 # stored SUCCESS? A meta that is not JSON is not one.
@@ -198,5 +198,5 @@ def read_attempts(client: Any, job_id: str, envelope: dict[str, Any] | None = No
     anyway, as the log expires with its own TTL and is gone after ``farm gc``.
     """
     if envelope is not None and isinstance(envelope.get("attempts"), list):
-        return [in_current_names(a) for a in envelope["attempts"]]
+        return attempts_in_current_names(envelope["attempts"])
     return [in_current_names(json.loads(r)) for r in client.lrange(keys.history(job_id), 0, -1)]

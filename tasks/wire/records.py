@@ -84,7 +84,8 @@ RUNG_NAMES_VERSION = 2
 
 
 def rung_of(data: dict[str, Any]) -> tuple[str, int]:
-    """The rung a stored attempt, progress or envelope names: (name, index), in either version."""
+    """The rung a stored attempt, progress or envelope names: (name, index), in either version.
+    A record is of version 2 when it has ``rung_index`` (every writer of this release writes it)."""
     if "rung_index" in data:
         return str(data.get("rung") or data.get("variant") or ""), _index(data["rung_index"])
     return str(data.get("variant") or ""), _index(data.get("rung"))
@@ -93,15 +94,16 @@ def rung_of(data: dict[str, Any]) -> tuple[str, int]:
 def _index(value: Any) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's Infinity
         return 0
 
 
 def in_current_names(data: dict[str, Any]) -> dict[str, Any]:
     """A stored attempt, progress or envelope dict with this release's rung names (``rung``,
     ``rung_index``, and ``variant`` as written for one release): what every reader of raw records
-    sees, whichever release wrote them. Already current: the same dict."""
-    if "rung_index" in data and "variant" in data:
+    sees, whichever release wrote them. Already current (and well typed): the same dict."""
+    index, name = data.get("rung_index"), data.get("rung")
+    if type(index) is int and isinstance(name, str) and data.get("variant") == name:
         return data
     name, index = rung_of(data)
     return {**data, "rung": name, "rung_index": index, "variant": name}
@@ -109,10 +111,23 @@ def in_current_names(data: dict[str, Any]) -> dict[str, Any]:
 
 def rung_named(data: Any) -> Any:
     """A family result's record of a rung (a pydantic model's input, before validation) with its
-    ``rung`` filled from ``variant`` where the release before wrote only that."""
-    if isinstance(data, dict) and "rung" not in data and "variant" in data:
-        return {**data, "rung": data["variant"]}
+    ``rung`` filled from ``variant`` where the release before wrote only that, and the attempts it
+    lists, if any, in this release's names."""
+    if not isinstance(data, dict):
+        return data
+    if "rung" not in data and "variant" in data:
+        data = {**data, "rung": data["variant"]}
+    if isinstance(data.get("attempts"), list):
+        data = {**data, "attempts": attempts_in_current_names(data["attempts"])}
     return data
+
+
+def attempts_in_current_names(attempts: Any) -> Any:
+    """A list of stored attempts with this release's rung names (an entry that is not a dict, and
+    anything but a list, as it is)."""
+    if not isinstance(attempts, list):
+        return attempts
+    return [in_current_names(a) if isinstance(a, dict) else a for a in attempts]
 
 
 def envelope_in_current_names(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -120,13 +135,13 @@ def envelope_in_current_names(envelope: dict[str, Any]) -> dict[str, Any]:
     dict, as it is)."""
     if not isinstance(envelope, dict):
         return envelope
-    attempts = envelope.get("attempts")
-    listed = [in_current_names(a) for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else None
-    if "rung_index" in envelope and "variant" in envelope and (listed is None or all(
-            a is b for a, b in zip(listed, attempts, strict=False))):  # fmt: skip
-        return envelope
     current = in_current_names(envelope)
-    return current if listed is None else {**current, "attempts": listed}
+    attempts = envelope.get("attempts")
+    listed = attempts_in_current_names(attempts)
+    if current is envelope and (not isinstance(attempts, list) or all(
+            a is b for a, b in zip(listed, attempts, strict=True))):  # fmt: skip
+        return envelope
+    return {**current, "attempts": listed} if isinstance(attempts, list) else current
 
 
 @dataclass

@@ -122,6 +122,8 @@ def test_every_event_of_a_downgraded_job_in_order(hook_worker, receiver) -> None
     kinds = [(b["type"], b["data"].get("outcome")) for b in of_killed]
     assert kinds == [("job.start", None), ("job.attempt", "killed"), ("job.attempt", "ok"), ("job.completed", None)]
     assert of_killed[-1]["data"]["rung"] == envelope["rung"]
+    # Each attempt event names its rung and its place in the ladder.
+    assert [(b["data"]["rung"], b["data"]["rung_index"]) for b in of_killed[1:3]] == [("hungry", 0), ("frugal", 1)]
 
 
 def test_a_receiver_that_never_answers_does_not_slow_the_job(hook_worker) -> None:

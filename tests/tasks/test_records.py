@@ -16,6 +16,7 @@ from mediafarm.tasks.wire.records import (
     envelope_in_current_names,
     in_current_names,
     rung_named,
+    rung_of,
 )
 
 
@@ -162,5 +163,15 @@ def test_records_of_the_release_before_read_in_this_releases_names() -> None:
     assert in_current_names(current) is current
     written = Envelope("j", "vad", "big", 0, {}, attempts=(Attempt(0, "big", started=1.0),)).to_json()
     assert envelope_in_current_names(written) is written
-    # A family result of the release before (variant only) gets its rung.
+    # A family result of the release before (variant only) gets its rung, and its attempts theirs.
     assert rung_named({"variant": "piper", "outcome": "ok"}) == {"variant": "piper", "outcome": "ok", "rung": "piper"}
+    stage = rung_named({"variant": "vad-a", "attempts": [{"rung": 1, "variant": "vad-a"}, "not a record"]})
+    assert stage["attempts"] == [{"rung": "vad-a", "rung_index": 1, "variant": "vad-a"}, "not a record"]
+
+
+def test_odd_rung_fields_read_as_a_well_typed_rung() -> None:
+    # JSON's Infinity, a string index, and a record that is neither version's read without raising.
+    assert rung_of({"rung": float("inf"), "variant": "a"}) == ("a", 0)
+    assert Attempt.from_json({"rung_index": "3", "rung": "a", "variant": "a"}).rung_index == 3
+    assert in_current_names({"rung_index": 2, "rung": "b"}) == {"rung_index": 2, "rung": "b", "variant": "b"}
+    assert rung_of({}) == ("", 0)

@@ -27,3 +27,11 @@ def test_a_yolo_stage_on_one_model_rung_gives_its_classes_alone() -> None:
     spans = _spans_by_reason(VadResult(spans=[], duration=60), yolo, ["person"])
     assert spans == {"speech": [], "person": [Span(3, 6)]}
     assert _stage({"job_id": "j.yolo"}, yolo).flags == []
+
+
+def test_a_stage_stored_by_the_release_before_reads_with_its_rung_and_its_attempts_rungs() -> None:
+    from mediafarm.tasks.families.camfilter.spec import StageOut
+
+    old = {"job_id": "j.vad", "variant": "silero-onnx", "attempts": [{"rung": 0, "variant": "silero-onnx"}]}
+    stage = StageOut.model_validate(old)
+    assert (stage.rung, stage.attempts[0]["rung"], stage.attempts[0]["rung_index"]) == ("silero-onnx", "silero-onnx", 0)
