@@ -12,7 +12,6 @@ bounds on what the engine writes, not timings of its run.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import PERCEPTIBLE_MS, SubtitleRequest, WhisperParams
 from mediafarm.tasks.families.subtitle.windows import plan_windows
 from mediafarm.tasks.kit import NoParams, Span
+from mediafarm.tasks.runtime.base import drain  # the worker's own driver of a generator engine
 from mediafarm.tasks.runtime.context import EngineContext
 from tests.support import timed_speech, tiny_whisper
 
@@ -104,14 +104,6 @@ def test_no_words_and_silent_windows_pass_through() -> None:
 # --- both rungs on speech with known sentence times -----------------------------------------------------
 
 
-def run_engine(engine: Generator[Any, None, Any]) -> Any:
-    while True:
-        try:
-            next(engine)
-        except StopIteration as stop:
-            return stop.value
-
-
 @pytest.fixture(scope="module")
 def tracks(tmp_path_factory: pytest.TempPathFactory) -> list[timed_speech.TimedTrack]:
     folder = tmp_path_factory.mktemp("timed")
@@ -146,10 +138,10 @@ def check_cue_timing(rung: str, tracks: list[timed_speech.TimedTrack], tmp_path:
             model = tiny_en()
             ctx = EngineContext.local(storage_dir=tmp_path / track.path.stem, models_dir=model.parent)
             params = WhisperParams(model=model.name, compute_type="int8", beam_size=1, cpu_threads=1)
-            result = run_engine(whisper_engine(ctx, request, params))
+            result = drain(whisper_engine(ctx, request, params), ctx)
         else:
             ctx = EngineContext.local(storage_dir=tmp_path / track.path.stem)
-            result = run_engine(pocketsphinx_engine(ctx, request, NoParams()))
+            result = drain(pocketsphinx_engine(ctx, request, NoParams()), ctx)
         cues = json.loads(ctx.artifacts.path(JSON_NAME).read_text())["cues"]
         errors = timed_speech.cue_errors([(c["start"], c["end"]) for c in cues], track.sentences)
         assert errors.missed == [], (track.name, errors.missed)

@@ -11,7 +11,7 @@ import difflib
 import json
 import re
 import shutil
-from collections.abc import Generator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from mediafarm.tasks.families.subtitle.recognisers import (
 )
 from mediafarm.tasks.families.subtitle.records import Segment, Word
 from mediafarm.tasks.families.subtitle.spec import SubtitleRequest
+from mediafarm.tasks.runtime.base import drain  # the worker's own driver of a generator engine
 from mediafarm.tasks.runtime.context import EngineContext
 from mediafarm.tasks.wire.errors import ResourceFailure, RungUnavailable
 from mediafarm.tasks.wire.family import NoParams
@@ -514,18 +515,9 @@ def test_pocketsphinx_recognises_some_words_in_each_span(spans: list[Span]) -> N
     assert max(longest_run(ref, hyp) for ref, hyp in seen) >= POCKETSPHINX_MIN_RUN, seen
 
 
-def run_engine(engine: Generator[Any, None, Any]) -> Any:
-    """Drive a generator engine to its end, as the worker does; return what it returns."""
-    while True:
-        try:
-            next(engine)
-        except StopIteration as stop:
-            return stop.value
-
-
 def test_pocketsphinx_rung_cues_every_sentence_near_its_onset(speech_track, tmp_path: Path) -> None:
     ctx = EngineContext.local(storage_dir=tmp_path)
-    result = run_engine(pocketsphinx(ctx, SubtitleRequest(media=str(speech_track.path)), NoParams()))
+    result = drain(pocketsphinx(ctx, SubtitleRequest(media=str(speech_track.path)), NoParams()), ctx)
     cues = json.loads(ctx.artifacts.path(JSON_NAME).read_text())["cues"]
     assert cues and result.cues == len(cues) and result.model.startswith("pocketsphinx 5.")
     starts = [cue["start"] for cue in cues]
