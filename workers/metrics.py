@@ -79,7 +79,7 @@ class ResultMetrics:
         if spec is None:
             return
         output = envelope.get("output") or {}
-        rung = rung_of(dict(envelope))[0]
+        rung = rung_of(envelope)[0]
         job = {"family": spec.name, "rung": rung, "variant": rung}
         for m in spec.metrics:
             value = m.value(output)

@@ -297,7 +297,7 @@ class JobEvents:
         if not self.wants("completed"):
             return
         if envelope is not None:
-            rung = rung_of(dict(envelope))[0]
+            rung = rung_of(envelope)[0]
             names = [a["name"] for a in envelope.get("artifacts", []) if isinstance(a, Mapping) and "name" in a]
             attempts = len(envelope.get("attempts", []))
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -80,10 +81,9 @@ def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 # ``rung_index`` its place in the ladder. Version 1 had ``rung`` for the index and ``variant`` for
 # the name. Records of either version load; this release still writes ``variant`` (the name) beside
 # them, for readers of version 1 that read only the name (docs/operating.md, "Upgrading").
-RUNG_NAMES_VERSION = 2
 
 
-def rung_of(data: dict[str, Any]) -> tuple[str, int]:
+def rung_of(data: Mapping[str, Any]) -> tuple[str, int]:
     """The rung a stored attempt, progress or envelope names: (name, index), in either version.
     A record is of version 2 when it has ``rung_index`` (every writer of this release writes it)."""
     if "rung_index" in data:
@@ -137,11 +137,12 @@ def envelope_in_current_names(envelope: dict[str, Any]) -> dict[str, Any]:
         return envelope
     current = in_current_names(envelope)
     attempts = envelope.get("attempts")
+    if not isinstance(attempts, list):
+        return current
     listed = attempts_in_current_names(attempts)
-    if current is envelope and (not isinstance(attempts, list) or all(
-            a is b for a, b in zip(listed, attempts, strict=True))):  # fmt: skip
-        return envelope
-    return {**current, "attempts": listed} if isinstance(attempts, list) else current
+    if current is envelope and all(a is b for a, b in zip(listed, attempts, strict=True)):
+        return envelope  # all of it current already: the very same dict
+    return {**current, "attempts": listed}
 
 
 @dataclass
