@@ -7,6 +7,13 @@ the next rung can run and store SUCCESS in between, and the late RETRY then repl
 reads as RETRY for good (seen in CI, tests/integration/test_kill_safety.py). Here every write but
 a SUCCESS is one Lua script that checks and writes atomically; the SUCCESS write is Celery's own.
 
+No state that is not an end (RETRY, STARTED, PENDING, a family's own) replaces a stored end
+(SUCCESS, FAILURE, REVOKED) either. Celery's main process retries a job whose child was lost
+(``task_retry_on_worker_lost``) by sending the retry first and storing RETRY after; a stale
+worker's child (its worker paused past the visibility timeout, the job meanwhile ended elsewhere)
+killed by the watchdog did exactly that, and the job read RETRY for good over another worker's
+FAILURE (found by the chaos suite). An end may still follow an end that is not a SUCCESS.
+
 A farm job's SUCCESS (its result is the job's envelope) is one Lua script too: it keeps the first
 stored SUCCESS (a second completion publishes nothing), and in the same step it makes the job's
 attempt log the envelope's attempts. A stale copy of the job's message (a paused or cut-off
@@ -47,10 +54,21 @@ end
 redis.call('PUBLISH', KEYS[1], ARGV[1])
 """
 
-# Any state but a farm job's SUCCESS; an end (FAILURE, REVOKED: ARGV[3] the job id, else '') also
+# Any state but a farm job's SUCCESS; a state that is not an end (ARGV[5] '0') over a stored end
+# writes nothing and returns 0. An end (FAILURE, REVOKED: ARGV[3] the job id, else '') also
 # takes the job out of the ledger of messages sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``). The
 # job's bell (ARGV[4], ``keys.bell``; '' for a key that names no job) rings with ``keys.BELL_STATE``.
-_SET_UNLESS_SUCCESS = sent_ledger.LUA_FORGET + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
+_SET_STATE = sent_ledger.LUA_FORGET + """
+local function stored_end(key)
+  local stored = redis.call('GET', key)
+  if not stored then return false end
+  local ok, meta = pcall(cjson.decode, stored)
+  if not ok or type(meta) ~= 'table' then return false end
+  local status = meta['status']
+  return status == 'SUCCESS' or status == 'FAILURE' or status == 'REVOKED'
+end
+if ARGV[5] == '0' and stored_end(KEYS[1]) then return 0 end
+""" + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 forget_sent(KEYS[2], KEYS[3], ARGV[3])
 if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], 'state') end
 return 1
@@ -79,9 +97,9 @@ def _envelope_attempts(task_id: str, result: Any) -> list[Any] | None:
 
 
 class FarmRedisBackend(RedisBackend):
-    """RedisBackend whose non-SUCCESS writes never replace a stored SUCCESS."""
+    """RedisBackend whose writes never replace a stored SUCCESS, nor a stored end with a state that is not one."""
 
-    _set_unless_success_script: Any = None
+    _set_state_script: Any = None
     _store_success_script: Any = None
 
     def _create_client(self, **params: Any) -> Any:
@@ -119,17 +137,20 @@ class FarmRedisBackend(RedisBackend):
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             return super()._set_with_state(key, value, state)  # Celery's own refusal
         job_id = self._job_id_of(key)
-        ended = job_id if state in states.READY_STATES else ""
-        return self.ensure(self._set_unless_success, (key, value, expires, ended, job_id))
+        is_end = state in states.READY_STATES
+        return self.ensure(self._set_state, (key, value, expires, job_id if is_end else "", job_id, is_end))
 
-    def _set_unless_success(self, key: Any, value: Any, expires: Any = None, ended: str = "", job_id: str = "") -> bool:
+    def _set_state(
+        self, key: Any, value: Any, expires: Any = None, ended: str = "", job_id: str = "", is_end: bool = True
+    ) -> bool:
         if expires is None:
             expires = self.expires
-        if self._set_unless_success_script is None:
-            self._set_unless_success_script = self.client.register_script(_SET_UNLESS_SUCCESS)
+        if self._set_state_script is None:
+            self._set_state_script = self.client.register_script(_SET_STATE)
         ledger = [keys.sent_messages(), keys.sent_times()]
         bell = keys.bell(job_id) if job_id else ""
-        return bool(self._set_unless_success_script(keys=[key, *ledger], args=[value, int(expires or 0), ended, bell]))
+        args = [value, int(expires or 0), ended, bell, "1" if is_end else "0"]
+        return bool(self._set_state_script(keys=[key, *ledger], args=args))
 
     def _job_id_of(self, key: Any) -> str:
         """The task id a result key names (``celery-task-meta-<id>``), '' for any other key."""

@@ -70,6 +70,9 @@ UNWRITTEN_HEADER = "farm_unwritten"
 # How often a job's message goes back for a retry its worker could not send (``send_retry``).
 UNSENT_HANDBACKS = 3
 
+# Stored ends after which a delivery of the job runs nothing (a stored SUCCESS is returned instead).
+ENDED_BADLY = frozenset({"FAILURE", "REVOKED"})
+
 class FarmTask(Task):
     """Base of the farm's tasks. Class attribute ``spec``: the family it runs."""
 
@@ -189,6 +192,11 @@ class FarmTask(Task):
                     # Its worker died between storing the result and acking the message: the job
                     # is done, and running it again would only redo the work.
                     return stored["result"]
+                if stored.get("status") in ENDED_BADLY:
+                    # Its end is stored (a stale copy's retry: a paused worker's child killed after
+                    # another worker ended the job). Acked, nothing stored, nothing run again.
+                    logger.warning("job %s: already ended %s; this delivery runs nothing", request.id, stored["status"])
+                    raise Ignore()
             ladder_name = fields.get(spec.ladder_field) if spec.ladder_field else None
             if ladder_name is not None and not isinstance(ladder_name, str):
                 raise InvalidRequest(f"{spec.name} request: {spec.ladder_field} must name a ladder")

@@ -349,3 +349,62 @@ def test_a_job_already_stored_as_success_is_not_run_again(chaos_worker) -> None:
     assert meta["status"] == "SUCCESS" and meta["result"]["attempts"] == first["attempts"]
     # No new attempt was recorded: the stored envelope came back untouched.
     assert len(read_attempts(app.backend.client, job.id)) == 2
+
+
+def test_a_stale_copys_lost_child_never_reopens_a_job_another_worker_ended(chaos_worker) -> None:
+    # What the chaos suite once lost a job to: worker A runs the job and is paused past the
+    # visibility timeout; worker B gets the message again, settles A's attempt and rejects the job
+    # (FAILURE stored); then A's child is killed (the watchdog, for a stale child). A's main process
+    # retries the job (task_retry_on_worker_lost): it sends the retry, then stores RETRY. That
+    # RETRY must not replace B's FAILURE, and the retry's delivery must run nothing.
+    import uuid
+
+    from mediafarm.tasks.producer.client import handle
+    from mediafarm.tasks.wire.errors import PermanentFailure
+    from mediafarm.tasks.wire.history import AttemptLog
+    from mediafarm.tasks.wire.records import Attempt, Outcome
+
+    job_id = f"ended-elsewhere-{uuid.uuid4()}"
+    app.send_task("farm.test.chaos", kwargs={"ladder": "slow", "plan": {"sleep": 60}}, task_id=job_id, queue=OWN_QUEUE)
+    deadline = time.monotonic() + 30
+    while not (open_ := [a for a in handle(job_id).attempts() if a["outcome"] is None]):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    child = open_[0]["pid"]
+    inspect = app.control.inspect([chaos_worker.node], timeout=2)
+    accepted = inspect.stats()[chaos_worker.node]["total"].get("farm.test.chaos", 0)
+
+    # Worker B's doing, in its order: A's attempt settled, B's rejection recorded, FAILURE stored.
+    log = AttemptLog(app.backend.client, job_id, ttl=600)
+    result_key = app.backend.get_key_for_task(job_id).decode()
+    (stale,), _ = log.read()
+    stale.outcome, stale.reason = Outcome.WORKER_LOST, "the worker process died; job redelivered"
+    assert log.settle(0, stale, result_key)
+    reason = "chaos: this input is malformed on purpose"
+    log.append(Attempt(0, "only", Outcome.REJECTED, f"PermanentFailure: {reason}", retries=0, worker="b@elsewhere"))
+    app.backend.mark_as_failure(job_id, PermanentFailure(reason))
+    history = handle(job_id).attempts()
+
+    pubsub = app.backend.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(result_key)
+    try:
+        os.kill(child, signal.SIGKILL)
+        # The retry A's main process sends is accepted by one of its children, and ends.
+        deadline = time.monotonic() + 60
+        while inspect.stats()[chaos_worker.node]["total"].get("farm.test.chaos", 0) < accepted + 1 or any(
+            r["id"] == job_id for r in (inspect.active() or {}).get(chaos_worker.node, [])
+        ):
+            assert time.monotonic() < deadline, "the retry of the killed child was never processed"
+            time.sleep(0.1)
+        published, until = [], time.monotonic() + 1
+        while (left := until - time.monotonic()) > 0:  # the subscription's confirmation reads as None
+            if (message := pubsub.get_message(timeout=left)) is not None:
+                published.append(message["data"])
+    finally:
+        pubsub.close()
+    assert published == []  # no RETRY over the end, and no second end either: nothing was run again
+    assert app.backend.get_task_meta(job_id, cache=False)["status"] == "FAILURE"
+    with pytest.raises(JobRejected, match="malformed on purpose"):
+        handle(job_id).wait(timeout=5)
+    assert handle(job_id).attempts() == history  # nothing appended, nothing settled anew
+    assert chaos_worker.process.poll() is None

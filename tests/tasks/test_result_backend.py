@@ -1,6 +1,7 @@
 """The farm's result backend against the session's real Redis: a late RETRY, FAILURE or STARTED
 (a process that moved the job down a rung just before the next rung finished) never replaces a
-stored SUCCESS, and everything else is stored and published as Celery stores it."""
+stored SUCCESS, a state that is not an end never replaces a stored FAILURE or REVOKED, and
+everything else is stored and published as Celery stores it."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def next_message(pubsub) -> bytes:
     raise AssertionError("nothing was published")
 
 
+def published_within(pubsub, seconds: float) -> list[bytes]:
+    """Everything published in the next ``seconds`` (the subscription's confirmation reads as None)."""
+    deadline, got = time.monotonic() + seconds, []
+    while (left := deadline - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=left)
+        if message is not None:
+            got.append(message["data"])
+    return got
+
+
 @pytest.mark.parametrize("state", [states.RETRY, states.FAILURE, states.STARTED])
 def test_a_late_write_never_replaces_a_stored_success(backend: FarmRedisBackend, state: str) -> None:
     task_id = job_id()
@@ -60,6 +71,30 @@ def test_a_late_write_never_replaces_a_stored_success(backend: FarmRedisBackend,
     meta = backend.get_task_meta(task_id, cache=False)
     assert meta["status"] == states.SUCCESS and meta["result"] == {"rung": 1}
     backend.forget(task_id)
+
+
+@pytest.mark.parametrize("end", [states.FAILURE, states.REVOKED])
+@pytest.mark.parametrize("state", [states.RETRY, states.STARTED, "PROGRESS"])
+def test_a_state_that_is_no_end_never_replaces_a_stored_end(backend: FarmRedisBackend, end: str, state: str) -> None:
+    # A stale worker's main process retrying a job its lost child ran, after another worker ended
+    # the job: the RETRY must not reopen it (nor publish, as if it had).
+    task_id = job_id()
+    key = backend.get_key_for_task(task_id)
+    stale_write(backend, task_id, end, ValueError("rejected by the worker that got the message again"))
+    pubsub = backend.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(key)
+    try:
+        stale_write(backend, task_id, state, ValueError("WorkerLostError") if state == states.RETRY else {})
+        meta = backend.get_task_meta(task_id, cache=False)
+        assert meta["status"] == end and "rejected by the worker" in str(meta["result"])
+        assert published_within(pubsub, 0.3) == []
+        # An end may follow an end that is not a SUCCESS (as Celery stores it).
+        stale_write(backend, task_id, states.FAILURE, ValueError("a later end"))
+        assert backend.get_task_meta(task_id, cache=False)["status"] == states.FAILURE
+        assert b'"FAILURE"' in next_message(pubsub)
+    finally:
+        pubsub.close()
+        backend.forget(task_id)
 
 
 def test_states_before_success_are_stored_with_their_expiry_and_published(backend: FarmRedisBackend) -> None:
