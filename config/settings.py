@@ -11,10 +11,12 @@ import binascii
 import functools
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from mediafarm.config.storage_url import S3Place
 
 
 def default_storage_dir() -> Path:
@@ -53,7 +55,20 @@ class FarmSettings(BaseSettings):
             its workers, ``farm submit``, a producer) finds the same folder whatever folder it was
             started in. A relative FARM_STORAGE_DIR is taken from the working folder of the process
             that reads it, once, as it starts (``farm up`` hands its workers the absolute path).
-            Workers on other machines or in containers must share one folder and name it here.
+            Workers on other machines or in containers must share one folder and name it here,
+            unless the farm keeps its artifacts in an object store (``storage_url``).
+        storage_url: ``s3://bucket/prefix`` on any S3-compatible store (AWS S3, MinIO, Ceph RGW,
+            SeaweedFS): a succeeded attempt copies its artifacts there, and downloads and the
+            gateway read them from there, so hosts share no folder (``tasks.wire.object_store``).
+            The endpoint and credentials are the standard AWS settings (``AWS_ENDPOINT_URL``,
+            ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, profiles, roles). Empty (the default):
+            artifacts are read from ``storage_dir``. Each worker still writes a job's files in its
+            own ``storage_dir`` first; live outputs (speech chunks, live subtitles) and
+            checkpoints are read from there still.
+        artifact_delivery: How the gateway serves an artifact kept in the object store: ``stream``
+            (through the gateway, Range and ETag kept) or ``redirect`` (a 307 to a presigned URL
+            valid ``presign_seconds``).
+        presign_seconds: How long a presigned artifact URL stays valid.
         models_dir: Local model weights (nothing is downloaded at run time).
         visibility_timeout: Seconds Redis waits before redelivering an unacked job. Must exceed
             every hard time limit, or a long job is delivered twice while it still runs.
@@ -164,6 +179,9 @@ class FarmSettings(BaseSettings):
     media_url_max_mb: int = Field(4096, ge=1)
     media_url_timeout: float = Field(30.0, gt=0)
     storage_dir: Path = Field(default_factory=default_storage_dir)
+    storage_url: str = ""
+    artifact_delivery: Literal["stream", "redirect"] = "stream"
+    presign_seconds: int = Field(900, ge=1, le=7 * 24 * 3600)
     models_dir: Path = Field(default_factory=lambda: Path.cwd() / "models")
     visibility_timeout: int = 7200
     consumer_timeout: int = 1800
@@ -252,6 +270,13 @@ class FarmSettings(BaseSettings):
         # Comma-separated: tokens, origins and delays hold no commas, while origins hold colons.
         if isinstance(value, str):
             return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("storage_url", mode="after")
+    @classmethod
+    def _s3_url(cls, value: str) -> str:
+        if value:
+            S3Place.parse(value)  # a ValueError names what is wrong with it
         return value
 
     @field_validator("storage_dir", "uploads_dir", mode="after")

@@ -44,6 +44,9 @@ class GatewayConfig:
             connect again before they are cancelled (``FARM_ROOM_LINGER_S``, default 10).
         live_queue: Where a pushed live stream's job goes (``/v1/live/subtitles``); None: the
             subtitle-live family's queue.
+        artifact_delivery: An artifact kept in the object store is ``stream``ed through the
+            gateway or answered by a ``redirect`` to a presigned URL (``FARM_ARTIFACT_DELIVERY``).
+        presign_seconds: How long such a URL is valid (``FARM_PRESIGN_SECONDS``).
     """
 
     tokens: tuple[str, ...]
@@ -61,6 +64,8 @@ class GatewayConfig:
     speech_poll: float = 0.25
     room_linger: float = 10.0
     live_queue: str | None = None
+    artifact_delivery: str = "stream"
+    presign_seconds: int = 900
 
     @classmethod
     def from_settings(cls, settings: FarmSettings) -> GatewayConfig:
@@ -74,6 +79,8 @@ class GatewayConfig:
             upload_max_count=settings.upload_max_count,
             room_max_lines=settings.room_max_lines,
             room_linger=settings.room_linger_s,
+            artifact_delivery=settings.artifact_delivery,
+            presign_seconds=settings.presign_seconds,
         )
 
 

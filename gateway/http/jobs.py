@@ -11,13 +11,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import quote
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from mediafarm.config.priorities import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
@@ -29,8 +29,10 @@ from mediafarm.tasks.producer.bells import bell
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle, PipelineHandle, Snapshot, find_job
 from mediafarm.tasks.producer.job_feed import END_ID, Cursor, Event, Follower
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.wire.family import FamilySpec
+from mediafarm.tasks.wire.records import ArtifactInfo
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(caller)])
 
@@ -175,6 +177,15 @@ async def get_artifact(job_id: str, name: str, request: Request) -> Response:
     if info is None:
         raise HTTPException(404, f"job {job_id} has no artifact {name!r} (artifacts are listed once it succeeded)")
     config: GatewayConfig = request.app.state.config
+    etag = f'"{info.sha256}"'
+    if _matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    if info.url:
+        byte_range = request.headers.get("range")
+        if_range = request.headers.get("if-range")
+        if if_range is not None and if_range.strip() != etag:
+            byte_range = None  # the client's copy is another version: the whole file
+        return await _from_store(info, byte_range, config)
 
     def locate() -> Path | None:  # resolves symlinks: file system calls, off the event loop
         path = ArtifactStore(config.storage_dir, job.id).path(name)
@@ -187,10 +198,34 @@ async def get_artifact(job_id: str, name: str, request: Request) -> Response:
     if path is None:
         raise HTTPException(404, f"artifact {name!r} of job {job_id} is not in this gateway's storage folder "
                                  "(FARM_STORAGE_DIR must be the workers' shared one)")  # fmt: skip
-    etag = f'"{info.sha256}"'
-    if _matches(request.headers.get("if-none-match"), etag):
-        return Response(status_code=304, headers={"ETag": etag})
     return FileResponse(path, media_type=info.media_type, headers={"ETag": etag, "Cache-Control": "private"})
+
+
+async def _from_store(info: ArtifactInfo, byte_range: str | None, config: GatewayConfig) -> Response:
+    """An artifact kept in the object store: a redirect to a presigned URL, or its bytes streamed
+    through (a Range passed on to the store, which answers it)."""
+    bucket, key = object_store.split_url(str(info.url))
+    store = object_store.store_at()
+    filename = PurePosixPath(info.name).name
+    if config.artifact_delivery == "redirect":
+        url = await anyio.to_thread.run_sync(store.presigned, bucket, key, config.presign_seconds, filename,
+                                             info.media_type)  # fmt: skip
+        return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
+    try:
+        body = await anyio.to_thread.run_sync(store.get, bucket, key, byte_range)
+    except object_store.ObjectMissing as exc:
+        raise HTTPException(404, f"artifact {info.name!r}: {exc}") from None
+    except object_store.StoreUnavailable as exc:
+        raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
+    except object_store.RangeNotSatisfiable:
+        raise HTTPException(416, f"range {byte_range!r} is outside artifact {info.name!r} ({info.size} bytes)",
+                            headers={"Content-Range": f"bytes */{info.size}"}) from None  # fmt: skip
+    headers = {"ETag": f'"{info.sha256}"', "Cache-Control": "private", "Accept-Ranges": "bytes",
+               "Content-Length": str(body.length)}  # fmt: skip
+    if body.content_range:
+        headers["Content-Range"] = body.content_range
+    return StreamingResponse(body.chunks(), status_code=206 if body.content_range else 200,
+                             media_type=info.media_type, headers=headers)  # fmt: skip
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:

@@ -29,9 +29,9 @@ from mediafarm.tasks import registry
 from mediafarm.tasks.producer.bells import bell
 from mediafarm.tasks.producer.client import submit
 from mediafarm.tasks.producer.handles import JobHandle, describe_failure
-from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.family import describe_validation_error
 from mediafarm.tasks.wire.plan import READY
+from mediafarm.tasks.wire.records import ArtifactInfo
 from mediafarm.tasks.wire.upload_store import Upload, UploadStore
 
 router = openai_router("/v1/audio")
@@ -153,11 +153,15 @@ async def _wait(request: Request, job: JobHandle, poll: float) -> dict[str, Any]
 def _answer(form: TranscriptionForm, envelope: dict[str, Any], job: JobHandle, config: GatewayConfig) -> Any:
     """The answer in OpenAI's shape for ``form.response_format`` (blocking: reads the job's files)."""
     output = envelope["output"]
-    store = ArtifactStore(config.storage_dir, job.id)
+    infos = {a["name"]: ArtifactInfo.from_json(a) for a in envelope.get("artifacts", [])}
+
+    def text_of(name: str) -> str:  # from the object store or the storage folder, sha256 checked
+        return job.read_artifact(infos.get(name) or name, config.storage_dir).decode("utf-8")
+
     fmt = form.response_format
     if fmt in ("srt", "vtt"):
-        return store.path(output["files"][fmt]).read_text(encoding="utf-8")
-    canonical = json.loads(store.path(output["files"]["json"]).read_text(encoding="utf-8"))
+        return text_of(output["files"][fmt])
+    canonical = json.loads(text_of(output["files"]["json"]))
     segments = canonical.get("segments", [])
     text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
     if fmt == "text":

@@ -12,6 +12,7 @@ no model imports.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ from mediafarm.config.settings import get_settings
 from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
 from mediafarm.tasks.producer.webhooks import Outbox
-from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire import keys, object_store
 from mediafarm.tasks.wire.artifacts import MAX_JOB_ID, ArtifactStore, missing_artifact, sha256_of
 from mediafarm.tasks.wire.errors import (
     Cancelled,
@@ -271,29 +272,63 @@ class JobHandle:
     def download(self, name: str, dest: Path | str) -> Path:
         """Copy artifact ``name`` to ``dest`` (a file, or a folder to put it in); checks its sha256.
 
-        Artifacts live in ``FARM_STORAGE_DIR`` on the workers; a producer reads them through the
-        same shared volume (``docker-compose.yml`` mounts one), so its FARM_STORAGE_DIR must name it.
+        An artifact kept in the object store (FARM_STORAGE_URL, ``tasks.wire.object_store``) is
+        read from there: no folder shared with the workers. Otherwise from ``FARM_STORAGE_DIR``,
+        which must name the workers' shared folder (``docker-compose.yml`` mounts one).
+        StoreUnavailable (an OSError) names the store when it cannot be reached.
         """
-        info = next((a for a in self.artifacts() if a.name == name), None)
-        if info is None:
-            raise FileNotFoundError(f"job {self.id} has no artifact {name!r}")
-        storage_dir = get_settings().storage_dir
-        source = ArtifactStore(storage_dir, self.id).path(name)
-        if not source.is_file():
-            raise FileNotFoundError(missing_artifact(self.id, info, source, storage_dir))
+        info = self._artifact(name)
         dest = Path(dest)
         target = dest / Path(name).name if dest.is_dir() else dest
+        source = self._artifact_source(info)
         target.parent.mkdir(parents=True, exist_ok=True)
         # Copied beside the target and checked before it replaces anything that is already there.
         temp = target.with_name(f".{target.name}.download-{os.getpid()}")
         try:
-            shutil.copyfile(source, temp)
-            if sha256_of(temp) != info.sha256:
-                raise OSError(f"artifact {name!r} of job {self.id} does not match its sha256: changed since it ended")
+            if source is None:
+                bucket, key = object_store.split_url(str(info.url))
+                object_store.store_at().download(bucket, key, temp)
+            else:
+                shutil.copyfile(source, temp)
+            self._check(info, temp)
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
         return target
+
+    def read_artifact(self, artifact: str | ArtifactInfo, storage_dir: Path | None = None) -> bytes:
+        """An artifact's bytes (by name, or its record from the envelope), from the object store or
+        the storage folder (``storage_dir``, default FARM_STORAGE_DIR) as :meth:`download` reads it."""
+        info = artifact if isinstance(artifact, ArtifactInfo) else self._artifact(artifact)
+        source = self._artifact_source(info, storage_dir)
+        if source is None:
+            bucket, key = object_store.split_url(str(info.url))
+            data = b"".join(object_store.store_at().get(bucket, key).chunks())
+        else:
+            data = source.read_bytes()
+        if hashlib.sha256(data).hexdigest() != info.sha256:
+            raise OSError(f"artifact {info.name!r} of job {self.id} does not match its sha256: changed since it ended")
+        return data
+
+    def _artifact(self, name: str) -> ArtifactInfo:
+        info = next((a for a in self.artifacts() if a.name == name), None)
+        if info is None:
+            raise FileNotFoundError(f"job {self.id} has no artifact {name!r}")
+        return info
+
+    def _artifact_source(self, info: ArtifactInfo, storage_dir: Path | None = None) -> Path | None:
+        """The file to read ``info`` from in the storage folder; None: read its object."""
+        if info.url:
+            return None
+        storage_dir = storage_dir or get_settings().storage_dir
+        source = ArtifactStore(storage_dir, self.id).path(info.name)
+        if not source.is_file():
+            raise FileNotFoundError(missing_artifact(self.id, info, source, storage_dir))
+        return source
+
+    def _check(self, info: ArtifactInfo, path: Path) -> None:
+        if sha256_of(path) != info.sha256:
+            raise OSError(f"artifact {info.name!r} of job {self.id} does not match its sha256: changed since it ended")
 
     def envelope(self) -> dict[str, Any] | None:
         """The result envelope of a job that succeeded, or None (waits for nothing)."""

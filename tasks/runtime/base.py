@@ -27,6 +27,7 @@ from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.pools import POOL_QUEUE_SEP, pool_queue
 from mediafarm.config.settings import get_settings
+from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks import registry
 from mediafarm.tasks.producer import routing
 from mediafarm.tasks.producer.admission import pool_under_pressure, queue_depths
@@ -39,7 +40,7 @@ from mediafarm.tasks.runtime.downgrade import LadderRun, RetryRequest, run_ladde
 from mediafarm.tasks.runtime.media_fetch import MediaFetcher
 from mediafarm.tasks.runtime.rung_guard import RungGuard
 from mediafarm.tasks.runtime.rung_policies import Availability, Breaker, Language, RungPolicy
-from mediafarm.tasks.wire import capability, keys, trace
+from mediafarm.tasks.wire import capability, keys, object_store, trace
 from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, UnusableCheckpoint, store_for
 from mediafarm.tasks.wire.errors import (
@@ -223,7 +224,8 @@ class FarmTask(Task):
                                     settings.models_dir, channel, redis=self.backend.client,
                                     backend=self.backend, settings=settings)  # fmt: skip
                 resuming.prepare(ctx, rung, settings.checkpoint_interval)
-                return run_engine(spec, rung, ctx, fields, settings.input_roots), tuple(store.list())
+                output = run_engine(spec, rung, ctx, fields, settings.input_roots)
+                return output, _published(store, attempt, rung, request.hostname or "")
 
             job = self._ladder_run(ladder, fresh, ttl, languages, resuming)
             trace.mark("ready")  # the delivery's setup: ladder, language check, policies
@@ -446,6 +448,18 @@ def _unwritten(request: Any) -> dict[int, str]:
     if not isinstance(header, Mapping):
         return {}
     return {int(k): str(v) for k, v in header.items() if str(k).isdigit()}
+
+
+def _published(store: ArtifactStore, attempt: int, rung: Rung, worker: str) -> tuple[ArtifactInfo, ...]:
+    """The attempt's finished artifacts; copied into the object store first where the farm keeps
+    them there (FARM_STORAGE_URL), each under this attempt's own key (``tasks.wire.object_store``)."""
+    infos = store.list()
+    url = get_settings().storage_url
+    if not url or not infos:
+        return tuple(infos)
+    writer = {"rung": rung.name, "worker": worker}
+    return tuple(object_store.publish(infos, store.folder, S3Place.parse(url), store.job_id, attempt, writer,
+                                      object_store.store_at(), waiting=liveness.beat))  # fmt: skip
 
 
 def _stale_after(settings: Any) -> float:

@@ -112,6 +112,7 @@ class ArtifactStore:
     """The artifacts of one job. Created lazily: a job that writes nothing leaves no folder."""
 
     def __init__(self, storage_dir: Path, job_id: str) -> None:
+        self.job_id = job_id
         self.folder = job_folder(storage_dir, job_id)
 
     def of_job(self, job_id: str) -> ArtifactStore:

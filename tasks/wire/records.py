@@ -305,6 +305,9 @@ class ArtifactInfo:
         path: Where the worker wrote it: the absolute path on the worker's machine, under the
             worker's FARM_STORAGE_DIR (so a producer that cannot find it can say where to look).
             None in envelopes stored before it was recorded.
+        url: ``s3://bucket/key`` of the object the attempt copied it to when the farm keeps
+            artifacts in an object store (FARM_STORAGE_URL, ``tasks.wire.object_store``): readers
+            read that, and need no folder shared with the worker. None with a storage folder.
     """
 
     name: str
@@ -312,6 +315,7 @@ class ArtifactInfo:
     media_type: str
     sha256: str
     path: str | None = None
+    url: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

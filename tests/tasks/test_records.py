@@ -73,7 +73,9 @@ def test_progress_round_trip_ignores_unknown_keys() -> None:
 
 def test_artifact_info_round_trip_ignores_unknown_keys() -> None:
     info = ArtifactInfo("chunks/0001.wav", 44, "audio/x-wav", "ab" * 32)
-    assert ArtifactInfo.from_json({**_through_json(info.to_json()), "url": "x"}) == info
+    assert ArtifactInfo.from_json({**_through_json(info.to_json()), "etag": "x"}) == info
+    stored = ArtifactInfo("a.wav", 44, "audio/x-wav", "ab" * 32, "/w/a.wav", "s3://farm/jobs/j/0/a.wav")
+    assert ArtifactInfo.from_json(_through_json(stored.to_json())) == stored
 
 
 def test_envelope_round_trip_rebuilds_attempts_and_artifacts() -> None:
