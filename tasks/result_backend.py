@@ -12,7 +12,8 @@ No state that is not an end (RETRY, STARTED, PENDING, a family's own) replaces a
 (``task_retry_on_worker_lost``) by sending the retry first and storing RETRY after; a stale
 worker's child (its worker paused past the visibility timeout, the job meanwhile ended elsewhere)
 killed by the watchdog did exactly that, and the job read RETRY for good over another worker's
-FAILURE (found by the chaos suite). An end may still follow an end that is not a SUCCESS.
+FAILURE (found by the chaos suite). An end may still follow an end that is not a SUCCESS, but
+for a FAILURE after a REVOKED: a job its producer cancelled stays cancelled.
 
 A farm job's SUCCESS (its result is the job's envelope) is one Lua script too: it keeps the first
 stored SUCCESS (a second completion publishes nothing), and in the same step it makes the job's
@@ -54,20 +55,24 @@ end
 redis.call('PUBLISH', KEYS[1], ARGV[1])
 """
 
-# Any state but a farm job's SUCCESS; a state that is not an end (ARGV[5] '0') over a stored end
-# writes nothing and returns 0. An end (FAILURE, REVOKED: ARGV[3] the job id, else '') also
-# takes the job out of the ledger of messages sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``). The
-# job's bell (ARGV[4], ``keys.bell``; '' for a key that names no job) rings with ``keys.BELL_STATE``.
+# Any state (ARGV[5]) but a farm job's SUCCESS. Over a stored end it writes nothing and returns 0
+# when it is no end itself, or a FAILURE over a REVOKED (a cancelled job stays cancelled). An end
+# (FAILURE, REVOKED: ARGV[3] the job id, else '') also takes the job out of the ledger of messages
+# sent (KEYS[2], KEYS[3], ``tasks.sent_ledger``). The job's bell (ARGV[4], ``keys.bell``; '' for a
+# key that names no job) rings with ``keys.BELL_STATE``.
 _SET_STATE = sent_ledger.LUA_FORGET + """
-local function stored_end(key)
+local function stored_status(key)
   local stored = redis.call('GET', key)
-  if not stored then return false end
+  if not stored then return nil end
   local ok, meta = pcall(cjson.decode, stored)
-  if not ok or type(meta) ~= 'table' then return false end
-  local status = meta['status']
-  return status == 'SUCCESS' or status == 'FAILURE' or status == 'REVOKED'
+  if not ok or type(meta) ~= 'table' then return nil end
+  return meta['status']
 end
-if ARGV[5] == '0' and stored_end(KEYS[1]) then return 0 end
+local ENDS = {SUCCESS = true, FAILURE = true, REVOKED = true}
+local before = stored_status(KEYS[1])
+if before ~= nil and ENDS[before] then
+  if not ENDS[ARGV[5]] or (before == 'REVOKED' and ARGV[5] == 'FAILURE') then return 0 end
+end
 """ + _SET_AND_PUBLISH_UNLESS_SUCCESS + """
 forget_sent(KEYS[2], KEYS[3], ARGV[3])
 if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], 'state') end
@@ -137,11 +142,11 @@ class FarmRedisBackend(RedisBackend):
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             return super()._set_with_state(key, value, state)  # Celery's own refusal
         job_id = self._job_id_of(key)
-        is_end = state in states.READY_STATES
-        return self.ensure(self._set_state, (key, value, expires, job_id if is_end else "", job_id, is_end))
+        ended = job_id if state in states.READY_STATES else ""
+        return self.ensure(self._set_state, (key, value, expires, ended, job_id, state))
 
     def _set_state(
-        self, key: Any, value: Any, expires: Any = None, ended: str = "", job_id: str = "", is_end: bool = True
+        self, key: Any, value: Any, expires: Any = None, ended: str = "", job_id: str = "", state: str = states.FAILURE
     ) -> bool:
         if expires is None:
             expires = self.expires
@@ -149,7 +154,7 @@ class FarmRedisBackend(RedisBackend):
             self._set_state_script = self.client.register_script(_SET_STATE)
         ledger = [keys.sent_messages(), keys.sent_times()]
         bell = keys.bell(job_id) if job_id else ""
-        args = [value, int(expires or 0), ended, bell, "1" if is_end else "0"]
+        args = [value, int(expires or 0), ended, bell, state]
         return bool(self._set_state_script(keys=[key, *ledger], args=args))
 
     def _job_id_of(self, key: Any) -> str:
