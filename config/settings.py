@@ -62,9 +62,9 @@ class FarmSettings(BaseSettings):
             gateway read them from there, so hosts share no folder (``tasks.wire.object_store``).
             The endpoint and credentials are the standard AWS settings (``AWS_ENDPOINT_URL``,
             ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, profiles, roles). Empty (the default):
-            artifacts are read from ``storage_dir``. Each worker still writes a job's files in its
-            own ``storage_dir`` first; live outputs (speech chunks, live subtitles) and
-            checkpoints are read from there still.
+            artifacts are read from ``storage_dir``. Checkpoints are copied there too, so a job
+            resumes on another host. Each worker still writes a job's files in its own
+            ``storage_dir`` first; live outputs (speech chunks, live subtitles) are read from there.
         artifact_delivery: How the gateway serves an artifact kept in the object store: ``stream``
             (through the gateway, Range and ETag kept) or ``redirect`` (a 307 to a presigned URL
             valid ``presign_seconds``).

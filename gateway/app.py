@@ -17,7 +17,7 @@ from pydantic.json_schema import models_json_schema
 from mediafarm import __version__
 from mediafarm.config.settings import get_settings
 from mediafarm.gateway import metrics as gateway_metrics
-from mediafarm.gateway.common.submit_errors import BROKER_ERRORS, broker_away
+from mediafarm.gateway.common.submit_errors import BROKER_ERRORS, STORE_ERRORS, broker_away, store_failed
 from mediafarm.gateway.http import jobs, uploads
 from mediafarm.gateway.openai import models as openai_models
 from mediafarm.gateway.openai import speech, transcriptions
@@ -54,6 +54,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.include_router(live_subtitles.router)  # WebSocket /v1/live/subtitles: pushed audio in, WebVTT out
     for error in BROKER_ERRORS:  # any route that reads Redis while it restarts: 503, not a bare 500
         app.add_exception_handler(error, broker_unavailable)
+    for error in STORE_ERRORS:  # any route that reads an artifact from the object store: 503 or 404
+        app.add_exception_handler(error, store_unavailable)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["farm"], summary="Is the farm's Redis reachable?")
     gateway_metrics.install(app, get_settings().gateway_metrics_open)  # GET /metrics, and requests counted
     if config.cors_origins:  # no CORS header at all unless the operator names the origins
@@ -72,6 +74,11 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
 async def broker_unavailable(request: Request, exc: Exception) -> Response:
     log.warning("%s %s: the farm's Redis or broker failed: %r", request.method, request.url.path, exc)
     return await http_exception_handler(request, broker_away(exc))
+
+
+async def store_unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("%s %s: the object store failed: %s", request.method, request.url.path, exc)
+    return await http_exception_handler(request, store_failed(exc))
 
 
 async def healthz() -> dict[str, str]:

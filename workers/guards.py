@@ -36,9 +36,11 @@ from mediafarm.config.admission import admission_problems
 from mediafarm.config.celery import UnsafeConfiguration, config_problems
 from mediafarm.config.pools import Pool, get_pool
 from mediafarm.config.settings import get_settings
+from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks import registry
 from mediafarm.tasks.runtime import liveness
 from mediafarm.tasks.runtime.breaker import count_kill
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.history import record_kill
 from mediafarm.tasks.wire.records import KillRecord, Outcome
 from mediafarm.workers import fork_gate, gpu_hygiene, webhook_dispatch
@@ -85,7 +87,25 @@ def startup_problems(
         conf, registry.hard_limits() | tasks, retry_delay=settings.retry_delay,
         consumer_timeout=settings.consumer_timeout, consumed_limits=consumed,
     )  # fmt: skip
-    return problems + registry.ladder_problems() + admission_problems()
+    return problems + registry.ladder_problems() + admission_problems() + storage_problems()
+
+
+def storage_problems() -> list[str]:
+    """An object store this worker could never write to (FARM_STORAGE_URL): no such bucket, access
+    refused, boto3 not installed. A store that cannot be reached yet is no reason to refuse: an
+    attempt waits for it (``tasks.wire.object_store.publish``)."""
+    url = get_settings().storage_url
+    if not url:
+        return []
+    try:
+        object_store.store_at().check(S3Place.parse(url))
+    except object_store.StoreRefused as exc:
+        return [f"FARM_STORAGE_URL {url}: {exc}"]
+    except RuntimeError as exc:  # boto3 missing
+        return [f"FARM_STORAGE_URL {url}: {exc}"]
+    except object_store.StoreUnavailable as exc:
+        log.warning("FARM_STORAGE_URL %s cannot be reached yet; attempts will wait for it: %s", url, exc)
+    return []
 
 
 def hard_limits(app: Any) -> dict[str, float]:

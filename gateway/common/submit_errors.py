@@ -7,6 +7,9 @@ route answers, and their HTTP form (the WebSockets' is ``ws_close``).
 - ``invalid``: the fields do not fit (``InvalidRequest``, any other ``ValueError``): 422;
 - ``unavailable``: the farm's broker cannot be reached (``RedisError``, Kombu's
   ``OperationalError``): 503.
+
+Beside them, what any route answers when the farm's Redis (``broker_away``) or its object store
+(``store_failed``) fails under it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from fastapi import HTTPException
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.errors import InvalidRequest, Overloaded
 
 # The farm's Redis (or the broker) away, refusing, or still loading its data after a restart: what
@@ -63,3 +67,15 @@ def http_refusal(exc: BaseException, idempotency_key: str | None = None,
 def broker_away(exc: BaseException) -> HTTPException:
     """The answer to any route that met one of BROKER_ERRORS: 503, try again in a second."""
     return HTTPException(HTTP_STATUS["unavailable"], f"{BROKER_AWAY}: {exc}", headers={"Retry-After": "1"})
+
+
+# The object store (FARM_STORAGE_URL) away, or an artifact's object gone (retention): what any
+# route that reads an artifact from it may raise.
+STORE_ERRORS = (object_store.StoreUnavailable, object_store.ObjectMissing)
+
+
+def store_failed(exc: BaseException) -> HTTPException:
+    """The answer to a route that met one of STORE_ERRORS: 404 for an object gone, else 503."""
+    if isinstance(exc, object_store.ObjectMissing):
+        return HTTPException(404, str(exc))
+    return HTTPException(503, str(exc), headers={"Retry-After": "5"})

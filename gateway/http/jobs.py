@@ -8,9 +8,11 @@ Every call into the farm (Redis, Celery) blocks, so each runs in a worker thread
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -34,6 +36,7 @@ from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
 from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.records import ArtifactInfo
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(caller)])
 
 
@@ -181,10 +184,10 @@ async def get_artifact(job_id: str, name: str, request: Request) -> Response:
     if _matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers={"ETag": etag})
     if info.url:
-        byte_range = request.headers.get("range")
+        byte_range = _single_range(request.headers.get("range"), info.size)
         if_range = request.headers.get("if-range")
         if if_range is not None and if_range.strip() != etag:
-            byte_range = None  # the client's copy is another version: the whole file
+            byte_range = None  # the client's copy is another version (or a date): the whole file
         return await _from_store(info, byte_range, config)
 
     def locate() -> Path | None:  # resolves symlinks: file system calls, off the event loop
@@ -201,15 +204,46 @@ async def get_artifact(job_id: str, name: str, request: Request) -> Response:
     return FileResponse(path, media_type=info.media_type, headers={"ETag": etag, "Cache-Control": "private"})
 
 
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+def _single_range(header: str | None, size: int) -> str | None:
+    """The one byte range the store is asked for (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``), from
+    a Range header; None for none, or for several (the whole file is a valid answer to those). A
+    range that starts past the end is 416, a malformed header 400, as for a file."""
+    if header is None or "," in header:
+        return None
+    match = _RANGE.fullmatch(header.strip())
+    if match is None or match.groups() == ("", ""):
+        raise HTTPException(400, f"malformed Range header {header!r}: one bytes=a-b range is served")
+    start, end = match.groups()
+    if start and (int(start) >= size or (end and int(end) < int(start))):
+        raise HTTPException(416, f"range {header!r} is outside the artifact ({size} bytes)",
+                            headers={"Content-Range": f"bytes */{size}"})  # fmt: skip
+    return f"bytes={start}-{end}"
+
+
+def _relayed(chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
+    """The store's bytes as they come; a store lost midway ends the response short (its
+    Content-Length tells the client) with a warning naming the object, not a traceback."""
+    try:
+        yield from chunks
+    except object_store.StoreUnavailable as exc:
+        log.warning("artifact %s: the object store stopped midway: %s", url, exc)
+
+
 async def _from_store(info: ArtifactInfo, byte_range: str | None, config: GatewayConfig) -> Response:
     """An artifact kept in the object store: a redirect to a presigned URL, or its bytes streamed
-    through (a Range passed on to the store, which answers it)."""
+    through (one checked range passed on to the store, which answers it)."""
     bucket, key = object_store.split_url(str(info.url))
     store = object_store.store_at()
     filename = PurePosixPath(info.name).name
     if config.artifact_delivery == "redirect":
-        url = await anyio.to_thread.run_sync(store.presigned, bucket, key, config.presign_seconds, filename,
-                                             info.media_type)  # fmt: skip
+        try:
+            url = await anyio.to_thread.run_sync(store.presigned, bucket, key, config.presign_seconds, filename,
+                                                 info.media_type)  # fmt: skip
+        except object_store.StoreUnavailable as exc:
+            raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
         return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
     try:
         body = await anyio.to_thread.run_sync(store.get, bucket, key, byte_range)
@@ -224,8 +258,9 @@ async def _from_store(info: ArtifactInfo, byte_range: str | None, config: Gatewa
                "Content-Length": str(body.length)}  # fmt: skip
     if body.content_range:
         headers["Content-Range"] = body.content_range
-    return StreamingResponse(body.chunks(), status_code=206 if body.content_range else 200,
-                             media_type=info.media_type, headers=headers)  # fmt: skip
+    status = 206 if body.content_range else 200
+    return StreamingResponse(_relayed(body.chunks(), str(info.url)), status_code=status, media_type=info.media_type,
+                             headers=headers)  # fmt: skip
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:

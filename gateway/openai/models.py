@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from mediafarm.gateway.common.submit_errors import BROKER_ERRORS, broker_away
+from mediafarm.gateway.common.submit_errors import BROKER_ERRORS, STORE_ERRORS, broker_away, store_failed
 from mediafarm.gateway.security import caller
 from mediafarm.tasks import registry
 from mediafarm.tasks.producer.client import farm_redis
@@ -47,8 +47,9 @@ class OpenAIRoute(APIRoute):
         async def answer(request: Request) -> Response:
             try:
                 return await handler(request)
-            except (HTTPException, *BROKER_ERRORS) as raised:
-                exc = raised if isinstance(raised, HTTPException) else broker_away(raised)
+            except (HTTPException, *BROKER_ERRORS, *STORE_ERRORS) as raised:
+                exc = raised if isinstance(raised, HTTPException) else \
+                    store_failed(raised) if isinstance(raised, STORE_ERRORS) else broker_away(raised)  # fmt: skip
                 kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
                 error = {"message": exc.detail, "type": kind, "param": None, "code": str(exc.status_code)}
                 return JSONResponse({"error": error, "detail": exc.detail}, exc.status_code, headers=exc.headers)

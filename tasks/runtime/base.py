@@ -42,7 +42,13 @@ from mediafarm.tasks.runtime.rung_guard import RungGuard
 from mediafarm.tasks.runtime.rung_policies import Availability, Breaker, Language, RungPolicy
 from mediafarm.tasks.wire import capability, keys, object_store, trace
 from mediafarm.tasks.wire.artifacts import ArtifactStore
-from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter, UnusableCheckpoint, store_for
+from mediafarm.tasks.wire.checkpoint import (
+    Checkpoint,
+    CheckpointWriter,
+    RemoteCheckpoint,
+    UnusableCheckpoint,
+    store_for,
+)
 from mediafarm.tasks.wire.errors import (
     Cancelled,
     EngineError,
@@ -356,7 +362,8 @@ class Resuming(RungPolicy):
 
     def __init__(self, spec: FamilySpec, store: ArtifactStore, fields: Mapping[str, Any]) -> None:
         self.spec = spec
-        self.store = store_for(store, spec.name, fields) if spec.resume is not None else None
+        self.store = store_for(store, spec.name, fields, _remote_checkpoint(store.job_id)) \
+            if spec.resume is not None else None  # fmt: skip
         self.offered: Checkpoint | None = None
 
     def offer(self, rung: Rung) -> tuple[dict[str, Any] | None, str]:
@@ -460,6 +467,13 @@ def _published(store: ArtifactStore, attempt: int, rung: Rung, worker: str) -> t
     writer = {"rung": rung.name, "worker": worker}
     return tuple(object_store.publish(infos, store.folder, S3Place.parse(url), store.job_id, attempt, writer,
                                       object_store.store_at(), waiting=liveness.beat))  # fmt: skip
+
+
+def _remote_checkpoint(job_id: str) -> RemoteCheckpoint | None:
+    """The job's checkpoint in the object store, where the farm keeps its files there: an attempt
+    on another host resumes from it (``tasks.wire.checkpoint``)."""
+    url = get_settings().storage_url
+    return RemoteCheckpoint(object_store.store_at(), S3Place.parse(url), job_id) if url else None
 
 
 def _stale_after(settings: Any) -> float:

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks.runtime import liveness
-from mediafarm.tasks.wire import keys
+from mediafarm.tasks.wire import keys, object_store
 from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter
 from mediafarm.tasks.wire.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
@@ -262,6 +262,28 @@ class EngineContext:
             self.checkpoints.write(position, state, files)
         except OSError:  # a checkpoint saves work; failing to keep one must not fail the job
             log.warning("could not write a checkpoint of job %s", self.job_id, exc_info=True)
+
+    def read_artifact_of(self, job_id: str, name: str) -> bytes:
+        """Another job's artifact ``name``: from this worker's storage folder, else (the farm keeps
+        its files in an object store, FARM_STORAGE_URL) from the store, as that job's stored
+        envelope names it. FileNotFoundError when neither has it; a TransientFailure (the attempt
+        runs again, not the job's fault) when the store cannot be reached."""
+        path = self.artifacts.of_job(job_id).path(name)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            if not self.settings.storage_url or self.backend is None:
+                raise
+        result = self.backend.get_task_meta(job_id).get("result")
+        artifacts = result.get("artifacts") if isinstance(result, dict) and result.get("job_id") == job_id else None
+        url = next((a.get("url") for a in artifacts or [] if isinstance(a, dict) and a.get("name") == name), None)
+        if not url:
+            raise FileNotFoundError(f"job {job_id!r} has no artifact {name!r} here or in the object store")
+        bucket, key = object_store.split_url(url)
+        try:
+            return b"".join(object_store.store_at().get(bucket, key).chunks())
+        except object_store.StoreUnavailable as exc:
+            raise TransientFailure(str(exc)) from exc
 
     def model_path(self, relative: str) -> Path:
         """A model file or folder under the models dir; RungUnavailable (recorded, skipped) if absent."""

@@ -26,14 +26,23 @@ When a checkpoint is ignored (the job restarts from the beginning, and says so):
 * the family refuses it for the rung about to run (``Resume.refuses``: the TTS voice of another
   rung would not be the same speaker's).
 
+Across hosts (FARM_STORAGE_URL, ``tasks.wire.object_store``): each checkpoint is also copied to
+the object store (:class:`RemoteCheckpoint`), its kept files by their sha256 first, the manifest
+last, so a stored manifest names only files already there. An attempt that finds no checkpoint
+in its own folder (its job was redelivered from a host that died, disk and all) takes the stored
+one. A store that fails costs the copy, not the attempt: the local checkpoint is kept, and the
+store is not tried again for :data:`REMOTE_BACKOFF_S` seconds, so an engine is never held up
+at each checkpoint while the store is away.
+
 Retention: the folder goes when the job ends for good (success, rejection, cancel, an exhausted
-ladder), and with the job's folder in ``farm gc``.
+ladder), and with the job's folder in ``farm gc``; so does the stored copy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -43,14 +52,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER as FOLDER
-from mediafarm.tasks.wire.artifacts import PARTIAL_MARK, ArtifactStore
+from mediafarm.tasks.wire.artifacts import PARTIAL_MARK, ArtifactStore, folder_name, sha256_of
+from mediafarm.tasks.wire.object_store import ObjectMissing, ObjectStore, StoreUnavailable
 
 MANIFEST = "checkpoint.json"
 FILES = "files"
 # The manifest's own format; an engine's state carries its own version if it needs one.
 FORMAT = 1
 UNITS = ("seconds", "characters")
+# Seconds a checkpoint is not copied to an object store after a copy failed.
+REMOTE_BACKOFF_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 class UnusableCheckpoint(Exception):
@@ -142,10 +157,11 @@ class Resume:
 
 
 class CheckpointStore:
-    """The checkpoint folder of one job: load, save, restore the kept files, remove."""
+    """The checkpoint folder of one job: load, save, restore the kept files, remove; each also in
+    the object store when the job has a ``remote`` copy there."""
 
-    def __init__(self, artifacts: ArtifactStore, fingerprint: str) -> None:
-        self.artifacts, self.fingerprint = artifacts, fingerprint
+    def __init__(self, artifacts: ArtifactStore, fingerprint: str, remote: RemoteCheckpoint | None = None) -> None:
+        self.artifacts, self.fingerprint, self.remote = artifacts, fingerprint, remote
         self.folder = artifacts.folder / FOLDER
         self._kept: set[str] = set()  # stored names this store's own manifests named
 
@@ -156,6 +172,8 @@ class CheckpointStore:
             UnusableCheckpoint: it is another request's, unreadable, or its files are gone.
         """
         path = self.folder / MANIFEST
+        if self.remote is not None and not path.exists():
+            self.remote.pull(self.folder)  # another host's, if it kept one there
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -212,6 +230,8 @@ class CheckpointStore:
                     target.unlink(missing_ok=True)
                     raise OSError(f"artifact {name!r} was replaced while it was being kept; checkpoint not written")
             kept[name] = {"stored": stored, "size": status.st_size}
+            if self.remote is not None:
+                kept[name]["sha256"] = self.remote.digest(target, stored)
         manifest = {
             "format": FORMAT, "fingerprint": self.fingerprint, "position": checkpoint.position,
             "unit": checkpoint.unit, "rung": checkpoint.rung, "state": dict(checkpoint.state), "files": kept,
@@ -224,6 +244,8 @@ class CheckpointStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(temp, self.folder / MANIFEST)
+        if self.remote is not None:
+            self.remote.push(manifest, files_folder)
         # Only what this store kept for its own earlier manifests and no longer needs goes: a file
         # in the folder it did not keep may be another attempt's (a redelivered job running twice
         # for a while), and its manifest must keep finding it.
@@ -256,6 +278,77 @@ class CheckpointStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.remote is not None:
+            self.remote.remove()
+
+
+class RemoteCheckpoint:
+    """One job's checkpoint in the object store: ``<prefix>/<job folder>/.checkpoint/``, with
+    ``files/<sha256>`` (each written once, create-only) and the manifest (replaced at each write,
+    after its files)."""
+
+    def __init__(self, store: ObjectStore, place: S3Place, job_id: str) -> None:
+        self.store, self.bucket = store, place.bucket
+        self.prefix = place.key(folder_name(job_id), FOLDER)
+        self._digests: dict[str, str] = {}  # local stored name -> sha256, hashed once
+        self._sent: set[str] = set()  # digests already in the store
+        self._quiet_until = 0.0
+
+    def digest(self, path: Path, stored: str) -> str:
+        if stored not in self._digests:
+            self._digests[stored] = sha256_of(path)
+        return self._digests[stored]
+
+    def push(self, manifest: Mapping[str, Any], files_folder: Path) -> None:
+        """Copy a manifest just written locally and its kept files; a failing store is logged and
+        left alone for a while (the local checkpoint stands)."""
+        if time.monotonic() < self._quiet_until:
+            return
+        try:
+            for kept in manifest["files"].values():
+                digest = kept["sha256"]
+                if digest not in self._sent:
+                    self.store.put_new(files_folder / kept["stored"], self.bucket, f"{self.prefix}/{FILES}/{digest}",
+                                       {"sha256": digest}, "application/octet-stream")  # fmt: skip
+                    self._sent.add(digest)
+            self.store.put_bytes(json.dumps(manifest, separators=(",", ":")).encode(), self.bucket,
+                                 f"{self.prefix}/{MANIFEST}", "application/json")  # fmt: skip
+        except StoreUnavailable as exc:
+            self._quiet_until = time.monotonic() + REMOTE_BACKOFF_S
+            log.warning("checkpoint not copied to the object store (kept locally; next try in %g s): %s",
+                        REMOTE_BACKOFF_S, exc)  # fmt: skip
+
+    def pull(self, folder: Path) -> bool:
+        """Put the stored checkpoint in ``folder`` (which has no manifest): its files under their
+        digests, then the manifest naming them. False when the store holds none or cannot be read
+        (the attempt starts over: the same as a host with no checkpoint)."""
+        try:
+            raw = b"".join(self.store.get(self.bucket, f"{self.prefix}/{MANIFEST}").chunks())
+            manifest = json.loads(raw)
+            files = folder / FILES
+            files.mkdir(parents=True, exist_ok=True)
+            for kept in manifest["files"].values():
+                digest = str(kept["sha256"])
+                temp = files / f".{digest}{PARTIAL_MARK}{uuid.uuid4().hex}"
+                self.store.download(self.bucket, f"{self.prefix}/{FILES}/{digest}", temp)
+                os.replace(temp, files / digest)
+                kept["stored"] = digest
+                self._sent.add(digest)
+        except ObjectMissing:
+            return False
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("the stored checkpoint could not be taken; starting over: %s", exc)
+            return False
+        temp = folder / f".{MANIFEST}{PARTIAL_MARK}{uuid.uuid4().hex}"
+        temp.write_text(json.dumps(manifest, separators=(",", ":")), encoding="utf-8")
+        os.replace(temp, folder / MANIFEST)
+        return True
+
+    def remove(self) -> None:
+        try:
+            self.store.delete_prefix(self.bucket, f"{self.prefix}/")
+        except StoreUnavailable as exc:  # the store's lifecycle rule removes it in the end
+            log.warning("stored checkpoint not removed: %s", exc)
 
 
 def _same_file(kept: Path, status: os.stat_result) -> bool:
@@ -319,6 +412,8 @@ def made_until(resumed: Checkpoint | None, rung: str, position: float) -> tuple[
     return (*before, Made(start, position, rung))
 
 
-def store_for(artifacts: ArtifactStore, family: str, fields: Mapping[str, Any]) -> CheckpointStore:
-    return CheckpointStore(artifacts, fingerprint(family, fields))
+def store_for(
+    artifacts: ArtifactStore, family: str, fields: Mapping[str, Any], remote: RemoteCheckpoint | None = None
+) -> CheckpointStore:
+    return CheckpointStore(artifacts, fingerprint(family, fields), remote)
 

@@ -49,6 +49,11 @@ class StoreUnavailable(OSError):
     """The object store could not be reached or answered with a server error."""
 
 
+class StoreRefused(StoreUnavailable):
+    """The store answered, and refused: no such bucket, access denied, a bad signature. A setting
+    to fix (FARM_STORAGE_URL, the AWS credentials), not an outage to wait out."""
+
+
 class ObjectMissing(FileNotFoundError):
     """No object under that key (removed by retention, or another store)."""
 
@@ -80,8 +85,13 @@ class Body:
     content_range: str | None  # ``bytes a-b/total`` for a range
 
     def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        """The bytes, a block at a time; a store lost midway is StoreUnavailable."""
+        from botocore.exceptions import BotoCoreError
+
         try:
             yield from self.stream.iter_chunks(size)
+        except (BotoCoreError, OSError) as exc:
+            raise StoreUnavailable(f"object store connection lost while reading: {exc}") from exc
         finally:
             self.stream.close()
 
@@ -93,14 +103,16 @@ class ObjectStore:
     def __init__(self, endpoint_url: str | None = None) -> None:
         self.endpoint_url = endpoint_url or None
         self._client: Any = None
-        self._pid = 0
+        self._pid = os.getpid()
         self._lock = threading.Lock()
 
     @property
     def client(self) -> Any:
-        if self._client is None or self._pid != os.getpid():
+        if self._pid != os.getpid():  # a forked child: nothing of the parent's client or lock is used
+            self._lock, self._client, self._pid = threading.Lock(), None, os.getpid()
+        if self._client is None:
             with self._lock:
-                if self._client is None or self._pid != os.getpid():
+                if self._client is None:
                     try:  # only a farm that keeps its files in an object store needs it
                         import boto3
                         from botocore.config import Config
@@ -109,34 +121,46 @@ class ObjectStore:
 
                     # SigV4 for presigned URLs too (boto3 may presign with V2, which S3 has retired
                     # in new regions and which stores check badly with response headers).
+                    # Checksums only where S3 requires them: boto3's default CRC32 headers on every
+                    # PUT are refused by some S3-compatible stores.
                     config = Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
-                                    signature_version="s3v4",
-                                    retries={"mode": "standard", "max_attempts": 3})  # fmt: skip
+                                    signature_version="s3v4", retries={"mode": "standard", "max_attempts": 3},
+                                    request_checksum_calculation="when_required",
+                                    response_checksum_validation="when_required")  # fmt: skip
                     self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
-                    self._pid = os.getpid()
         return self._client
 
     def where(self) -> str:
         """The store, in words, for errors: its endpoint, or the one the AWS settings name."""
         return self.endpoint_url or getattr(self.client.meta, "endpoint_url", "") or "the AWS default endpoint"
 
-    def put_new(self, path: Path, bucket: str, key: str, metadata: Mapping[str, str], media_type: str) -> bool:
-        """Upload ``path`` as a new object; False (nothing written) when an object is already there."""
+    def put_new(self, path: Path, bucket: str, key: str, metadata: Mapping[str, str], media_type: str,
+                each_part: Callable[[], None] | None = None) -> bool:  # fmt: skip
+        """Upload ``path`` as a new object; False (nothing written) when an object is already there.
+        ``each_part`` is called before each part of a multipart upload (a sign of life)."""
         size = path.stat().st_size
-        extra = {"Metadata": dict(metadata), "ContentType": media_type}
+        extra = {"Metadata": {k: quote(str(v), safe=" /:@-_.") for k, v in metadata.items()}, "ContentType": media_type}
         with self._errors(f"s3://{bucket}/{key}"):
             if size <= MULTIPART_BYTES:
                 with path.open("rb") as fh:
                     return self._created(lambda: self.client.put_object(
                         Bucket=bucket, Key=key, Body=fh, IfNoneMatch="*", **extra))  # fmt: skip
-            return self._put_parts(path, bucket, key, extra)
+            return self._put_parts(path, bucket, key, extra, each_part)
 
-    def _put_parts(self, path: Path, bucket: str, key: str, extra: dict[str, Any]) -> bool:
+    def put_bytes(self, data: bytes, bucket: str, key: str, media_type: str) -> None:
+        """Write (or replace) a small object."""
+        with self._errors(f"s3://{bucket}/{key}"):
+            self.client.put_object(Bucket=bucket, Key=key, Body=data, ContentType=media_type)
+
+    def _put_parts(self, path: Path, bucket: str, key: str, extra: dict[str, Any],
+                   each_part: Callable[[], None] | None) -> bool:  # fmt: skip
         upload = self.client.create_multipart_upload(Bucket=bucket, Key=key, **extra)["UploadId"]
         try:
             parts = []
             with path.open("rb") as fh:
                 for number, block in enumerate(iter(lambda: fh.read(MULTIPART_BYTES), b""), start=1):
+                    if each_part is not None:
+                        each_part()
                     sent = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
                                                    Body=block)  # fmt: skip
                     parts.append({"PartNumber": number, "ETag": sent["ETag"]})
@@ -163,9 +187,9 @@ class ObjectStore:
         try:
             put()
         except ClientError as exc:
-            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if _code(exc) in ("PreconditionFailed", "412"):
                 return False
-            raise
+            raise  # a 409 (another conditional write to the key in flight) is an outage: tried again
         return True
 
     def metadata(self, bucket: str, key: str) -> dict[str, str]:
@@ -191,7 +215,17 @@ class ObjectStore:
         disposition = f"attachment; filename*=UTF-8''{quote(filename)}"
         params = {"Bucket": bucket, "Key": key, "ResponseContentDisposition": disposition,
                   "ResponseContentType": media_type}  # fmt: skip
-        return str(self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=seconds))
+        with self._errors(f"s3://{bucket}/{key}"):
+            return str(self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=seconds))
+
+    def check(self, place: S3Place) -> None:
+        """That the bucket is there and these credentials may use it: StoreRefused naming the
+        problem, StoreUnavailable when the store cannot be reached."""
+        try:
+            with self._errors(place.url(place.prefix)):
+                self.client.head_bucket(Bucket=place.bucket)
+        except ObjectMissing:  # a HEAD's 404 says no more than that
+            raise StoreRefused(f"object store {self.where()} has no bucket {place.bucket!r}") from None
 
     def delete_prefix(self, bucket: str, prefix: str) -> int:
         """Remove every object under ``prefix`` (a job's folder); how many went."""
@@ -204,34 +238,27 @@ class ObjectStore:
                     gone += len(objects)
         return gone
 
-    def folders(self, bucket: str, prefix: str) -> list[str]:
-        """The names of the folders right under ``prefix`` (the job folders of a farm's prefix)."""
-        found: list[str] = []
-        start = f"{prefix}/" if prefix else ""
-        with self._errors(f"s3://{bucket}/{prefix}"):
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start, Delimiter="/")
-            for page in pages:
-                found += [p["Prefix"][len(start):].rstrip("/") for p in page.get("CommonPrefixes", [])]
-        return found
-
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         """botocore's errors as the farm's: a missing object is ObjectMissing; an unreachable store
         or a server error is StoreUnavailable; both name the object and the store."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
         try:
             yield
         except ClientError as exc:
             code = _code(exc)
-            if code in ("NoSuchKey", "404", "NotFound"):
-                raise ObjectMissing(f"{what} is not in the object store (removed by retention?)") from exc
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchBucket"):
+                raise ObjectMissing(f"{what} is not in the object store (removed by retention?)") from exc
             if status == 416 or code == "InvalidRange":
                 raise RangeNotSatisfiable(f"{what}: {code}") from exc
-            if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "RequestTimeout"):
+            if status >= 500 or status in (408, 409, 429) or code in ("SlowDown", "RequestTimeout"):
                 raise StoreUnavailable(f"object store {self.where()} failed on {what}: {code}") from exc
-            raise
+            raise StoreRefused(f"object store {self.where()} refused {what}: {code} (HTTP {status}); "
+                               "check FARM_STORAGE_URL and the AWS credentials") from exc  # fmt: skip
+        except ParamValidationError:
+            raise  # a request this code made wrong: a bug to see, not an outage to wait out
         except BotoCoreError as exc:
             raise StoreUnavailable(f"object store {self.where()} unreachable for {what}: {exc}") from exc
 
@@ -258,7 +285,7 @@ def publish(
     the same infos with their ``url``. Each object carries its sha256 and ``writer`` (the attempt:
     rung, worker) as metadata.
 
-    A store that cannot be reached is waited for, ``wait_s`` seconds at most (backing off to 5 s,
+    A store that cannot be reached is waited for, ``wait_s`` seconds at most for all the files (backing off to 5 s,
     ``waiting`` called on each try: the worker's sign of life), as the result backend waits out a
     short Redis outage; past it, a TransientFailure: the attempt fails by infrastructure and runs
     again, never a rejection of the job's input.
@@ -269,17 +296,20 @@ def publish(
     does not: a TransientFailure too, so the next attempt writes under its own number.
     """
     published = []
+    deadline = time.monotonic() + wait_s
     for info in infos:
         key = attempt_key(place, job_id, attempt, info.name)
-        metadata = {"sha256": info.sha256, "job": job_id, "attempt": str(attempt), **writer}
-        deadline, pause = time.monotonic() + wait_s, 0.1
+        metadata = {"sha256": info.sha256, "job": folder_name(job_id), "attempt": str(attempt), **writer}
+        pause = 0.1
         while True:
             try:
-                if not store.put_new(folder / info.name, place.bucket, key, metadata, info.media_type):
+                if not store.put_new(folder / info.name, place.bucket, key, metadata, info.media_type, waiting):
                     if store.metadata(place.bucket, key).get("sha256") != info.sha256:
                         raise TransientFailure(f"{place.url(key)} was written by another process as attempt {attempt}")
                 break
-            except StoreUnavailable as exc:
+            except StoreRefused as exc:
+                raise TransientFailure(str(exc)) from exc  # no use waiting: a setting to fix
+            except (StoreUnavailable, ObjectMissing) as exc:  # missing: a refused create's HEAD raced
                 if time.monotonic() + pause > deadline:
                     raise TransientFailure(f"{exc} (waited {wait_s:g} s)") from exc
             if waiting is not None:

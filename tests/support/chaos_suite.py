@@ -555,20 +555,20 @@ class ChaosSuite:
                     report.infrastructure_failures.append(f"{job} ({ladder}, {status}: {meta.get('result')})")
 
 
-def short_limits_config(target: Path) -> Path:
-    """The test farm configuration with short time limits for every family (soft 6 s, hard 7 s),
+def short_limits_config(target: Path, soft: int = 6, hard: int = 7) -> Path:
+    """The test farm configuration with short time limits for every family (default soft 6 s, hard 7 s),
     written to ``target``: what a 10 s visibility timeout requires, or workers refuse to start."""
     base = (Path(__file__).parent / "farm-test.toml").read_text()
-    short = base.replace("[limits.chaos]\nsoft = 60\nhard = 90", "[limits.chaos]\nsoft = 6\nhard = 7")
-    target.write_text(short + short_limits_toml(but="chaos"))
+    short = base.replace("[limits.chaos]\nsoft = 60\nhard = 90", f"[limits.chaos]\nsoft = {soft}\nhard = {hard}")
+    target.write_text(short + short_limits_toml(but="chaos", soft=soft, hard=hard))
     return target
 
 
-def short_limits_toml(but: str) -> str:
-    """``[limits.NAME]`` blocks (soft 6 s, hard 7 s) for every registered family but ``but``."""
+def short_limits_toml(but: str, soft: int = 6, hard: int = 7) -> str:
+    """``[limits.NAME]`` blocks (default soft 6 s, hard 7 s) for every registered family but ``but``."""
     from mediafarm.tasks import registry
 
-    return "".join(f"\n[limits.{name}]\nsoft = 6\nhard = 7\n" for name in registry.load() if name != but)
+    return "".join(f"\n[limits.{name}]\nsoft = {soft}\nhard = {hard}\n" for name in registry.load() if name != but)
 
 
 def _failed_by_design(ladder: str, status: str, error: dict[str, Any], history: list[dict[str, Any]]) -> bool:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 ACCESS_KEY, SECRET_KEY, REGION = "farm-test", "farm-test-secret", "us-east-1"
+# The bucket the tests' store starts with (tests/conftest.py's ``seaweed``).
+BUCKET = "farm"
 # weed mini's servers; each gets a port of its own (a default one may be taken on a shared machine).
 _PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
           "s3.port", "admin.port", "admin.port.grpc", "debug.port")  # fmt: skip

@@ -59,12 +59,12 @@ def _document(source: str, canonical: Any) -> SourceDocument:
 
 
 def render(ctx: EngineContext, request: RenderRequest, params: NoParams) -> RenderResult:
-    source = ctx.artifacts.of_job(request.source).path(JSON_NAME)
     try:
-        canonical = json.loads(source.read_text(encoding="utf-8"))
+        canonical = json.loads(ctx.read_artifact_of(request.source, JSON_NAME).decode("utf-8"))
     except FileNotFoundError:
         raise NoSubtitles(
-            f"job {request.source!r} has no {JSON_NAME} in FARM_STORAGE_DIR (expired, or not a subtitle job)"
+            f"job {request.source!r} has no {JSON_NAME} in FARM_STORAGE_DIR or the object store "
+            "(expired, or not a subtitle job)"
         ) from None
     except (OSError, ValueError) as exc:
         raise NoSubtitles(f"job {request.source!r}: {JSON_NAME} cannot be read ({exc})") from exc
