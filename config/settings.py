@@ -46,7 +46,9 @@ class FarmSettings(BaseSettings):
             instead of a path, comma-separated: host names, IP addresses or networks (CIDR), or
             ``*`` for any host with public addresses. An address that is not public (loopback,
             link-local, private ...) is reached only when its network is listed, whatever names
-            the host (``loopback`` lists 127.0.0.0/8 and ::1). Empty (the default): media is read from the media roots only.
+            the host (``loopback`` lists 127.0.0.0/8 and ::1). ``s3://bucket[/prefix]`` lists a
+            bucket of the object store (only such an entry does). Empty (the default): media is
+            read from the media roots only.
         media_url_max_mb: The largest media a worker fetches by URL; a larger one rejects the job.
         media_url_timeout: Seconds a worker waits on a media URL's host for each connect and read.
         storage_dir: Artifacts of a job go under ``<storage_dir>/<job id>/``. Default: the user's

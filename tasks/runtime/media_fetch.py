@@ -16,6 +16,10 @@ most ``MAX_REDIRECTS`` times. What the answer means for the job:
 The fetch reports its progress and stops at a cancel as an engine does (``on_chunk``), and beats
 the child's liveness, so a long download is neither a stall nor deaf to a cancel. It counts
 against the attempt's time limits: set them for the download as well as the work.
+
+An ``s3://`` URL whose bucket is listed is read from the object store instead
+(``tasks.wire.object_store``): a missing object, or one the store refuses, rejects the job; a store
+away is tried again.
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from urllib.parse import SplitResult, unquote, urljoin
+from urllib.parse import SplitResult, unquote, urljoin, urlsplit
 
 from mediafarm.tasks.runtime import liveness
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import INPUTS_FOLDER, PARTIAL_MARK, ArtifactStore
 from mediafarm.tasks.wire.errors import PermanentFailure, TransientFailure
-from mediafarm.tasks.wire.media_urls import SETTING, UrlNotAllowed, check_listed, expanded
+from mediafarm.tasks.wire.media_urls import S3, SETTING, UrlNotAllowed, check_listed, expanded
 from mediafarm.tasks.wire.outbound import Refused, pinned_connection, request_target
 
 FOLDER = INPUTS_FOLDER
@@ -74,6 +79,10 @@ class MediaFetcher:
         temp = target.with_name(f".{target.stem}{PARTIAL_MARK}{os.getpid()}{target.suffix}")
         current = url
         try:
+            if urlsplit(url).scheme.lower() == S3:
+                self._from_store(url, _listed(url, self.entries), temp)
+                os.replace(temp, target)
+                return
             for _ in range(MAX_REDIRECTS + 1):
                 parts = _listed(current, self.entries)
                 location = self._get(current, parts, temp)
@@ -119,6 +128,19 @@ class MediaFetcher:
         finally:
             connection.close()
 
+    def _from_store(self, url: str, parts: SplitResult, temp: Path) -> None:
+        """An ``s3://`` URL's object, read with the workers' credentials: a missing object or one
+        the store refuses is bad input; a store away, nobody's fault (the same rung again)."""
+        try:
+            body = object_store.store_at().get(parts.hostname or "", unquote(parts.path.lstrip("/")))
+            if body.length > self.max_bytes:
+                raise PermanentFailure(self._too_large(url, body.length))
+            self._copy(url, _Chunks(body.chunks(CHUNK)), temp, body.length)
+        except (object_store.ObjectMissing, object_store.StoreRefused) as exc:
+            raise PermanentFailure(f"media URL {url!r}: {exc}") from None
+        except object_store.StoreUnavailable as exc:
+            raise TransientFailure(f"media URL {url!r}: {exc}") from None
+
     def _copy(self, url: str, response: http.client.HTTPResponse, temp: Path, total: int | None) -> None:
         written = 0
         with temp.open("wb") as out:
@@ -138,6 +160,18 @@ class MediaFetcher:
     def _too_large(self, url: str, size: int) -> str:
         return (f"media URL {url!r}: more than FARM_MEDIA_URL_MAX_MB ({self.max_bytes // (1 << 20):,} MB) "
                 f"({size:,} bytes so far)")  # fmt: skip
+
+
+class _Chunks:
+    """An object store's blocks read as ``_copy`` reads an HTTP answer (``read``, ``length``)."""
+
+    length = 0
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+
+    def read(self, size: int) -> bytes:
+        return next(self._chunks, b"")
 
 
 def _listed(url: str, entries: list[str]) -> SplitResult:

@@ -42,7 +42,8 @@ def s3(seaweed: SeaweedS3) -> SeaweedS3:
 def s3_worker(s3: SeaweedS3, start_worker, tmp_path_factory: pytest.TempPathFactory):
     """A worker whose storage folder is its own (no other process reads it)."""
     own = tmp_path_factory.mktemp("worker-own-storage")
-    env = {**s3.env(), "FARM_STORAGE_URL": f"s3://{BUCKET}/{PREFIX}", "FARM_STORAGE_DIR": str(own)}
+    env = {**s3.env(), "FARM_STORAGE_URL": f"s3://{BUCKET}/{PREFIX}", "FARM_STORAGE_DIR": str(own),
+           "FARM_MEDIA_URLS": f"s3://{BUCKET}/inputs"}  # fmt: skip
     worker = start_worker("cpu", concurrency=2, queues=[QUEUE], env=env)
     worker.storage = own
     return worker
@@ -71,6 +72,21 @@ def test_an_artifact_goes_to_the_store_and_is_read_with_no_shared_folder(s3, s3_
     assert head["Metadata"]["sha256"] == info.sha256 == hashlib.sha256(b"ONE\nTWO\nTHREE\n").hexdigest()
     assert (head["Metadata"]["job"], head["Metadata"]["attempt"]) == (job.id, str(attempt))
     assert head["Metadata"]["worker"] == s3_worker.node and head["Metadata"]["rung"] == envelope["rung"]
+
+
+def test_media_named_by_s3_url_gives_what_the_same_file_gives(s3, s3_worker, speech_track) -> None:
+    from mediafarm import JobRejected
+
+    s3.client().upload_file(str(speech_track.path), BUCKET, "inputs/talks/talk one.wav")
+    by_path = submit("vad", queue=QUEUE, media=str(speech_track.path)).wait(timeout=120)
+    by_url = submit("vad", queue=QUEUE, media=f"s3://{BUCKET}/inputs/talks/talk%20one.wav").wait(timeout=120)
+    assert by_url["output"]["spans"] == by_path["output"]["spans"] and by_url["output"]["spans"]
+    # Off the list (another folder of the bucket): refused naming the rule; a missing key: bad input.
+    for media, problem in ((f"s3://{BUCKET}/{PREFIX}/secret.wav", "is not in FARM_MEDIA_URLS"),
+                           (f"s3://{BUCKET}/inputs/none.wav", "not in the object store")):  # fmt: skip
+        with pytest.raises(JobRejected, match=problem) as caught:
+            submit("vad", queue=QUEUE, media=media).wait(timeout=60)
+        assert [a["outcome"] for a in caught.value.attempts] == ["rejected"]
 
 
 def test_a_stale_write_is_refused_and_the_winners_object_stays(s3, tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def test_a_request_keeps_a_media_url_as_given_and_a_path_as_a_path() -> None:
 @pytest.mark.parametrize(
     ("value", "problem"),
     [
-        ("ftp://h/x.wav", "over http or https only, not ftp"),
+        ("ftp://h/x.wav", "over http, https, s3 only, not ftp"),
         ("http://user:secret@h/x.wav", "carries credentials"),
         ("http:///x.wav", "names no host"),
         ("http://h:99999/x.wav", "Port out of range"),
@@ -115,6 +115,8 @@ def test_a_media_url_the_farm_never_fetches_is_an_invalid_request_naming_why(val
         ("https://MEDIA.example/a.wav", ["media.example"]),
         ("http://10.1.2.3/a.wav", ["10.0.0.0/8"]),
         ("https://anything.example/a.wav", ["*"]),
+        ("s3://media/talks/a.wav", ["s3://media"]),
+        ("s3://media/talks/2026/a.wav", ["s3://media/talks/"]),
     ],
 )
 def test_a_listed_host_passes(url: str, entries: list[str]) -> None:
@@ -128,6 +130,14 @@ def test_a_listed_host_passes(url: str, entries: list[str]) -> None:
         ("https://other.example/a.wav", ["media.example"], "host other.example is not in FARM_MEDIA_URLS, the hosts"),
         ("http://10.1.2.3/a.wav", ["192.168.0.0/16", "loopback"], "is not in FARM_MEDIA_URLS"),
         ("http://media.example.evil/a.wav", ["media.example"], "is not in FARM_MEDIA_URLS"),
+        # A bucket is listed by an s3:// entry only: never by a host entry of its name, nor by *.
+        ("s3://media/a.wav", ["media", "*", "loopback"], r"bucket media \(with that key\) is not in FARM_MEDIA_URLS"),
+        ("s3://media/other/a.wav", ["s3://media/talks"], "is not in FARM_MEDIA_URLS"),
+        ("s3://media/talksx/a.wav", ["s3://media/talks"], "is not in FARM_MEDIA_URLS"),
+        ("s3://media-2/a.wav", ["s3://media"], "is not in FARM_MEDIA_URLS"),
+        ("s3://media", ["s3://media"], "an s3 URL is s3://bucket/key"),
+        ("s3://media:9000/a.wav", ["s3://media"], "an s3 URL is s3://bucket/key"),
+        ("ftp://media/a.wav", ["*"], "fetched over http, https, s3 only, not ftp"),
     ],
 )
 def test_an_unlisted_host_is_refused_naming_the_setting(url: str, entries: list[str], problem: str) -> None:
