@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from mediafarm.tasks.wire.records import ArtifactInfo
 
 # One PUT up to this size; past it a multipart upload of parts this size (S3: 5 MiB to 5 GiB each).
 MULTIPART_BYTES = 64 * 1024 * 1024
+# Uploads of one attempt's artifacts in flight at once.
+PARALLEL_PUTS = 8
 # Seconds an attempt waits for a store that cannot be reached before it fails by infrastructure.
 STORE_WAIT_S = 120.0
 # Seconds a store may take to accept a connection, and to answer once connected.
@@ -295,9 +298,9 @@ def publish(
     this attempt's number, which the attempt log makes unlikely but a store shared by two farms
     does not: a TransientFailure too, so the next attempt writes under its own number.
     """
-    published = []
     deadline = time.monotonic() + wait_s
-    for info in infos:
+
+    def one(info: ArtifactInfo) -> ArtifactInfo:
         key = attempt_key(place, job_id, attempt, info.name)
         metadata = {"sha256": info.sha256, "job": folder_name(job_id), "attempt": str(attempt), **writer}
         pause = 0.1
@@ -306,7 +309,7 @@ def publish(
                 if not store.put_new(folder / info.name, place.bucket, key, metadata, info.media_type, waiting):
                     if store.metadata(place.bucket, key).get("sha256") != info.sha256:
                         raise TransientFailure(f"{place.url(key)} was written by another process as attempt {attempt}")
-                break
+                return dataclasses.replace(info, url=place.url(key))
             except StoreRefused as exc:
                 raise TransientFailure(str(exc)) from exc  # no use waiting: a setting to fix
             except (StoreUnavailable, ObjectMissing) as exc:  # missing: a refused create's HEAD raced
@@ -316,5 +319,10 @@ def publish(
                 waiting()
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
-        published.append(dataclasses.replace(info, url=place.url(key)))
-    return published
+
+    if len(infos) < 2:
+        return [one(info) for info in infos]
+    # A job of many small files (a subtitle job's segments) waits on round trips, not bandwidth:
+    # several in flight at once (boto3's client is thread-safe; its pool holds 10 connections).
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_PUTS, len(infos))) as pool:
+        return list(pool.map(one, infos))
