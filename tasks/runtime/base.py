@@ -203,6 +203,7 @@ class FarmTask(Task):
                     # Its end is stored (a stale copy's retry: a paused worker's child killed after
                     # another worker ended the job). Acked, nothing stored, nothing run again.
                     logger.warning("job %s: already ended %s; this delivery runs nothing", request.id, stored["status"])
+                    self._end_event(stored)
                     raise Ignore()
             ladder_name = fields.get(spec.ladder_field) if spec.ladder_field else None
             if ladder_name is not None and not isinstance(ladder_name, str):
@@ -349,6 +350,14 @@ class FarmTask(Task):
         if self.spec.resume is not None:
             policies.append(resuming)
         return policies
+
+    def _end_event(self, stored: Mapping[str, Any]) -> None:
+        """The event of the job's stored end, for a delivery that runs nothing: Flower's state
+        follows the events, and would show this delivery started for good (none is sent for Ignore)."""
+        if stored.get("status") == "REVOKED":
+            self._progress_event("task-revoked", terminated=False, signum=None, expired=False)
+        else:
+            self._progress_event("task-failed", exception=str(stored.get("result")), traceback=None)
 
     def _progress_event(self, event: str, **fields: Any) -> None:
         if self.app.conf.worker_send_task_events:

@@ -385,6 +385,22 @@ def test_a_stale_copys_lost_child_never_reopens_a_job_another_worker_ended(chaos
     app.backend.mark_as_failure(job_id, PermanentFailure(reason))
     history = handle(job_id).attempts()
 
+    # Flower keeps task state with Celery's own event state machine: feed it what the worker sends.
+    flower, listening = app.events.State(), threading.Event()
+
+    def listen() -> None:
+        def on_event(event: dict[str, Any]) -> None:
+            flower.event(event)
+            listening.set()
+
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"*": on_event})
+            for _ in receiver.itercapture(limit=None, timeout=None, wakeup=True):
+                if flower.tasks.get(job_id) is not None and flower.tasks[job_id].state == "FAILURE":
+                    break  # (a heartbeat every 2 s wakes this loop to look)
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert listening.wait(15), "no worker event reached the receiver"
     pubsub = app.backend.client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(result_key)
     try:
@@ -407,4 +423,8 @@ def test_a_stale_copys_lost_child_never_reopens_a_job_another_worker_ended(chaos
     with pytest.raises(JobRejected, match="malformed on purpose"):
         handle(job_id).wait(timeout=5)
     assert handle(job_id).attempts() == history  # nothing appended, nothing settled anew
+    deadline = time.monotonic() + 15  # and Flower reads the stored end, not the delivery as started
+    while flower.tasks.get(job_id) is None or flower.tasks[job_id].state != "FAILURE":
+        assert time.monotonic() < deadline, flower.tasks.get(job_id) and flower.tasks[job_id].state
+        time.sleep(0.1)
     assert chaos_worker.process.poll() is None
