@@ -17,6 +17,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Iterable
 from contextlib import ExitStack, suppress
 from functools import partial
 from importlib.resources import files
@@ -35,11 +36,13 @@ from mediafarm.config.celery import celery_config
 from mediafarm.config.file import ConfigFileError
 from mediafarm.config.pools import expand_queues, get_pool
 from mediafarm.config.settings import get_settings
+from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks import registry
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.errors import JobFailed
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
-from mediafarm.workers.retention import WrongBackend, expired, expired_uploads, remove
+from mediafarm.workers.retention import Removal, WrongBackend, expired, expired_objects, expired_uploads, remove
 
 # Imported by the worker side only (the `worker` extra): a producer's install has none of them.
 WORKER_PACKAGES = ("psutil", "prometheus_client", "standardwebhooks")
@@ -309,14 +312,18 @@ def gc(
     count = 0
     settings = get_settings()
     uploads = partial(expired_uploads, settings.uploads_folder, app.backend, ttl=float(app.conf.result_expires))
+    objects: Iterable[Removal] = ()
+    if settings.storage_url:  # the object store's job folders, after the local ones
+        place = S3Place.parse(settings.storage_url)
+        objects = expired_objects(place, object_store.store_at(), app.backend, grace=grace)
     try:
-        for removal in chain(expired(settings.storage_dir, app.backend, grace=grace), uploads(grace=grace)):
+        for removal in chain(expired(settings.storage_dir, app.backend, grace=grace), uploads(grace=grace), objects):
             console.print(f"{'would remove' if dry_run else 'removed'} {removal.path} ({removal.reason})")
             if not dry_run:
                 remove(removal)
             freed += removal.size
             count += 1
-    except WrongBackend as exc:
+    except (WrongBackend, object_store.StoreUnavailable) as exc:
         fail(str(exc), code=1)
     console.print(f"{count} {'to remove' if dry_run else 'removed'}, {freed / 1e6:.1f} MB")
 

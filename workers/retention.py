@@ -11,6 +11,12 @@ left by killed writers are removed from any job folder once they are older than 
 else in the storage folder is touched, and ``farm gc`` refuses to run against a backend that holds
 no farm keys at all (a wrong database number would otherwise make every job look expired).
 
+With an object store (FARM_STORAGE_URL, ``tasks.wire.object_store``) the same rule holds for the
+job folders under its prefix: a folder whose job's result and history have expired goes, with
+every attempt's objects, once none of them changed for ``grace`` seconds; the stored checkpoint of
+a job that has ended goes (its worker died before removing it). A store that cannot be reached
+stops ``farm gc`` with a clear error after the local folders are done.
+
 Uploads (the gateway's, ``tasks.wire.upload_store``) live as long as the jobs that named them: an
 upload goes once no job that named it has a result, a history or a remembered submission left,
 or, if no job ever named it, ``result_expires`` after it was made; one that never finished goes
@@ -26,8 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mediafarm.tasks.wire import keys
+from mediafarm.config.storage_url import S3Place
+from mediafarm.tasks.wire import keys, object_store
 from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, INPUTS_FOLDER, MARKER, PARTIAL_MARK, job_id_of
+from mediafarm.tasks.wire.object_store import ObjectStore
 from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, upload_folders
 
 
@@ -37,9 +45,10 @@ class WrongBackend(RuntimeError):
 
 @dataclass(frozen=True)
 class Removal:
-    """Attributes: path (what goes), reason (why), size (bytes freed)."""
+    """Attributes: path (what goes: a file or folder, or ``s3://bucket/prefix/`` for the objects
+    under a prefix of the object store), reason (why), size (bytes freed)."""
 
-    path: Path
+    path: Path | str
     reason: str
     size: int
 
@@ -86,6 +95,28 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
                 yield Removal(partial, "partial file of an attempt that never finished", _size(partial))
 
 
+def expired_objects(
+    place: S3Place, store: ObjectStore, backend: Any, *, grace: float = 3600.0, now: float | None = None
+) -> Iterator[Removal]:
+    """What ``farm gc`` removes from the object store (the rule is in the module's docstring)."""
+    now = time.time() if now is None else now
+    jobs = [(name, job_id) for name in store.folders(place.bucket, place.prefix) if (job_id := job_id_of(name))]
+    if jobs and not _holds_farm_keys(backend.client):
+        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    for name, job_id in jobs:
+        folder = place.key(name) + "/"
+        objects = store.objects(place.bucket, folder)
+        if not objects or now - max(changed for _, _, changed in objects) < grace:
+            continue
+        if not backend.client.exists(backend.get_key_for_task(job_id), keys.history(job_id)):
+            yield Removal(place.url(folder), "result and history expired", sum(size for _, size, _ in objects))
+            continue
+        checkpoint = [size for key, size, _ in objects if key.startswith(f"{folder}{CHECKPOINT_FOLDER}/")]
+        if checkpoint and _ended(backend, job_id):
+            yield Removal(place.url(f"{folder}{CHECKPOINT_FOLDER}/"), "stored checkpoint of a job that has ended",
+                          sum(checkpoint))  # fmt: skip
+
+
 def expired_uploads(
     uploads_dir: Path, backend: Any, *, ttl: float, grace: float = 3600.0, now: float | None = None
 ) -> Iterator[Removal]:
@@ -125,7 +156,12 @@ def _holds_farm_keys(client: Any) -> bool:
     return False
 
 
-def remove(removal: Removal) -> None:
+def remove(removal: Removal, store: ObjectStore | None = None) -> None:
+    """Remove what ``removal`` names (objects through ``store``, the object store's)."""
+    if isinstance(removal.path, str):
+        place = S3Place.parse(removal.path)
+        (store or object_store.store_at()).delete_prefix(place.bucket, place.prefix + "/")
+        return
     if removal.path.is_dir():
         shutil.rmtree(removal.path, ignore_errors=True)
     else:

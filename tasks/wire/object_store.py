@@ -241,6 +241,23 @@ class ObjectStore:
                     gone += len(objects)
         return gone
 
+    def folders(self, bucket: str, prefix: str) -> list[str]:
+        """The names of the folders right under ``prefix`` (a farm's job folders)."""
+        start = f"{prefix}/" if prefix else ""
+        found: list[str] = []
+        with self._errors(f"s3://{bucket}/{start}"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start, Delimiter="/")
+            for page in pages:
+                found += [p["Prefix"][len(start):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        return found
+
+    def objects(self, bucket: str, prefix: str) -> list[tuple[str, int, float]]:
+        """Every object under ``prefix``: its key, size and last change (Unix time)."""
+        with self._errors(f"s3://{bucket}/{prefix}"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            return [(o["Key"], int(o["Size"]), o["LastModified"].timestamp())
+                    for page in pages for o in page.get("Contents", [])]  # fmt: skip
+
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         """botocore's errors as the farm's: a missing object is ObjectMissing; an unreachable store

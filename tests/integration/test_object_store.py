@@ -10,11 +10,14 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,6 +90,45 @@ def test_media_named_by_s3_url_gives_what_the_same_file_gives(s3, s3_worker, spe
         with pytest.raises(JobRejected, match=problem) as caught:
             submit("vad", queue=QUEUE, media=media).wait(timeout=60)
         assert [a["outcome"] for a in caught.value.attempts] == ["rejected"]
+
+
+def test_farm_gc_removes_expired_jobs_objects_and_an_ended_jobs_stored_checkpoint(s3, s3_worker) -> None:
+    from mediafarm.tasks.app import app
+    from mediafarm.workers.retention import expired_objects, remove
+
+    store, place, client = object_store.store_at(), S3Place(BUCKET, PREFIX), s3.client()
+    gone = f"expired-{uuid.uuid4()}"  # a job whose result and history expired: its files stayed
+    client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{gone}/0/words.txt", Body=b"old words")
+    ended = toy_job()  # a job that ended, whose worker died before removing its stored checkpoint
+    ended.wait(timeout=60)
+    client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{ended.id}/.checkpoint/checkpoint.json", Body=b"{}")
+    client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/not.a.job/file", Body=b"not the farm's")
+
+    def found(**when: float) -> dict[str, Any]:
+        return {str(r.path): r for r in expired_objects(place, store, app.backend, **when)}
+
+    # Within the grace nothing of theirs goes.
+    assert not [p for p in found(grace=3600) if gone in p or ended.id in p]
+    removals = found(grace=5, now=time.time() + 10)
+    expired, checkpoint = removals[f"s3://{BUCKET}/{PREFIX}/{gone}/"], removals[f"s3://{BUCKET}/{PREFIX}/{ended.id}/.checkpoint/"]
+    assert (expired.reason, expired.size) == ("result and history expired", len(b"old words"))
+    assert checkpoint.reason == "stored checkpoint of a job that has ended"
+    assert f"s3://{BUCKET}/{PREFIX}/{ended.id}/" not in removals and not [p for p in removals if "not.a.job" in p]
+    # `farm gc` lists them too, after the storage folder's.
+    from tests.conftest import REPO
+
+    env = {**os.environ, "FARM_STORAGE_URL": f"s3://{BUCKET}/{PREFIX}", "COLUMNS": "400"}
+    listed = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "gc", "--dry-run", "--grace", "0"], env=env,
+                            cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert f"would remove s3://{BUCKET}/{PREFIX}/{gone}/ (result and history expired)" in listed.stdout
+    for removal in removals.values():
+        remove(removal, store)
+    assert store.objects(BUCKET, f"{PREFIX}/{gone}/") == []
+    left = [key for key, _, _ in store.objects(BUCKET, f"{PREFIX}/{ended.id}/")]
+    assert left and not [k for k in left if "/.checkpoint/" in k]  # its artifacts stay with its result
+    assert ended.read_artifact("words.txt") == b"ONE\nTWO\nTHREE\n"
+    assert store.objects(BUCKET, f"{PREFIX}/not.a.job/")
 
 
 def test_a_stale_write_is_refused_and_the_winners_object_stays(s3, tmp_path: Path) -> None:
