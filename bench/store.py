@@ -65,7 +65,7 @@ def run_pairs(name: str, send: Any, pairs: int, metrics_url: str, client: Any) -
     requests: list[dict[str, int]] = []
     objects: list[tuple[int, int]] = []
     for i in range(pairs):
-        for side in (("folder", "store") if i % 2 == 0 else ("store", "folder")):
+        for side in ("folder", "store") if i % 2 == 0 else ("store", "folder"):
             before = requests_by_type(metrics_url) if side == "store" else {}
             started = time.monotonic()
             handle = send(FOLDER_QUEUE if side == "folder" else STORE_QUEUE)

@@ -23,7 +23,7 @@ class S3Place:
         """The place ``url`` names; ValueError naming what is wrong with it."""
         if not isinstance(url, str) or not url.startswith(SCHEME):
             raise ValueError(f"object store URL {url!r} must start with {SCHEME} (s3://bucket/prefix)")
-        bucket, _, prefix = url[len(SCHEME):].partition("/")
+        bucket, _, prefix = url[len(SCHEME) :].partition("/")
         if not bucket or "/" in bucket or not all(c.isalnum() or c in "-._" for c in bucket):
             raise ValueError(f"object store URL {url!r} names no valid bucket (letters, digits, '-', '.', '_')")
         return cls(bucket, prefix.strip("/"))

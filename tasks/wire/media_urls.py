@@ -101,7 +101,7 @@ def bucket_listed(parts: SplitResult, entries: Sequence[str]) -> bool:
         entry = entry.strip()
         if not entry.lower().startswith(f"{S3}://"):
             continue
-        bucket, _, prefix = entry[len(S3) + 3:].partition("/")
+        bucket, _, prefix = entry[len(S3) + 3 :].partition("/")
         prefix = prefix.strip("/")
         if bucket == parts.hostname and (not prefix or key.startswith(prefix + "/")):
             return True

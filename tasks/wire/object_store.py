@@ -248,7 +248,7 @@ class ObjectStore:
         with self._errors(f"s3://{bucket}/{start}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start, Delimiter="/")
             for page in pages:
-                found += [p["Prefix"][len(start):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+                found += [p["Prefix"][len(start) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
         return found
 
     def objects(self, bucket: str, prefix: str) -> list[tuple[str, int, float]]:
@@ -298,8 +298,15 @@ def store_at(endpoint_url: str | None = None) -> ObjectStore:
 
 
 def publish(
-    infos: list[ArtifactInfo], folder: Path, place: S3Place, job_id: str, attempt: int, writer: Mapping[str, str],
-    store: ObjectStore, wait_s: float = STORE_WAIT_S, waiting: Callable[[], None] | None = None,
+    infos: list[ArtifactInfo],
+    folder: Path,
+    place: S3Place,
+    job_id: str,
+    attempt: int,
+    writer: Mapping[str, str],
+    store: ObjectStore,
+    wait_s: float = STORE_WAIT_S,
+    waiting: Callable[[], None] | None = None,
 ) -> list[ArtifactInfo]:
     """Copy an attempt's finished artifacts (``infos``, files under ``folder``) into the store;
     the same infos with their ``url``. Each object carries its sha256 and ``writer`` (the attempt:

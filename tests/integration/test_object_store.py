@@ -110,7 +110,10 @@ def test_farm_gc_removes_expired_jobs_objects_and_an_ended_jobs_stored_checkpoin
     # Within the grace nothing of theirs goes.
     assert not [p for p in found(grace=3600) if gone in p or ended.id in p]
     removals = found(grace=5, now=time.time() + 10)
-    expired, checkpoint = removals[f"s3://{BUCKET}/{PREFIX}/{gone}/"], removals[f"s3://{BUCKET}/{PREFIX}/{ended.id}/.checkpoint/"]
+    expired, checkpoint = (
+        removals[f"s3://{BUCKET}/{PREFIX}/{gone}/"],
+        removals[f"s3://{BUCKET}/{PREFIX}/{ended.id}/.checkpoint/"],
+    )
     assert (expired.reason, expired.size) == ("result and history expired", len(b"old words"))
     assert checkpoint.reason == "stored checkpoint of a job that has ended"
     assert f"s3://{BUCKET}/{PREFIX}/{ended.id}/" not in removals and not [p for p in removals if "not.a.job" in p]
