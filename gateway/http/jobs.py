@@ -234,23 +234,17 @@ def _relayed(chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
 
 async def _from_store(info: ArtifactInfo, byte_range: str | None, config: GatewayConfig) -> Response:
     """An artifact kept in the object store: a redirect to a presigned URL, or its bytes streamed
-    through (one checked range passed on to the store, which answers it)."""
+    through (one checked range passed on to the store, which answers it). A store away or an
+    object gone is answered by the app's handler of ``STORE_ERRORS`` (503, 404), as on every route."""
     bucket, key = object_store.split_url(str(info.url))
     store = object_store.store_at()
     filename = PurePosixPath(info.name).name
     if config.artifact_delivery == "redirect":
-        try:
-            url = await anyio.to_thread.run_sync(store.presigned, bucket, key, config.presign_seconds, filename,
-                                                 info.media_type)  # fmt: skip
-        except object_store.StoreUnavailable as exc:
-            raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
+        url = await anyio.to_thread.run_sync(store.presigned, bucket, key, config.presign_seconds, filename,
+                                             info.media_type)  # fmt: skip
         return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
     try:
         body = await anyio.to_thread.run_sync(store.get, bucket, key, byte_range)
-    except object_store.ObjectMissing as exc:
-        raise HTTPException(404, f"artifact {info.name!r}: {exc}") from None
-    except object_store.StoreUnavailable as exc:
-        raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
     except object_store.RangeNotSatisfiable:
         raise HTTPException(416, f"range {byte_range!r} is outside artifact {info.name!r} ({info.size} bytes)",
                             headers={"Content-Range": f"bytes */{info.size}"}) from None  # fmt: skip

@@ -290,7 +290,7 @@ class JobHandle:
                 object_store.store_at().download(bucket, key, temp)
             else:
                 shutil.copyfile(source, temp)
-            self._check(info, temp)
+            self._check(info, sha256_of(temp))
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
@@ -302,12 +302,10 @@ class JobHandle:
         info = artifact if isinstance(artifact, ArtifactInfo) else self._artifact(artifact)
         source = self._artifact_source(info, storage_dir)
         if source is None:
-            bucket, key = object_store.split_url(str(info.url))
-            data = b"".join(object_store.store_at().get(bucket, key).chunks())
+            data = object_store.store_at().read(*object_store.split_url(str(info.url)))
         else:
             data = source.read_bytes()
-        if hashlib.sha256(data).hexdigest() != info.sha256:
-            raise OSError(f"artifact {info.name!r} of job {self.id} does not match its sha256: changed since it ended")
+        self._check(info, hashlib.sha256(data).hexdigest())
         return data
 
     def _artifact(self, name: str) -> ArtifactInfo:
@@ -326,8 +324,9 @@ class JobHandle:
             raise FileNotFoundError(missing_artifact(self.id, info, source, storage_dir))
         return source
 
-    def _check(self, info: ArtifactInfo, path: Path) -> None:
-        if sha256_of(path) != info.sha256:
+    def _check(self, info: ArtifactInfo, digest: str) -> None:
+        """OSError when what was read (its sha256, ``digest``) is not what the job made."""
+        if digest != info.sha256:
             raise OSError(f"artifact {info.name!r} of job {self.id} does not match its sha256: changed since it ended")
 
     def envelope(self) -> dict[str, Any] | None:

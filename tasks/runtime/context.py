@@ -279,9 +279,8 @@ class EngineContext:
         url = next((a.get("url") for a in artifacts or [] if isinstance(a, dict) and a.get("name") == name), None)
         if not url:
             raise FileNotFoundError(f"job {job_id!r} has no artifact {name!r} here or in the object store")
-        bucket, key = object_store.split_url(url)
         try:
-            return b"".join(object_store.store_at().get(bucket, key).chunks())
+            return object_store.store_at().read(*object_store.split_url(url))
         except object_store.StoreUnavailable as exc:
             raise TransientFailure(str(exc)) from exc
 

@@ -323,8 +323,7 @@ class RemoteCheckpoint:
         digests, then the manifest naming them. False when the store holds none or cannot be read
         (the attempt starts over: the same as a host with no checkpoint)."""
         try:
-            raw = b"".join(self.store.get(self.bucket, f"{self.prefix}/{MANIFEST}").chunks())
-            manifest = json.loads(raw)
+            manifest = json.loads(self.store.read(self.bucket, f"{self.prefix}/{MANIFEST}"))
             files = folder / FILES
             files.mkdir(parents=True, exist_ok=True)
             for kept in manifest["files"].values():

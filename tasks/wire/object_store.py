@@ -84,7 +84,6 @@ class Body:
 
     stream: Any
     length: int
-    total: int
     content_range: str | None  # ``bytes a-b/total`` for a range
 
     def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
@@ -203,14 +202,16 @@ class ObjectStore:
         """The object, or the ``Range`` header's bytes of it (``bytes=a-b``, passed to the store)."""
         with self._errors(f"s3://{bucket}/{key}"):
             answer = self.client.get_object(Bucket=bucket, Key=key, **({"Range": byte_range} if byte_range else {}))
-        content_range = answer.get("ContentRange")
-        total = int(content_range.rsplit("/", 1)[1]) if content_range else int(answer["ContentLength"])
-        return Body(answer["Body"], int(answer["ContentLength"]), total, content_range)
+        return Body(answer["Body"], int(answer["ContentLength"]), answer.get("ContentRange"))
+
+    def read(self, bucket: str, key: str) -> bytes:
+        """A small object's bytes (a manifest, a document)."""
+        return b"".join(self.get(bucket, key).chunks())
 
     def download(self, bucket: str, key: str, target: Path) -> None:
-        body = self.get(bucket, key)
-        with self._errors(f"s3://{bucket}/{key}"), target.open("wb") as fh:
-            for chunk in body.chunks():
+        """The object into ``target``, a block at a time."""
+        with target.open("wb") as fh:
+            for chunk in self.get(bucket, key).chunks():
                 fh.write(chunk)
 
     def presigned(self, bucket: str, key: str, seconds: int, filename: str, media_type: str) -> str:
