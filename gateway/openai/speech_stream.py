@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mediafarm.tasks.producer.handles import JobHandle, Snapshot, describe_failure
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.plan import READY
 
 # A chunk's duration in its partial output is rounded to the millisecond at each end.
@@ -174,7 +175,12 @@ class SpeechFollower:
             if data is None:  # a newer attempt began: whatever was read may be its
                 return None
             pcm = read_wav(data, name)
+        except object_store.StoreUnavailable as exc:  # the store away (a gone object is FileNotFoundError)
+            raise StorageMissing(f"chunk {name!r} of job {self.job.id} cannot be read: {exc}") from None
         except (FileNotFoundError, EOFError, wave.Error):
+            if partial.get("url"):
+                raise StorageMissing(f"chunk {name!r} of job {self.job.id} is not in the object store at "
+                                     f"{partial['url']}") from None  # fmt: skip
             raise StorageMissing(f"chunk {name!r} of job {self.job.id} is not in this gateway's storage folder "
                                  "(FARM_STORAGE_DIR must be the workers' shared one)") from None  # fmt: skip
         seconds = len(pcm.data) / 2 / pcm.rate

@@ -46,7 +46,7 @@ from mediafarm.tasks.producer.bells import Bell, bell
 from mediafarm.tasks.producer.client import farm_redis, submit
 from mediafarm.tasks.producer.handles import JobHandle
 from mediafarm.tasks.producer.job_feed import JobWatch
-from mediafarm.tasks.wire.artifacts import ArtifactStore, UnsafeArtifactName
+from mediafarm.tasks.wire.artifacts import UnsafeArtifactName
 from mediafarm.tasks.wire.errors import Overloaded
 from mediafarm.tasks.wire.plan import READY
 
@@ -237,7 +237,6 @@ async def _sender(live: _Live, scope: anyio.CancelScope) -> None:
 
 async def _send_segments(live: _Live, scope: anyio.CancelScope, ring: Bell) -> None:
     watch = JobWatch(live.job)
-    store = ArtifactStore(live.config.storage_dir, live.job.id)
     rung = True  # the first look reads the job
     while True:
         try:
@@ -254,7 +253,7 @@ async def _send_segments(live: _Live, scope: anyio.CancelScope, ring: Bell) -> N
             for item in snapshot.partials:
                 name = item.get("segment") if isinstance(item, dict) else None
                 if isinstance(name, str) and name not in live.sent:
-                    await _send_segment(live, store, name)
+                    await _send_segment(live, item, name)
             if snapshot.state in READY:
                 end: dict[str, Any] = {"type": "end", "job": live.job.id, "state": snapshot.state}
                 if snapshot.envelope is not None:
@@ -270,11 +269,16 @@ async def _send_segments(live: _Live, scope: anyio.CancelScope, ring: Bell) -> N
         rung = await ring.changed(POLL_S)  # a hold ends by the look at least this often
 
 
-async def _send_segment(live: _Live, store: ArtifactStore, name: str) -> None:
+async def _send_segment(live: _Live, item: dict[str, Any], name: str) -> None:
+    """One announced segment, read from its object (``url``) or the storage folder."""
+
+    def read() -> str:
+        data = live.job.partial_file(item, None, live.config.storage_dir)
+        return (data or b"").decode("utf-8")
+
     try:
-        path = store.path(name)
-        text = await anyio.to_thread.run_sync(path.read_text)
-    except (UnsafeArtifactName, OSError) as exc:
+        text = await anyio.to_thread.run_sync(read)
+    except (UnsafeArtifactName, OSError, UnicodeDecodeError) as exc:
         await live.send_json(error(f"segment {name} cannot be read: {exc}", code="missing", name=name))
         return
     live.sent.add(name)

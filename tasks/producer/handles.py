@@ -33,7 +33,7 @@ from mediafarm.tasks import registry
 from mediafarm.tasks.app import app
 from mediafarm.tasks.producer.webhooks import Outbox
 from mediafarm.tasks.wire import keys, object_store
-from mediafarm.tasks.wire.artifacts import MAX_JOB_ID, ArtifactStore, missing_artifact, sha256_of
+from mediafarm.tasks.wire.artifacts import MAX_JOB_ID, ArtifactStore, announced_file, missing_artifact, sha256_of
 from mediafarm.tasks.wire.errors import (
     Cancelled,
     JobCancelled,
@@ -236,24 +236,33 @@ class JobHandle:
         partials, attempts, stored = pipe.execute()
         return int(partials), int(attempts), int(stored)
 
-    def partial_file(self, partial: dict[str, Any], attempts: int, storage_dir: Path | None = None) -> bytes | None:
-        """The bytes of the file a partial output announces (its ``artifact``), if they are still the
-        announcing attempt's: None once the job has more than ``attempts`` attempts.
+    def partial_file(self, partial: dict[str, Any], attempts: int | None,
+                     storage_dir: Path | None = None) -> bytes | None:  # fmt: skip
+        """The bytes of the file a partial output announces (a TTS chunk's ``artifact``, a live
+        subtitle ``segment``), if they are still the announcing attempt's: None once the job has
+        more than ``attempts`` attempts (None: whichever attempt's).
 
-        A newer attempt clears the job's folder only after its record is written
-        (``tasks.runtime.base``), so a file read while the job still has the attempts the partial
-        output was seen with is that attempt's own; the count is read after the file, for that.
-        FileNotFoundError (or another OSError) if the file is not there while no newer attempt
-        began: ``storage_dir`` (default ``FARM_STORAGE_DIR``) is not the workers' shared folder.
-        UnsafeArtifactName for a name that leaves the job's folder.
+        Read from the object store where the partial output names the file's object (``url``:
+        the farm keeps its files in one, and the attempt copied it there before announcing it);
+        else from the job's folder. A newer attempt clears that folder only after its record is
+        written (``tasks.runtime.base``), so a file read while the job still has the attempts the
+        partial output was seen with is that attempt's own; the count is read after the file, for
+        that. FileNotFoundError (or another OSError: StoreUnavailable) if the file is not there
+        while no newer attempt began: ``storage_dir`` (default ``FARM_STORAGE_DIR``) is not the
+        workers' shared folder, or the object is gone. UnsafeArtifactName for a name that leaves
+        the job's folder.
         """
-        path = ArtifactStore(storage_dir or get_settings().storage_dir, self.id).path(str(partial.get("artifact", "")))
+        url = partial.get("url")
         try:
-            data: bytes | None = path.read_bytes()
+            if isinstance(url, str) and url:
+                data: bytes | None = object_store.store_at().read(*object_store.split_url(url))
+            else:
+                folder = ArtifactStore(storage_dir or get_settings().storage_dir, self.id)
+                data = folder.path(announced_file(partial) or "").read_bytes()
             unread: OSError | None = None
         except OSError as exc:
             data, unread = None, exc
-        if self.attempt_count() != attempts:
+        if attempts is not None and self.attempt_count() != attempts:
             return None
         if unread is not None:
             raise unread

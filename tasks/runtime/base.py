@@ -227,12 +227,14 @@ class FarmTask(Task):
                 if events is not None:  # into the outbox only: the dispatcher posts (tasks.producer.webhooks)
                     events.attempt_began(rung.name)
                 liveness.beat()
+                uploads = _uploads(store, attempt, rung, request.hostname or "")
                 ctx = EngineContext(request.id, attempt, index, rung.name, rung.device, store,
                                     settings.models_dir, channel, redis=self.backend.client,
-                                    backend=self.backend, settings=settings)  # fmt: skip
+                                    backend=self.backend, settings=settings, uploads=uploads)  # fmt: skip
                 resuming.prepare(ctx, rung, settings.checkpoint_interval)
                 output = run_engine(spec, rung, ctx, fields, settings.input_roots)
-                return output, _published(store, attempt, rung, request.hostname or "")
+                infos = store.list()
+                return output, tuple(uploads.artifacts(infos) if uploads is not None else infos)
 
             job = self._ladder_run(ladder, fresh, ttl, languages, resuming)
             trace.mark("ready")  # the delivery's setup: ladder, language check, policies
@@ -466,16 +468,16 @@ def _unwritten(request: Any) -> dict[int, str]:
     return {int(k): str(v) for k, v in header.items() if str(k).isdigit()}
 
 
-def _published(store: ArtifactStore, attempt: int, rung: Rung, worker: str) -> tuple[ArtifactInfo, ...]:
-    """The attempt's finished artifacts; copied into the object store first where the farm keeps
-    them there (FARM_STORAGE_URL), each under this attempt's own key (``tasks.wire.object_store``)."""
-    infos = store.list()
+def _uploads(store: ArtifactStore, attempt: int, rung: Rung, worker: str) -> object_store.AttemptPublisher | None:
+    """What copies the attempt's files into the object store where the farm keeps them there
+    (FARM_STORAGE_URL), each under this attempt's own key (``tasks.wire.object_store``): those a
+    partial output announces as it is made, every finished artifact at the attempt's success."""
     url = get_settings().storage_url
-    if not url or not infos:
-        return tuple(infos)
-    writer = {"rung": rung.name, "worker": worker}
-    return tuple(object_store.publish(infos, store.folder, S3Place.parse(url), store.job_id, attempt, writer,
-                                      object_store.store_at(), waiting=liveness.beat))  # fmt: skip
+    if not url:
+        return None
+    return object_store.AttemptPublisher(store.folder, S3Place.parse(url), store.job_id, attempt,
+                                         {"rung": rung.name, "worker": worker}, object_store.store_at(),
+                                         waiting=liveness.beat)  # fmt: skip
 
 
 def _remote_checkpoint(job_id: str) -> RemoteCheckpoint | None:

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks.runtime import liveness
 from mediafarm.tasks.wire import keys, object_store
-from mediafarm.tasks.wire.artifacts import ArtifactStore
+from mediafarm.tasks.wire.artifacts import ArtifactStore, announced_file
 from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter
 from mediafarm.tasks.wire.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
 from mediafarm.tasks.wire.family import missing_model
@@ -154,6 +154,9 @@ class EngineContext:
             ``resume``.
         checkpoints: Where :meth:`checkpoint` writes; None: the family does not resume, or no
             worker runs this (a local context), and checkpoints are not kept.
+        uploads: Where the farm keeps its files in an object store (FARM_STORAGE_URL), what copies
+            this attempt's files there; a file a partial output announces is copied before the
+            announcement, which then carries its ``url``. None with a storage folder.
     """
 
     job_id: str
@@ -170,6 +173,7 @@ class EngineContext:
     settings: FarmSettings = field(default_factory=get_settings, repr=False)
     resume: Checkpoint | None = None
     checkpoints: CheckpointWriter | None = field(default=None, repr=False)
+    uploads: object_store.AttemptPublisher | None = field(default=None, repr=False)
 
     @classmethod
     def local(cls, *, storage_dir: Path | None = None, models_dir: Path | None = None, job_id: str = "local",
@@ -219,10 +223,16 @@ class EngineContext:
             raise Cancelled(f"job {self.job_id} was cancelled by its producer")
 
     def publish(self, item: Any) -> None:
-        """Make one partial output visible to the client before the job ends."""
+        """Make one partial output visible to the client before the job ends. A file it announces
+        (``artifacts.ANNOUNCING_KEYS``) is in the object store first, where the farm keeps one, so
+        a reader on another host finds it by the ``url`` the output then carries."""
         liveness.beat()
-        if self.channel is not None:
-            self.channel.publish(item)
+        if self.channel is None:
+            return
+        name = announced_file(item) if self.uploads is not None else None
+        if name is not None:
+            item = {**item, "url": self.uploads.file(self.artifacts.info(name)).url}
+        self.channel.publish(item)
 
     def collect(self, *, timeout: float = 30.0, on_wait: Callable[[Part], Any] | None = None) -> list[Collected]:
         """This fan-in job's parts, finished, in plan order: each part and its result envelope.

@@ -6,8 +6,8 @@ outside the storage folder. A hidden marker file says the folder is a job's (``f
 nothing else). A file is written under a hidden temporary name in its final folder and renamed into place only
 when it is complete (``os.replace`` is atomic within one file system), so a child SIGKILLed
 mid-write leaves a hidden ``.*.partial-*`` file, never one that looks finished. A retried attempt
-starts from an empty folder (:meth:`ArtifactStore.clear`) but for the job's checkpoint. Names are relative paths inside the
-job's folder; anything that could leave it (``..``, absolute paths, NUL) is refused.
+starts from an empty folder (:meth:`ArtifactStore.clear`) but for the job's checkpoint. Names are
+relative paths inside the job's folder; anything that could leave it (``..``, absolute paths, NUL) is refused.
 
 Retention: a job's folder lives as long as its result. ``farm gc`` removes the folders of jobs
 whose result and history have expired (``workers.retention``).
@@ -194,7 +194,26 @@ class ArtifactStore:
             relative = path.relative_to(self.folder)
             if any(part.startswith(".") for part in relative.parts):
                 continue
-            media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-            size, digest = path.stat().st_size, sha256_of(path)
-            infos.append(ArtifactInfo(relative.as_posix(), size, media_type, digest, str(path.absolute())))
+            infos.append(_info(relative.as_posix(), path))
         return infos
+
+    def info(self, name: str) -> ArtifactInfo:
+        """One finished file's record (FileNotFoundError if it is not there)."""
+        return _info(check_name(name).as_posix(), self.path(name))
+
+
+def _info(name: str, path: Path) -> ArtifactInfo:
+    media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return ArtifactInfo(name, path.stat().st_size, media_type, sha256_of(path), str(path.absolute()))
+
+
+# The keys by which a streaming engine's partial output announces a file it wrote: a TTS chunk's
+# ``artifact``, a live subtitle ``segment``. Readers take the file (or its object, ``url``) by these.
+ANNOUNCING_KEYS = ("artifact", "segment")
+
+
+def announced_file(item: Any) -> str | None:
+    """The artifact name a partial output announces, or None."""
+    if not isinstance(item, dict):
+        return None
+    return next((item[k] for k in ANNOUNCING_KEYS if isinstance(item.get(k), str)), None)

@@ -298,6 +298,74 @@ def store_at(endpoint_url: str | None = None) -> ObjectStore:
     return _stores[endpoint_url]
 
 
+class AttemptPublisher:
+    """Copies one attempt's files into the store, each once: a streaming engine's files as it
+    announces them (a TTS chunk, a live subtitle segment: :meth:`file`, before the announcement
+    reaches a client), and at the attempt's success every artifact not copied already
+    (:meth:`artifacts`).
+
+    Each object goes under the attempt's own key, create-only, with its sha256 and ``writer`` (the
+    attempt: rung, worker) as metadata. A store that cannot be reached is waited for, ``wait_s``
+    seconds at most for each call (backing off to 5 s, ``waiting`` called on each try: the
+    worker's sign of life), as the result backend waits out a short Redis outage; past it, a
+    TransientFailure: the attempt fails by infrastructure and runs again, never a rejection of the
+    job's input.
+
+    An object already under this attempt's key with the same sha256 is this attempt's own (a copy
+    that ran before): kept. One with another sha256 was written by another process under this
+    attempt's number, which the attempt log makes unlikely but a store shared by two farms does
+    not: a TransientFailure too, so the next attempt writes under its own number.
+    """
+
+    def __init__(self, folder: Path, place: S3Place, job_id: str, attempt: int, writer: Mapping[str, str],
+                 store: ObjectStore, wait_s: float = STORE_WAIT_S,
+                 waiting: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.folder, self.place, self.job_id, self.attempt = folder, place, job_id, attempt
+        self.writer, self.store, self.wait_s, self.waiting = dict(writer), store, wait_s, waiting
+        self._copied: dict[tuple[str, str], str] = {}  # (name, sha256) -> url
+
+    def file(self, info: ArtifactInfo) -> ArtifactInfo:
+        """One file (``info``, under ``folder``) copied; the same info with its ``url``."""
+        return self._one(info, time.monotonic() + self.wait_s)
+
+    def artifacts(self, infos: list[ArtifactInfo]) -> list[ArtifactInfo]:
+        """The attempt's finished artifacts, each with its ``url``; those copied as they were
+        announced (same name, same bytes) are not sent again."""
+        deadline = time.monotonic() + self.wait_s
+        if len(infos) < 2:
+            return [self._one(info, deadline) for info in infos]
+        # A job of many small files (a subtitle job's segments) waits on round trips, not bandwidth:
+        # several in flight at once (boto3's client is thread-safe; its pool holds 10 connections).
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_PUTS, len(infos))) as pool:
+            return list(pool.map(lambda info: self._one(info, deadline), infos))
+
+    def _one(self, info: ArtifactInfo, deadline: float) -> ArtifactInfo:
+        copied = self._copied.get((info.name, info.sha256))
+        if copied is not None:
+            return dataclasses.replace(info, url=copied)
+        place, store, attempt = self.place, self.store, self.attempt
+        key = attempt_key(place, self.job_id, attempt, info.name)
+        metadata = {"sha256": info.sha256, "job": folder_name(self.job_id), "attempt": str(attempt), **self.writer}
+        pause = 0.1
+        while True:
+            try:
+                if not store.put_new(self.folder / info.name, place.bucket, key, metadata, info.media_type,
+                                     self.waiting):  # fmt: skip
+                    if store.metadata(place.bucket, key).get("sha256") != info.sha256:
+                        raise TransientFailure(f"{place.url(key)} was written by another process as attempt {attempt}")
+                self._copied[(info.name, info.sha256)] = place.url(key)
+                return dataclasses.replace(info, url=place.url(key))
+            except StoreRefused as exc:
+                raise TransientFailure(str(exc)) from exc  # no use waiting: a setting to fix
+            except (StoreUnavailable, ObjectMissing) as exc:  # missing: a refused create's HEAD raced
+                if time.monotonic() + pause > deadline:
+                    raise TransientFailure(f"{exc} (waited {self.wait_s:g} s)") from exc
+            if self.waiting is not None:
+                self.waiting()
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
 def publish(
     infos: list[ArtifactInfo],
     folder: Path,
@@ -309,45 +377,6 @@ def publish(
     wait_s: float = STORE_WAIT_S,
     waiting: Callable[[], None] | None = None,
 ) -> list[ArtifactInfo]:
-    """Copy an attempt's finished artifacts (``infos``, files under ``folder``) into the store;
-    the same infos with their ``url``. Each object carries its sha256 and ``writer`` (the attempt:
-    rung, worker) as metadata.
-
-    A store that cannot be reached is waited for, ``wait_s`` seconds at most for all the files (backing off to 5 s,
-    ``waiting`` called on each try: the worker's sign of life), as the result backend waits out a
-    short Redis outage; past it, a TransientFailure: the attempt fails by infrastructure and runs
-    again, never a rejection of the job's input.
-
-    An object already under this attempt's key with the same sha256 is this attempt's own (a
-    publish that ran before): kept. One with another sha256 was written by another process under
-    this attempt's number, which the attempt log makes unlikely but a store shared by two farms
-    does not: a TransientFailure too, so the next attempt writes under its own number.
-    """
-    deadline = time.monotonic() + wait_s
-
-    def one(info: ArtifactInfo) -> ArtifactInfo:
-        key = attempt_key(place, job_id, attempt, info.name)
-        metadata = {"sha256": info.sha256, "job": folder_name(job_id), "attempt": str(attempt), **writer}
-        pause = 0.1
-        while True:
-            try:
-                if not store.put_new(folder / info.name, place.bucket, key, metadata, info.media_type, waiting):
-                    if store.metadata(place.bucket, key).get("sha256") != info.sha256:
-                        raise TransientFailure(f"{place.url(key)} was written by another process as attempt {attempt}")
-                return dataclasses.replace(info, url=place.url(key))
-            except StoreRefused as exc:
-                raise TransientFailure(str(exc)) from exc  # no use waiting: a setting to fix
-            except (StoreUnavailable, ObjectMissing) as exc:  # missing: a refused create's HEAD raced
-                if time.monotonic() + pause > deadline:
-                    raise TransientFailure(f"{exc} (waited {wait_s:g} s)") from exc
-            if waiting is not None:
-                waiting()
-            time.sleep(pause)
-            pause = min(pause * 2, 5.0)
-
-    if len(infos) < 2:
-        return [one(info) for info in infos]
-    # A job of many small files (a subtitle job's segments) waits on round trips, not bandwidth:
-    # several in flight at once (boto3's client is thread-safe; its pool holds 10 connections).
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_PUTS, len(infos))) as pool:
-        return list(pool.map(one, infos))
+    """Copy an attempt's finished artifacts (``infos``, files under ``folder``) into the store at
+    once; the same infos with their ``url`` (:class:`AttemptPublisher`)."""
+    return AttemptPublisher(folder, place, job_id, attempt, writer, store, wait_s, waiting).artifacts(infos)

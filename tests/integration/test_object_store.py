@@ -253,6 +253,72 @@ def test_the_gateway_serves_an_artifact_from_the_store(s3, s3_worker, delivery: 
 
 
 # ---------------------------------------------------------------------------------------------
+# Live outputs: what a streaming job announces is in the store before a client hears of it (item 1)
+
+
+def test_a_tts_jobs_chunks_are_in_the_store_as_they_are_announced(s3, s3_worker) -> None:
+    from mediafarm.config.settings import get_settings
+
+    text = " ".join(["The first line is spoken here.", "A second line follows it.", "And a third one ends it."])
+    job = submit("tts", queue=QUEUE, text=text)
+    envelope = job.wait(timeout=120)
+    attempt = len(envelope["attempts"]) - 1
+    partials = job.partials()
+    assert len(partials) >= 2, partials
+    stored = {a["name"]: ArtifactInfo.from_json(a) for a in envelope["artifacts"]}
+    for partial in partials:
+        name = partial["artifact"]
+        assert partial["url"] == f"s3://{BUCKET}/{PREFIX}/{job.id}/{attempt}/{name}"
+        # The producer's folder never held it: read from the object, by the announcement alone.
+        assert not (get_settings().storage_dir / job.id).exists()
+        data = job.partial_file(partial, len(envelope["attempts"]))
+        assert data is not None and data[:4] == b"RIFF"
+        # The same object the finished job lists, copied once and named the same.
+        assert stored[name].url == partial["url"]
+        assert hashlib.sha256(data).hexdigest() == stored[name].sha256
+        head = s3.client().head_object(Bucket=BUCKET, Key=partial["url"].split("/", 3)[3])
+        assert head["Metadata"]["sha256"] == stored[name].sha256 and head["Metadata"]["attempt"] == str(attempt)
+    # A newer attempt's count: the announcement is no longer the job's.
+    assert job.partial_file(partials[0], len(envelope["attempts"]) - 1) is None
+
+
+def test_live_subtitle_segments_reach_a_gateway_that_shares_no_folder_with_the_worker(
+    s3, s3_worker, tiny_en, tmp_path: Path
+) -> None:
+    websockets_sync = pytest.importorskip("websockets.sync.client", reason="pushes need the gateway extra")
+    from tests.support.live_stream import real_time_pieces, track_pcm
+    from tests.support.speech import PHRASES, RATE, make_track
+
+    track = make_track(tmp_path / "push.wav", gaps=(1.0, 2.0, 1.5), phrases=PHRASES[:2])
+    own = tmp_path / "gateway-own-storage"  # empty: the worker writes elsewhere
+    own.mkdir()
+    frames: list[dict[str, Any]] = []
+    with running_gateway(gateway_config(storage_dir=own, live_queue=QUEUE)) as base:
+        url = base.replace("http://", "ws://") + "/v1/live/subtitles"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        with websockets_sync.connect(url, open_timeout=30, additional_headers=auth) as ws:
+            ws.send(json.dumps({"type": "start", "sample_rate": RATE, "channels": 1, "chunk_seconds": 2,
+                                "stall_timeout_s": 10, "language": "en"}))  # fmt: skip
+            ready = json.loads(ws.recv(timeout=30))
+            assert ready["type"] == "ready", ready
+            for piece in real_time_pieces(track_pcm(track.path), RATE, 0.1):
+                ws.send(piece)
+            ws.send(json.dumps({"type": "end"}))
+            while not frames or frames[-1]["type"] != "end":
+                frames.append(json.loads(ws.recv(timeout=120)))
+    assert frames[-1]["state"] == "SUCCESS", frames[-1]
+    assert not [f for f in frames if f["type"] == "error"], frames
+    segments = [f for f in frames if f["type"] == "segment"]
+    assert segments and "lazy dog" in " ".join(f["vtt"] for f in segments).lower()
+    assert not any(own.iterdir())
+    job = JobHandle(ready["job"], "subtitle-live")
+    announced = {p["segment"]: p["url"] for p in job.partials()}
+    for frame in segments:
+        key = announced[frame["name"]].split("/", 3)[3]
+        assert s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read().decode() == frame["vtt"]
+
+
+# ---------------------------------------------------------------------------------------------
 # A job that moves hosts resumes there (item 5)
 
 RESUME_QUEUE = "object-store-resume"
