@@ -26,8 +26,9 @@ from mediafarm.gateway.settings import GatewayConfig
 from mediafarm.gateway.ws import live_subtitles, rooms
 from mediafarm.tasks import registry
 from mediafarm.tasks.producer.client import farm_redis
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.family import FamilySpec
-from mediafarm.tasks.wire.upload_store import UploadStore
+from mediafarm.tasks.wire.upload_store import UploadObjects, UploadStore, uploads_place
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     specs = list(registry.load().values())
     app = FastAPI(title="mediafarm gateway", version=__version__, description=DESCRIPTION)
     app.state.config = config
-    app.state.uploads = UploadStore(config.uploads_dir, config.upload_max_bytes, config.upload_max_count)
+    objects = UploadObjects(object_store.store_at(), uploads_place(config.storage_url)) if config.storage_url else None
+    app.state.uploads = UploadStore(config.uploads_dir, config.upload_max_bytes, config.upload_max_count, objects)
     jobs.add_family_routes(app, specs)  # before the routers: /v1/jobs/<family> ahead of /v1/jobs/{family}
     app.include_router(jobs.router)
     app.include_router(uploads.router)

@@ -47,6 +47,8 @@ class GatewayConfig:
         artifact_delivery: An artifact kept in the object store is ``stream``ed through the
             gateway or answered by a ``redirect`` to a presigned URL (``FARM_ARTIFACT_DELIVERY``).
         presign_seconds: How long such a URL is valid (``FARM_PRESIGN_SECONDS``).
+        storage_url: ``s3://bucket/prefix`` where the farm keeps its files in an object store
+            (``FARM_STORAGE_URL``): uploads' media go there too; None: the storage folder.
     """
 
     tokens: tuple[str, ...]
@@ -66,6 +68,7 @@ class GatewayConfig:
     live_queue: str | None = None
     artifact_delivery: str = "stream"
     presign_seconds: int = 900
+    storage_url: str | None = None
 
     @classmethod
     def from_settings(cls, settings: FarmSettings) -> GatewayConfig:
@@ -81,6 +84,7 @@ class GatewayConfig:
             room_linger=settings.room_linger_s,
             artifact_delivery=settings.artifact_delivery,
             presign_seconds=settings.presign_seconds,
+            storage_url=settings.storage_url or None,
         )
 
 

@@ -25,6 +25,7 @@ after ``grace``. Nothing changed within ``grace`` goes in any case.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks.wire import keys, object_store
 from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, INPUTS_FOLDER, MARKER, PARTIAL_MARK, job_id_of
 from mediafarm.tasks.wire.object_store import ObjectStore
-from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, upload_folders
+from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, stored_media, upload_folders
 
 
 class WrongBackend(RuntimeError):
@@ -135,9 +136,18 @@ def expired_uploads(
         jobs = jobs_naming(folder)
         if jobs:
             if not any(_job_known(backend, job_id) for job_id in jobs):
-                yield Removal(folder, "upload whose jobs' results expired", _size(folder))
+                yield from _upload_removals(folder, "upload whose jobs' results expired")
         elif now - (folder / META).stat().st_mtime >= ttl:
-            yield Removal(folder, "upload no job named within result_expires", _size(folder))
+            yield from _upload_removals(folder, "upload no job named within result_expires")
+
+
+def _upload_removals(folder: Path, reason: str) -> Iterator[Removal]:
+    """A finished upload's folder, and before it the objects of its media where the object store
+    holds them (a store away then stops the removal with the record still there, to try again)."""
+    media = stored_media(folder)
+    if media is not None:
+        yield Removal(media, reason, int(json.loads((folder / META).read_text()).get("size", 0)))
+    yield Removal(folder, reason, _size(folder))
 
 
 def _ended(backend: Any, job_id: str) -> bool:

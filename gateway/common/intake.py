@@ -6,7 +6,8 @@ things differ from a Python producer's ``submit``:
 - A string is refused where the schema takes only a list or an object. Some such fields also
   take a file path in Python (the dialogue's ``script``); read by the gateway, that would be a
   remote client reading the gateway's own files.
-- A media field may name an upload, ``upload:<id>``, which becomes the upload's path on the farm,
+- A media field may name an upload, ``upload:<id>``, which becomes the upload's path on the farm
+  (or its object's ``s3://`` URL where the farm keeps its files in an object store),
   or an http(s) URL, which the worker fetches from a host ``FARM_MEDIA_URLS`` lists.
 - Media paths are checked against the input roots here, as the worker would, so a path outside
   them is a 422 now rather than a rejected job later.
@@ -97,6 +98,9 @@ def prepare(spec: FamilySpec, body: Any, owner: str, store: UploadStore, roots: 
         if not isinstance(value, str):
             continue
         if is_media_url(value):
+            if store.objects is not None and store.objects.holds(value):
+                # By its URL, an upload would escape its owner's check (the workers read that folder).
+                raise InvalidRequest.of_fields(name, [(field, "name an upload as upload:<id>, not by its URL")])
             continue  # its shape was checked above; the worker checks its host and fetches it
         named_upload = value.startswith(UPLOAD_PREFIX)
         if named_upload:
@@ -105,7 +109,9 @@ def prepare(spec: FamilySpec, body: Any, owner: str, store: UploadStore, roots: 
             except UnknownUpload as exc:
                 raise InvalidRequest.of_fields(name, [(field, str(exc))]) from None
             uploads.append(upload)
-            fields[field] = value = str(upload.path)
+            fields[field] = value = upload.media
+            if upload.url is not None:
+                continue  # in the object store: the worker reads it there
         try:
             real = resolve_media(value, list(roots))
         except PermanentFailure as exc:

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from mediafarm.config.ladder_policy import ladder_policy
 from mediafarm.config.ladders import Ladder, Rung
 from mediafarm.config.pools import POOL_QUEUE_SEP, pool_queue
-from mediafarm.config.settings import get_settings
+from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks import registry
 from mediafarm.tasks.producer import routing
@@ -65,6 +65,7 @@ from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.history import AttemptLog
 from mediafarm.tasks.wire.languages import LanguageCheck
 from mediafarm.tasks.wire.records import ArtifactInfo, Attempt, Envelope, Outcome
+from mediafarm.tasks.wire.upload_store import uploads_place
 
 logger = get_task_logger("mediafarm.task")
 
@@ -501,6 +502,15 @@ def _stale_after(settings: Any) -> float:
     return min(settings.visibility_timeout, settings.handback_grace or settings.visibility_timeout) / 2
 
 
+def _media_urls(settings: FarmSettings) -> list[str]:
+    """Where a job's media may be fetched from: FARM_MEDIA_URLS, and the gateway's uploads in the
+    object store where the farm keeps its files there (the gateway lets only ``upload:<id>`` name one)."""
+    if not settings.storage_url:
+        return list(settings.media_urls)
+    place = uploads_place(settings.storage_url)
+    return [*settings.media_urls, place.url(place.prefix)]
+
+
 def run_engine(
     spec: FamilySpec, rung: Rung, ctx: EngineContext, fields: Mapping[str, Any], media_roots: list[Any]
 ) -> dict[str, Any]:
@@ -508,7 +518,7 @@ def run_engine(
     look at its input (``FamilySpec.probe``) before the engine's module and model load, call the
     engine, drain it if it is a generator, check and dump its result. Raises what the engine raises."""
     settings = ctx.settings
-    fetcher = MediaFetcher(ctx.artifacts, settings.media_urls, settings.media_url_max_mb << 20,
+    fetcher = MediaFetcher(ctx.artifacts, _media_urls(settings), settings.media_url_max_mb << 20,
                            settings.media_url_timeout, on_chunk=lambda done, total: _fetching(ctx, done, total))
     try:
         request = spec.parse_request(fields, media_roots, fetcher)

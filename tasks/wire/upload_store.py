@@ -5,7 +5,16 @@
                                      /jobs/<job>       one empty file per job that named it
 
 The uploads folder is one of the input roots (``FarmSettings.input_roots``), so a worker reads an
-upload like any other media file, through the same checks. ``farm gc`` removes an upload once the
+upload like any other media file, through the same checks.
+
+Where the farm keeps its files in an object store (FARM_STORAGE_URL), a finished upload's media
+goes there instead, create-only with its sha256, under ``<prefix>/.gateway-uploads/<owner>/<id>/``
+(:class:`UploadObjects`); the folder keeps what the gateway counts and checks (``meta.json``, with
+the object's ``url``, and ``jobs/``), and a job is sent with the ``s3://`` URL, which any worker
+reads with no folder shared with the gateway (``tasks.runtime.media_fetch``: that folder of the
+store is always readable by the workers; the gateway refuses it by URL, so only ``upload:<id>``
+names an upload). The gateway that took an upload answers for it: several gateways share its
+uploads folder, or a client uses the one it uploaded to. ``farm gc`` removes an upload once the
 results of every job that named it have expired (``workers.retention.expired_uploads``). No
 FastAPI here: the gateway writes this layout and ``farm gc`` reads it, on an install without the
 gateway extra, so it sits beside the artifact store rather than in the gateway.
@@ -26,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mediafarm.config.storage_url import S3Place
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import folder_name, job_id_of
 
 META = "meta.json"
@@ -34,6 +45,10 @@ PARTIAL = ".partial-media"
 # The id a job names after ``upload:``: 32 hex digits (a uuid4), so never a path.
 UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
 _EXTENSION = re.compile(r"^\.[A-Za-z0-9]{1,12}$")
+# The folder of the object store (under FARM_STORAGE_URL's prefix) that uploads' media go to. A
+# leading dot: no job's folder has one (``artifacts.folder_name``). Not ``.uploads``: SeaweedFS keeps
+# its multipart uploads in folders of that name and leaves them out of listings.
+UPLOADS_FOLDER = ".gateway-uploads"
 
 
 class UploadTooLarge(ValueError):
@@ -60,7 +75,10 @@ class Upload:
         sha256: Hex digest of the bytes received.
         media_type: What the client said it is, or what its name suggests.
         created: Unix time the upload finished.
-        path: The file on disk, which the job is sent with.
+        path: The file on disk, which the job is sent with (where the media is in the object
+            store, where it was received: only its folder is kept).
+        url: ``s3://`` URL of the media's object, which the job is sent with instead, where the
+            farm keeps its files in an object store; None otherwise.
     """
 
     id: str
@@ -71,6 +89,12 @@ class Upload:
     media_type: str
     created: float
     path: Path
+    url: str | None = None
+
+    @property
+    def media(self) -> str:
+        """What a job is sent with: the object's URL, or the file's path."""
+        return self.url or str(self.path)
 
     def to_json(self) -> dict[str, Any]:
         """What a client sees (the path on the farm's disk is none of its business)."""
@@ -84,11 +108,39 @@ def _clean_filename(name: str | None) -> str:
     return name or "upload"
 
 
+def uploads_place(storage_url: str) -> S3Place:
+    """The folder of the object store at ``storage_url`` (FARM_STORAGE_URL) that uploads go to."""
+    place = S3Place.parse(storage_url)
+    return S3Place(place.bucket, place.key(UPLOADS_FOLDER))
+
+
+@dataclass(frozen=True)
+class UploadObjects:
+    """Where finished uploads' media go when the farm keeps its files in an object store."""
+
+    store: object_store.ObjectStore
+    place: S3Place  # :func:`uploads_place`
+
+    def holds(self, url: str) -> bool:
+        """Does ``url`` name an object among the uploads?"""
+        return url.startswith(self.place.url(self.place.prefix) + "/")
+
+    def put(self, path: Path, owner: str, upload_id: str, sha256: str, media_type: str) -> str:
+        """The upload's media as a new object; its URL. StoreUnavailable (the gateway answers 503)
+        when the store cannot take it."""
+        key = self.place.key(owner, upload_id, path.name)
+        if not self.store.put_new(path, self.place.bucket, key, {"sha256": sha256, "owner": owner}, media_type):
+            raise object_store.StoreUnavailable(f"{self.place.url(key)} is already in the object store")
+        return self.place.url(key)
+
+
 class UploadWriter:
     """One upload being received: bytes are counted and hashed as they are written."""
 
-    def __init__(self, folder: Path, owner: str, filename: str, media_type: str, max_bytes: int) -> None:
+    def __init__(self, folder: Path, owner: str, filename: str, media_type: str, max_bytes: int,
+                 objects: UploadObjects | None = None) -> None:  # fmt: skip
         self.folder, self.owner, self.filename, self.max_bytes = folder, owner, filename, max_bytes
+        self.objects = objects
         suffix = Path(filename).suffix
         self.extension = suffix.lower() if _EXTENSION.match(suffix) else ""
         self.media_type = media_type or mimetypes.guess_type(filename)[0] or "application/octet-stream"
@@ -117,9 +169,17 @@ class UploadWriter:
             raise ValueError("the upload is empty (0 bytes)")
         path = self.folder / ("media" + self.extension)
         os.replace(self._partial, path)
-        upload = Upload(self.folder.name, self.owner, self.filename, self.size, self._digest.hexdigest(),
-                        self.media_type, time.time(), path)  # fmt: skip
-        meta = {**upload.to_json(), "owner": self.owner, "file": path.name}
+        digest, url = self._digest.hexdigest(), None
+        if self.objects is not None:
+            try:
+                url = self.objects.put(path, self.owner, self.folder.name, digest, self.media_type)
+            except BaseException:
+                self.abort()  # not stored: no upload, and the client is told why (503)
+                raise
+            path.unlink()  # the object is the media now; the folder keeps the count and the record
+        upload = Upload(self.folder.name, self.owner, self.filename, self.size, digest, self.media_type, time.time(),
+                        path, url)  # fmt: skip
+        meta = {**upload.to_json(), "owner": self.owner, "file": path.name, "url": url}
         temp = self.folder / (META + ".tmp")
         temp.write_text(json.dumps(meta))
         os.replace(temp, self.folder / META)
@@ -132,10 +192,11 @@ class UploadWriter:
 
 
 class UploadStore:
-    """The uploads folder. Attributes: root, max_bytes and max_count (per owner)."""
+    """The uploads folder. Attributes: root, max_bytes and max_count (per owner), and objects:
+    where the media goes when the farm keeps its files in an object store (None: kept here)."""
 
-    def __init__(self, root: Path, max_bytes: int, max_count: int) -> None:
-        self.root, self.max_bytes, self.max_count = Path(root), max_bytes, max_count
+    def __init__(self, root: Path, max_bytes: int, max_count: int, objects: UploadObjects | None = None) -> None:
+        self.root, self.max_bytes, self.max_count, self.objects = Path(root), max_bytes, max_count, objects
 
     def begin(self, owner: str, filename: str | None, media_type: str = "") -> UploadWriter:
         """Start an upload; TooManyUploads if the owner holds ``max_count`` already.
@@ -150,7 +211,7 @@ class UploadStore:
             shutil.rmtree(folder, ignore_errors=True)
             raise TooManyUploads(f"{self.max_count} uploads are held for this token already (FARM_UPLOAD_MAX_COUNT); "
                                  "they go as their jobs' results expire, or DELETE /v1/uploads/<id>")  # fmt: skip
-        return UploadWriter(folder, owner, _clean_filename(filename), media_type, self.max_bytes)
+        return UploadWriter(folder, owner, _clean_filename(filename), media_type, self.max_bytes, self.objects)
 
     def get(self, owner: str, upload_id: str) -> Upload:
         """The owner's finished upload ``upload_id``; UnknownUpload otherwise."""
@@ -162,7 +223,7 @@ class UploadStore:
         except (OSError, ValueError):
             raise UnknownUpload(f"no upload {upload_id!r} (unknown, expired, or another token's)") from None
         return Upload(upload_id, owner, meta["filename"], meta["size"], meta["sha256"], meta["media_type"],
-                      meta["created"], folder / meta["file"])  # fmt: skip
+                      meta["created"], folder / meta["file"], meta.get("url"))  # fmt: skip
 
     def attach(self, upload: Upload, job_id: str) -> None:
         """Note that ``job_id`` names the upload: it is kept as long as that job's result."""
@@ -172,7 +233,10 @@ class UploadStore:
 
     def delete(self, owner: str, upload_id: str) -> None:
         """Remove the owner's upload (a job already sent with it then fails: its file is gone)."""
-        self.get(owner, upload_id)
+        upload = self.get(owner, upload_id)
+        if upload.url is not None:
+            # The object first: a store away leaves the upload whole (503), to delete again.
+            delete_media_folder(upload.url.rsplit("/", 1)[0], self.objects.store if self.objects else None)
         shutil.rmtree(self.root / owner / upload_id, ignore_errors=True)
 
 
@@ -194,3 +258,19 @@ def jobs_naming(folder: Path) -> list[str]:
 
 def is_finished(folder: Path) -> bool:
     return (folder / META).is_file()
+
+
+def stored_media(folder: Path) -> str | None:
+    """The ``s3://`` URL of the object store folder that holds a finished upload's media, or None
+    (kept in the folder, or not finished)."""
+    try:
+        url = json.loads((folder / META).read_text()).get("url")
+    except (OSError, ValueError):
+        return None
+    return url.rsplit("/", 1)[0] if isinstance(url, str) and url else None
+
+
+def delete_media_folder(folder_url: str, store: object_store.ObjectStore | None = None) -> None:
+    """Remove an upload's objects (``stored_media``'s URL)."""
+    bucket, key = object_store.split_url(folder_url)
+    (store or object_store.store_at()).delete_prefix(bucket, key + "/")

@@ -319,6 +319,69 @@ def test_live_subtitle_segments_reach_a_gateway_that_shares_no_folder_with_the_w
 
 
 # ---------------------------------------------------------------------------------------------
+# Uploads: the media in the store, read by a worker that shares no folder with the gateway (item 1)
+
+
+def test_an_upload_goes_to_the_store_and_a_worker_with_no_shared_folder_reads_it(
+    s3, s3_worker, speech_track, tmp_path: Path
+) -> None:
+    from mediafarm.gateway.common.intake import prepare
+    from mediafarm.tasks import registry
+    from mediafarm.workers.retention import expired_uploads, remove
+
+    data = speech_track.path.read_bytes()
+    config = gateway_config(storage_url=f"s3://{BUCKET}/{PREFIX}", uploads_dir=tmp_path / "gateway-uploads",
+                            upload_max_bytes=len(data))
+    with running_gateway(config) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
+                                                       timeout=60) as client:  # fmt: skip
+        sent = client.post("/v1/uploads", params={"filename": "talk.wav"}, content=data,
+                           headers={"content-type": "audio/wav"})  # fmt: skip
+        assert sent.status_code == 201, sent.text
+        upload = sent.json()
+        assert "url" not in upload and "path" not in upload  # where the farm keeps it is its own business
+        # The object: whole, create-only, its sha256 beside it; the gateway keeps only the record.
+        [(key, size, _)] = object_store.store_at().objects(BUCKET, f"{PREFIX}/.gateway-uploads/")
+        assert key.endswith(f"/{upload['id']}/media.wav") and size == len(data)
+        head = s3.client().head_object(Bucket=BUCKET, Key=key)
+        assert head["Metadata"]["sha256"] == upload["sha256"] == hashlib.sha256(data).hexdigest()
+        [folder] = (tmp_path / "gateway-uploads").glob(f"*/{upload['id']}")
+        assert not (folder / "media.wav").exists()
+        # DELETE takes the object with the record.
+        other = client.post("/v1/uploads", params={"filename": "b.wav"}, content=data[:50_000],
+                            headers={"content-type": "audio/wav"}).json()  # fmt: skip
+        assert client.delete(f"/v1/uploads/{other['id']}").status_code == 204
+        assert [k for k, _, _ in object_store.store_at().objects(BUCKET, PREFIX) if other["id"] in k] == []
+        # By its URL, another caller's upload is refused: only upload:<id> names one.
+        refused = client.post("/v1/jobs/vad", json={"media": f"s3://{BUCKET}/{key}"})
+        assert refused.status_code == 422 and "upload:<id>" in refused.text, refused.text
+    # A job naming it is sent with the object's URL (the gateway's own check, called here: over HTTP
+    # the job would go to the vad family's queue, not this test's worker), and a worker that shares
+    # no folder with the gateway reads it there.
+    from mediafarm.tasks.wire import keys
+    from mediafarm.tasks.wire.upload_store import UploadObjects, UploadStore, uploads_place
+
+    uploads = UploadStore(tmp_path / "gateway-uploads", 1 << 30, 10,
+                          UploadObjects(object_store.store_at(), uploads_place(f"s3://{BUCKET}/{PREFIX}")))  # fmt: skip
+    owner = folder.parent.name
+    intake = prepare(registry.load()["vad"], {"media": upload["ref"]}, owner, uploads, ())
+    assert intake.fields["media"] == f"s3://{BUCKET}/{key}"
+    job = submit("vad", queue=QUEUE, **intake.fields)
+    uploads.attach(intake.uploads[0], job.id)
+    by_upload = job.wait(timeout=120)
+    by_path = submit("vad", queue=QUEUE, media=str(speech_track.path)).wait(timeout=120)
+    assert by_upload["output"]["spans"] == by_path["output"]["spans"] and by_upload["output"]["spans"]
+    # `farm gc` takes the object with the record, once the job's result is gone.
+    from mediafarm.tasks.app import app
+
+    app.backend.client.delete(app.backend.get_key_for_task(job.id), keys.history(job.id), keys.submitted(job.id))
+    removals = [r for r in expired_uploads(uploads.root, app.backend, ttl=3600, grace=0) if upload["id"] in str(r.path)]
+    assert [str(r.path) for r in removals][0] == f"s3://{BUCKET}/{key.rsplit('/', 1)[0]}"
+    for removal in removals:
+        remove(removal)
+    assert object_store.store_at().objects(BUCKET, f"{PREFIX}/.gateway-uploads/") == [] and not folder.exists()
+
+
+# ---------------------------------------------------------------------------------------------
 # A job that moves hosts resumes there (item 5)
 
 RESUME_QUEUE = "object-store-resume"
