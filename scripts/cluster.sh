@@ -91,7 +91,7 @@ def free(default: int) -> int:
                 return s.getsockname()[1]
     sys.exit("no free port found")
 
-ports = {"FARM_REDIS_PORT": 6379, "FARM_FLOWER_PORT": 5555, "FARM_GATEWAY_PORT": 8000,
+ports = {"FARM_REDIS_PORT": 6379, "FARM_S3_PORT": 8333, "FARM_FLOWER_PORT": 5555, "FARM_GATEWAY_PORT": 8000,
          "FARM_PROMETHEUS_PORT": 9090, "FARM_GRAFANA_PORT": 3000}
 lines = [f"{k}={os.environ.get(k) or free(v)}" for k, v in ports.items()]
 lines.append(f"FARM_API_TOKENS={os.environ.get('FARM_API_TOKENS') or secrets.token_hex(16)}")
@@ -184,6 +184,7 @@ wait_healthy() {
 urls() {
   echo "gateway http://127.0.0.1:$FARM_GATEWAY_PORT"
   echo "broker redis://127.0.0.1:$FARM_REDIS_PORT/0"
+  echo "objects http://127.0.0.1:$FARM_S3_PORT"
   echo "flower http://127.0.0.1:$FARM_FLOWER_PORT"
   echo "prometheus http://127.0.0.1:$FARM_PROMETHEUS_PORT"
   if containers | grep -q grafana; then echo "grafana http://127.0.0.1:$FARM_GRAFANA_PORT"; fi

@@ -42,7 +42,22 @@ def test_every_worker_runs_a_declared_pool_with_its_gpus(compose: dict) -> None:
         reserved = sorted(int(i) for d in devices for i in d.get("device_ids", []))
         assert reserved == sorted(pool.gpus), f"{name}: reserves GPUs {reserved}, pool {pool.name} uses {pool.gpus}"
         assert svc["environment"]["FARM_BROKER_URL"].startswith("redis://redis:")
-        assert "storage:/storage" in svc["volumes"]
+
+
+def test_no_farm_service_shares_a_storage_folder_they_share_the_object_store(compose: dict) -> None:
+    services = compose["services"]
+    farm = {name: svc for name, svc in services.items() if str(svc.get("image", "")).startswith("mediafarm:")}
+    assert {"gateway", "flower", "worker-cpu", "worker-gpu0"} <= set(farm)
+    storage = {name: svc["environment"]["FARM_STORAGE_DIR"] for name, svc in farm.items()}
+    for name, svc in farm.items():
+        env = svc["environment"]
+        assert env["FARM_STORAGE_URL"] == "s3://farm/jobs" and env["AWS_ENDPOINT_URL"] == "http://objects:8333", name
+        mounted = [str(v).split(":")[1] for v in svc.get("volumes", []) if ":" in str(v)]
+        assert storage[name] not in mounted, f"{name} mounts its storage folder: only the store is shared"
+    # The store's bucket is the one FARM_STORAGE_URL names, made as the store starts.
+    objects = services["objects"]
+    assert "-bucket=farm" in objects["command"][0] and "objects-data:/data" in objects["volumes"]
+    assert "storage" not in compose["volumes"]
 
 
 def test_redis_keeps_an_append_only_file_and_ports_stay_on_loopback(compose: dict) -> None:

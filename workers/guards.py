@@ -65,6 +65,10 @@ class ConfigCheck(bootsteps.Step):
         super().__init__(worker, **kwargs)
 
 
+# Seconds a worker waits at start for a store that answers to make its bucket (storage_problems).
+BUCKET_WAIT_S = 30.0
+
+
 def startup_problems(
     conf: Any, task_limits: dict[str, float] | None = None, consumed_queues: set[str] | None = None
 ) -> list[str]:
@@ -93,19 +97,29 @@ def startup_problems(
 def storage_problems() -> list[str]:
     """An object store this worker could never write to (FARM_STORAGE_URL): no such bucket, access
     refused, boto3 not installed. A store that cannot be reached yet is no reason to refuse: an
-    attempt waits for it (``tasks.wire.object_store.publish``)."""
+    attempt waits for it (``tasks.wire.object_store.publish``). A store that answers without the
+    bucket is given ``BUCKET_WAIT_S`` to make it: a cluster started at once (Compose, Kubernetes)
+    starts the store and its workers together, and the store makes its bucket as it starts."""
     url = get_settings().storage_url
     if not url:
         return []
-    try:
-        object_store.store_at().check(S3Place.parse(url))
-    except object_store.StoreRefused as exc:
-        return [f"FARM_STORAGE_URL {url}: {exc}"]
-    except RuntimeError as exc:  # boto3 missing
-        return [f"FARM_STORAGE_URL {url}: {exc}"]
-    except object_store.StoreUnavailable as exc:
-        log.warning("FARM_STORAGE_URL %s cannot be reached yet; attempts will wait for it: %s", url, exc)
-    return []
+    deadline = time.monotonic() + BUCKET_WAIT_S
+    while True:
+        try:
+            object_store.store_at().check(S3Place.parse(url))
+        except object_store.NoBucket as exc:
+            if time.monotonic() >= deadline:
+                return [f"FARM_STORAGE_URL {url}: {exc} (waited {BUCKET_WAIT_S:g} s for it)"]
+            log.warning("FARM_STORAGE_URL %s: %s; waiting for it", url, exc)
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            continue
+        except object_store.StoreRefused as exc:
+            return [f"FARM_STORAGE_URL {url}: {exc}"]
+        except RuntimeError as exc:  # boto3 missing
+            return [f"FARM_STORAGE_URL {url}: {exc}"]
+        except object_store.StoreUnavailable as exc:
+            log.warning("FARM_STORAGE_URL %s cannot be reached yet; attempts will wait for it: %s", url, exc)
+        return []
 
 
 def hard_limits(app: Any) -> dict[str, float]:

@@ -6,12 +6,15 @@ announced segments and then the playlist never holds a playlist naming a segment
 player pointed at ``DIR/chunks/playlist.m3u8`` follows the stream from there. Files are read from
 the shared storage folder, as ``JobHandle.download`` reads them. A lost attempt's successor starts
 a fresh partial list; names already copied are not copied again.
+
+Where the farm keeps its files in an object store (FARM_STORAGE_URL), each segment is read from
+the object its announcement names; the playlist, rewritten in place as the stream goes, is not
+copied there until the job ends: ``DIR`` then gets it with the job's final files.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,22 +37,23 @@ def follow_live(job: Any, out: Path, *, timeout: float | None, poll: float = 0.2
     while job.state() not in READY:
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job.id} still running after {timeout} s (it goes on)")
-        fresh = [p["segment"] for p in job.partials() if isinstance(p, dict) and p.get("segment") not in copied]
-        for name in fresh:
-            _copy(store.path(name), out / name)
+        fresh = [p for p in job.partials() if isinstance(p, dict) and p.get("segment") not in copied]
+        for partial in fresh:
+            name = partial["segment"]
+            _write(job.partial_file(partial, None) or b"", out / name)
             copied.add(name)
             on_segment(name)
-        if fresh:
-            _copy(store.path(PLAYLIST), out / PLAYLIST)
+        if fresh and not fresh[-1].get("url"):  # in the folder: the playlist listing them is there too
+            _write(store.path(PLAYLIST).read_bytes(), out / PLAYLIST)
         time.sleep(poll)
 
 
-def _copy(source: Path, target: Path) -> None:
+def _write(data: bytes, target: Path) -> None:
     # Beside the target, then renamed over it: a player reading DIR never sees half a file.
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{target.name}.part-{os.getpid()}")
     try:
-        shutil.copyfile(source, temp)
+        temp.write_bytes(data)
         os.replace(temp, target)
     finally:
         temp.unlink(missing_ok=True)

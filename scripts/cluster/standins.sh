@@ -52,10 +52,18 @@ STANDIN_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 standins() {
   local image file
   while read -r image file; do
-    if standin_needed "$image"; then standin_build "$image" "$file"; fi
+    standin_needed "$image" || continue
+    if [ "$file" = Containerfile.seaweedfs ] && [ -n "${CA:-}" ] && [ -f "$CA" ]; then
+      # pip inside the build: the host's certificates (cluster.sh's CA), read-only. Only here: a
+      # build that installs ca-certificates itself (the Python stand-in) cannot have them mounted.
+      STANDIN_BUILD_ARGS="$STANDIN_BUILD_ARGS -v $CA:$CA:ro" standin_build "$image" "$file"
+    else
+      standin_build "$image" "$file"
+    fi
   done <<LIST
 python:3.11-slim Containerfile.python
 redis:7-alpine Containerfile.redis
 $(grep -oE 'image: prom/prometheus[^ ]*' "$STANDIN_DIR/../../docker-compose.yml" | cut -d' ' -f2) Containerfile.prometheus
+$(grep -oE 'image: chrislusf/seaweedfs[^ ]*' "$STANDIN_DIR/../../docker-compose.yml" | cut -d' ' -f2) Containerfile.seaweedfs
 LIST
 }

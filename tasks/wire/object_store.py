@@ -57,6 +57,10 @@ class StoreRefused(StoreUnavailable):
     to fix (FARM_STORAGE_URL, the AWS credentials), not an outage to wait out."""
 
 
+class NoBucket(StoreRefused):
+    """The store answers and has no such bucket (yet: a store just started may make it soon)."""
+
+
 class ObjectMissing(FileNotFoundError):
     """No object under that key (removed by retention, or another store)."""
 
@@ -229,7 +233,7 @@ class ObjectStore:
             with self._errors(place.url(place.prefix)):
                 self.client.head_bucket(Bucket=place.bucket)
         except ObjectMissing:  # a HEAD's 404 says no more than that
-            raise StoreRefused(f"object store {self.where()} has no bucket {place.bucket!r}") from None
+            raise NoBucket(f"object store {self.where()} has no bucket {place.bucket!r}") from None
 
     def delete_prefix(self, bucket: str, prefix: str) -> int:
         """Remove every object under ``prefix`` (a job's folder); how many went."""

@@ -116,7 +116,7 @@ def parse_urls(output: str) -> dict[str, str]:
     urls = {}
     for line in output.splitlines():
         name, _, value = line.partition(" ")
-        if name in {"gateway", "broker", "flower", "prometheus", "grafana", "token"} and value:
+        if name in {"gateway", "broker", "objects", "flower", "prometheus", "grafana", "token"} and value:
             urls[name] = value.strip()
     return urls
 

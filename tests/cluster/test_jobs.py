@@ -4,6 +4,7 @@ from the host against the published broker; each artifact fetched over HTTP equa
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -114,3 +115,27 @@ def test_farm_submit_from_the_host_against_the_published_broker(cluster: Cluster
     assert done.returncode == 0, done.stdout + done.stderr
     envelope = json.loads(done.stdout)
     assert envelope["variant"] == "silero-onnx" and len(envelope["output"]["spans"]) == 3, envelope
+
+
+def test_the_host_reads_a_jobs_files_from_the_published_store_with_no_shared_folder(cluster: Cluster,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """No container shares its storage folder (test_services): a producer on the host gets a TTS
+    job's audio through the broker and the store alone, each file checked against its sha256."""
+    broker = cluster.broker
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_", "AWS_"))}
+    env |= {"FARM_BROKER_URL": broker, "FARM_RESULT_BACKEND": broker.rsplit("/", 1)[0] + "/1",
+            "FARM_STORAGE_DIR": str(tmp_path / "host-storage"), "AWS_ENDPOINT_URL": cluster.urls["objects"],
+            "AWS_ACCESS_KEY_ID": "farm", "AWS_SECRET_ACCESS_KEY": "farm-local-secret",
+            "AWS_DEFAULT_REGION": "us-east-1"}  # the Compose file's dev defaults  # fmt: skip
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "mediafarm.workers.cli", "submit", "tts", "Hello from the store.",
+                           "--wait", "--json", "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    envelope = json.loads(done.stdout)
+    artifacts = envelope["artifacts"]
+    assert artifacts and not (tmp_path / "host-storage").exists()
+    for artifact in artifacts:
+        assert artifact["url"].startswith(f"s3://farm/jobs/{envelope['job_id']}/"), artifact
+        saved = out / artifact["name"]
+        assert hashlib.sha256(saved.read_bytes()).hexdigest() == artifact["sha256"], artifact["name"]

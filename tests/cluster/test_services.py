@@ -36,6 +36,16 @@ def test_every_service_runs_its_command_and_is_healthy(cluster: Cluster, service
         assert check.returncode == 0, f"{service}: healthcheck failed: {check.stdout}{check.stderr}"
 
 
+def test_no_farm_container_shares_its_storage_folder(cluster: Cluster) -> None:
+    """The gateway, Flower and the worker keep the farm's files in the objects service only: each
+    one's /storage is its own (no volume, no bind), as on hosts that share only the broker."""
+    for service in ("gateway", "flower", "worker-cpu"):
+        [state] = json.loads(cluster.podman("inspect", cluster.container(service)).stdout)
+        assert state["Config"]["Env"] and any(e == "FARM_STORAGE_URL=s3://farm/jobs" for e in state["Config"]["Env"])
+        destinations = {m["Destination"] for m in state["Mounts"]}
+        assert "/storage" not in destinations, f"{service} mounts /storage: {state['Mounts']}"
+
+
 def test_the_services_commands_work_from_any_working_folder(cluster: Cluster) -> None:
     """The image's own working folder and others: the installed package is what every command imports."""
     for folder in ("/home/farm", "/", "/tmp"):

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -172,9 +173,20 @@ def test_a_worker_refuses_to_start_on_a_store_that_refuses_it(s3, monkeypatch) -
     def with_url(url: str) -> None:
         monkeypatch.setattr(guards, "get_settings", lambda: FarmSettings(storage_url=url))
 
+    monkeypatch.setattr(guards, "BUCKET_WAIT_S", 0.5)
     with_url("s3://no-such-bucket/jobs")
     [problem] = guards.storage_problems()
     assert problem.startswith("FARM_STORAGE_URL s3://no-such-bucket/jobs:") and "no bucket 'no-such-bucket'" in problem
+    # A bucket the store makes while the worker waits (a cluster started at once) lets it start.
+    monkeypatch.setattr(guards, "BUCKET_WAIT_S", 30.0)
+    late = f"late-{uuid.uuid4().hex[:8]}"
+    with_url(f"s3://{late}/jobs")
+    maker = threading.Timer(1.0, lambda: s3.client().create_bucket(Bucket=late))
+    maker.start()
+    started = time.monotonic()
+    assert guards.storage_problems() == []
+    assert time.monotonic() - started >= 1.0
+    maker.join()
     with_url(f"s3://{BUCKET}/{PREFIX}")
     assert guards.storage_problems() == []
     # Credentials the store does not know.
