@@ -8,8 +8,8 @@ the shared storage folder, as ``JobHandle.download`` reads them. A lost attempt'
 a fresh partial list; names already copied are not copied again.
 
 Where the farm keeps its files in an object store (FARM_STORAGE_URL), each segment is read from
-the object its announcement names; the playlist, rewritten in place as the stream goes, is not
-copied there until the job ends: ``DIR`` then gets it with the job's final files.
+the object its announcement names, and the playlist from the copy the announcement names
+(``playlist``: the attempt copies it after writing it, before announcing the segments it lists).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mediafarm.config.settings import get_settings
+from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import ArtifactStore
 from mediafarm.tasks.wire.plan import READY
 
@@ -43,8 +44,11 @@ def follow_live(job: Any, out: Path, *, timeout: float | None, poll: float = 0.2
             _write(job.partial_file(partial, None) or b"", out / name)
             copied.add(name)
             on_segment(name)
-        if fresh and not fresh[-1].get("url"):  # in the folder: the playlist listing them is there too
-            _write(store.path(PLAYLIST).read_bytes(), out / PLAYLIST)
+        if fresh:  # the playlist that lists them: its copy in the store, or the file in the folder
+            listed = fresh[-1].get("playlist")
+            data = object_store.store_at().read(*object_store.split_url(listed)) if listed \
+                else store.path(PLAYLIST).read_bytes()  # fmt: skip
+            _write(data, out / PLAYLIST)
         time.sleep(poll)
 
 

@@ -234,6 +234,14 @@ class EngineContext:
             item = {**item, "url": self.uploads.file(self.artifacts.info(name)).url}
         self.channel.publish(item)
 
+    def share_live(self, name: str) -> str | None:
+        """Where the farm keeps its files in an object store, copy artifact ``name`` as it is now,
+        a file the engine rewrites as it runs (a live playlist), and return the copy's URL, to put
+        in the partial output that announces what the file lists; None with a storage folder,
+        where readers take the file itself."""
+        liveness.beat()
+        return self.uploads.live(name) if self.uploads is not None else None
+
     def collect(self, *, timeout: float = 30.0, on_wait: Callable[[Part], Any] | None = None) -> list[Collected]:
         """This fan-in job's parts, finished, in plan order: each part and its result envelope.
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import mimetypes
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ from mediafarm.tasks.wire.records import ArtifactInfo
 MULTIPART_BYTES = 64 * 1024 * 1024
 # Uploads of one attempt's artifacts in flight at once.
 PARALLEL_PUTS = 8
+# Under an attempt's key: copies of files the attempt rewrites as it runs (``AttemptPublisher.live``).
+LIVE_FOLDER = ".live"
 # Seconds an attempt waits for a store that cannot be reached before it fails by infrastructure.
 STORE_WAIT_S = 120.0
 # Seconds a store may take to accept a connection, and to answer once connected.
@@ -343,6 +346,18 @@ class AttemptPublisher:
         with ThreadPoolExecutor(max_workers=min(PARALLEL_PUTS, len(infos))) as pool:
             return list(pool.map(lambda info: self._one(info, deadline), infos))
 
+    def live(self, name: str) -> str:
+        """The file ``name`` as it is now, for a file the attempt rewrites as it runs (a live
+        subtitle job's playlist): copied to ``<attempt key>/.live/<name>``, replacing the copy
+        before, apart from the create-only artifacts (the finished file goes there at the
+        attempt's success); its URL."""
+        key = attempt_key(self.place, self.job_id, self.attempt, f"{LIVE_FOLDER}/{name}")
+        data = (self.folder / name).read_bytes()
+        media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        self._retrying(lambda: self.store.put_bytes(data, self.place.bucket, key, media_type),
+                       time.monotonic() + self.wait_s)  # fmt: skip
+        return self.place.url(key)
+
     def _one(self, info: ArtifactInfo, deadline: float) -> ArtifactInfo:
         copied = self._copied.get((info.name, info.sha256))
         if copied is not None:
@@ -350,15 +365,23 @@ class AttemptPublisher:
         place, store, attempt = self.place, self.store, self.attempt
         key = attempt_key(place, self.job_id, attempt, info.name)
         metadata = {"sha256": info.sha256, "job": folder_name(self.job_id), "attempt": str(attempt), **self.writer}
+
+        def put() -> None:
+            if not store.put_new(self.folder / info.name, place.bucket, key, metadata, info.media_type, self.waiting):
+                if store.metadata(place.bucket, key).get("sha256") != info.sha256:
+                    raise TransientFailure(f"{place.url(key)} was written by another process as attempt {attempt}")
+
+        self._retrying(put, deadline)
+        self._copied[(info.name, info.sha256)] = place.url(key)
+        return dataclasses.replace(info, url=place.url(key))
+
+    def _retrying(self, put: Callable[[], None], deadline: float) -> None:
+        """``put`` until it works: a store away is tried again until ``deadline``, a refusal is not."""
         pause = 0.1
         while True:
             try:
-                if not store.put_new(self.folder / info.name, place.bucket, key, metadata, info.media_type,
-                                     self.waiting):  # fmt: skip
-                    if store.metadata(place.bucket, key).get("sha256") != info.sha256:
-                        raise TransientFailure(f"{place.url(key)} was written by another process as attempt {attempt}")
-                self._copied[(info.name, info.sha256)] = place.url(key)
-                return dataclasses.replace(info, url=place.url(key))
+                put()
+                return
             except StoreRefused as exc:
                 raise TransientFailure(str(exc)) from exc  # no use waiting: a setting to fix
             except (StoreUnavailable, ObjectMissing) as exc:  # missing: a refused create's HEAD raced

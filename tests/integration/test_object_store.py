@@ -324,10 +324,51 @@ def test_live_subtitle_segments_reach_a_gateway_that_shares_no_folder_with_the_w
     assert segments and "lazy dog" in " ".join(f["vtt"] for f in segments).lower()
     assert not any(own.iterdir())
     job = JobHandle(ready["job"], "subtitle-live")
-    announced = {p["segment"]: p["url"] for p in job.partials()}
+    partials = job.partials()
+    announced = {p["segment"]: p["url"] for p in partials}
     for frame in segments:
         key = announced[frame["name"]].split("/", 3)[3]
         assert s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read().decode() == frame["vtt"]
+    # The playlist, rewritten as the stream goes, has a copy of its own beside the attempt's files,
+    # which lists every segment announced (`farm submit --live --out` follows it from there).
+    attempt = len(job.attempts()) - 1
+    [copy] = {p["playlist"] for p in partials}
+    assert copy == f"s3://{BUCKET}/{PREFIX}/{job.id}/{attempt}/.live/chunks/playlist.m3u8"
+    listed = s3.client().get_object(Bucket=BUCKET, Key=copy.split("/", 3)[3])["Body"].read().decode()
+    assert listed.startswith("#EXTM3U") and all(name.split("/")[-1] in listed for name in announced)
+    assert listed == job.read_artifact("chunks/playlist.m3u8").decode()
+
+
+def test_farm_submit_live_follows_segments_and_playlist_from_the_store(s3, s3_worker, tiny_en, tmp_path) -> None:
+    """`farm submit --live --out` on a host whose folder the worker never wrote: every segment and
+    the growing playlist come from the store while the stream plays."""
+    from tests.integration.test_subtitle_live_jobs import _started
+    from tests.support.live_stream import free_port, publish_udp
+    from tests.support.speech import PHRASES, make_track
+
+    track = make_track(tmp_path / "udp.wav", gaps=(1.0, 2.0, 2.0, 1.5), phrases=PHRASES[:3])
+    port, out = free_port(), tmp_path / "out"
+    farm = subprocess.Popen(
+        [sys.executable, "-m", "mediafarm.workers.cli", "submit", "subtitle", f"udp://127.0.0.1:{port}", "--live",
+         "--queue", QUEUE, "--out", str(out), "-p", "stall_timeout_s=4", "-p", "chunk_seconds=2"],
+        env={**os.environ, "COLUMNS": "200", "FARM_STORAGE_DIR": str(tmp_path / "host-storage")},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert farm.stdout is not None
+    job_id = farm.stdout.readline().split(":")[0].strip()
+    _started(JobHandle(job_id, "subtitle-live"))
+    publisher = publish_udp(track.path, port)
+    playlist = out / "chunks" / "playlist.m3u8"
+    while publisher.poll() is None and not playlist.exists():
+        time.sleep(0.1)
+    assert publisher.poll() is None, "no playlist copied while the stream played"
+    listed = [line for line in playlist.read_text().splitlines() if line.endswith(".vtt")]
+    assert listed and all((out / "chunks" / name).exists() for name in listed)
+    assert publisher.wait(40) == 0
+    stdout, _ = farm.communicate(timeout=60)
+    assert farm.returncode == 0, stdout
+    assert playlist.read_text().rstrip().endswith("#EXT-X-ENDLIST") and (out / "subtitles.vtt").exists()
+    assert not (tmp_path / "host-storage").exists()
 
 
 # ---------------------------------------------------------------------------------------------

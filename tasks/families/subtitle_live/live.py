@@ -334,6 +334,7 @@ def _settle(
     for name, text in segments:
         ctx.artifacts.write_text(f"{CHUNKS}/{name}", text)
     ctx.artifacts.write_text(PLAYLIST, job.playlist(ended=ended))
+    playlist_url = ctx.share_live(PLAYLIST)  # with an object store: where readers on other hosts find it
     published_at = time.time()
     _measure(job, arrivals, published_at)
     if not ended:
@@ -341,7 +342,7 @@ def _settle(
         # attempt that takes over never writes that segment again, differently.
         ctx.checkpoint(job.final_until, job.state(), job.files())
     for name, _ in segments:
-        yield {"segment": f"{CHUNKS}/{name}"}
+        yield {"segment": f"{CHUNKS}/{name}", **({"playlist": playlist_url} if playlist_url else {})}
 
 
 def _measure(job: LiveJob, arrivals: Arrivals, published_at: float) -> None:
