@@ -28,7 +28,8 @@ from mediafarm.tasks import registry
 from mediafarm.tasks.producer.client import farm_redis
 from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.family import FamilySpec
-from mediafarm.tasks.wire.upload_store import UploadObjects, UploadStore, uploads_place
+from mediafarm.tasks.wire.upload_objects import UploadObjects, uploads_place
+from mediafarm.tasks.wire.upload_store import UploadStore
 
 log = logging.getLogger(__name__)
 

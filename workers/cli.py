@@ -40,9 +40,18 @@ from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks import registry
 from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.errors import JobFailed
+from mediafarm.tasks.wire.upload_objects import uploads_place
 from mediafarm.workers.embedded import EmbeddedRedis
 from mediafarm.workers.launch import exec_worker, spawn_worker, stop_worker, wait_ready
-from mediafarm.workers.retention import Removal, WrongBackend, expired, expired_objects, expired_uploads, remove
+from mediafarm.workers.retention import (
+    Removal,
+    WrongBackend,
+    expired,
+    expired_objects,
+    expired_upload_objects,
+    expired_uploads,
+    remove,
+)
 
 # Imported by the worker side only (the `worker` extra): a producer's install has none of them.
 WORKER_PACKAGES = ("psutil", "prometheus_client", "standardwebhooks")
@@ -313,9 +322,11 @@ def gc(
     settings = get_settings()
     uploads = partial(expired_uploads, settings.uploads_folder, app.backend, ttl=float(app.conf.result_expires))
     objects: Iterable[Removal] = ()
-    if settings.storage_url:  # the object store's job folders, after the local ones
-        place = S3Place.parse(settings.storage_url)
-        objects = expired_objects(place, object_store.store_at(), app.backend, grace=grace)
+    if settings.storage_url:  # the object store's job folders and uploads, after the local ones
+        place, store, ttl = S3Place.parse(settings.storage_url), object_store.store_at(), float(app.conf.result_expires)
+        objects = chain(expired_objects(place, store, app.backend, grace=grace),
+                        expired_upload_objects(uploads_place(settings.storage_url), store, app.backend, ttl=ttl,
+                                               grace=grace))  # fmt: skip
     try:
         for removal in chain(expired(settings.storage_dir, app.backend, grace=grace), uploads(grace=grace), objects):
             console.print(f"{'would remove' if dry_run else 'removed'} {removal.path} ({removal.reason})")

@@ -25,7 +25,6 @@ after ``grace``. Nothing changed within ``grace`` goes in any case.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -37,7 +36,8 @@ from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks.wire import keys, object_store
 from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER, INPUTS_FOLDER, MARKER, PARTIAL_MARK, job_id_of
 from mediafarm.tasks.wire.object_store import ObjectStore
-from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, stored_media, upload_folders
+from mediafarm.tasks.wire.upload_objects import stored_uploads
+from mediafarm.tasks.wire.upload_store import META, is_finished, jobs_naming, upload_folders
 
 
 class WrongBackend(RuntimeError):
@@ -136,18 +136,30 @@ def expired_uploads(
         jobs = jobs_naming(folder)
         if jobs:
             if not any(_job_known(backend, job_id) for job_id in jobs):
-                yield from _upload_removals(folder, "upload whose jobs' results expired")
+                yield Removal(folder, "upload whose jobs' results expired", _size(folder))
         elif now - (folder / META).stat().st_mtime >= ttl:
-            yield from _upload_removals(folder, "upload no job named within result_expires")
+            yield Removal(folder, "upload no job named within result_expires", _size(folder))
 
 
-def _upload_removals(folder: Path, reason: str) -> Iterator[Removal]:
-    """A finished upload's folder, and before it the objects of its media where the object store
-    holds them (a store away then stops the removal with the record still there, to try again)."""
-    media = stored_media(folder)
-    if media is not None:
-        yield Removal(media, reason, int(json.loads((folder / META).read_text()).get("size", 0)))
-    yield Removal(folder, reason, _size(folder))
+def expired_upload_objects(
+    place: S3Place, store: ObjectStore, backend: Any, *, ttl: float, grace: float = 3600.0, now: float | None = None
+) -> Iterator[Removal]:
+    """The uploads ``farm gc`` removes from the object store (``place``: ``upload_objects.uploads_place``),
+    by the uploads folder's rule (the module's docstring)."""
+    now = time.time() if now is None else now
+    uploads = list(stored_uploads(place, store))
+    if any(u.jobs for u in uploads) and not _holds_farm_keys(backend.client):
+        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    for upload in uploads:
+        if now - upload.changed < grace:
+            continue
+        if not upload.finished:
+            yield Removal(upload.url, "an upload that never finished", upload.size)
+        elif upload.jobs:
+            if not any(_job_known(backend, job_id) for job_id in upload.jobs):
+                yield Removal(upload.url, "upload whose jobs' results expired", upload.size)
+        elif now - upload.recorded >= ttl:
+            yield Removal(upload.url, "upload no job named within result_expires", upload.size)
 
 
 def _ended(backend: Any, job_id: str) -> bool:

@@ -65,7 +65,7 @@ from mediafarm.tasks.wire.family import FamilySpec
 from mediafarm.tasks.wire.history import AttemptLog
 from mediafarm.tasks.wire.languages import LanguageCheck
 from mediafarm.tasks.wire.records import ArtifactInfo, Attempt, Envelope, Outcome
-from mediafarm.tasks.wire.upload_store import uploads_place
+from mediafarm.tasks.wire.upload_objects import uploads_place
 
 logger = get_task_logger("mediafarm.task")
 

@@ -7,14 +7,9 @@
 The uploads folder is one of the input roots (``FarmSettings.input_roots``), so a worker reads an
 upload like any other media file, through the same checks.
 
-Where the farm keeps its files in an object store (FARM_STORAGE_URL), a finished upload's media
-goes there instead, create-only with its sha256, under ``<prefix>/.gateway-uploads/<owner>/<id>/``
-(:class:`UploadObjects`); the folder keeps what the gateway counts and checks (``meta.json``, with
-the object's ``url``, and ``jobs/``), and a job is sent with the ``s3://`` URL, which any worker
-reads with no folder shared with the gateway (``tasks.runtime.media_fetch``: that folder of the
-store is always readable by the workers; the gateway refuses it by URL, so only ``upload:<id>``
-names an upload). The gateway that took an upload answers for it: several gateways share its
-uploads folder, or a client uses the one it uploaded to. ``farm gc`` removes an upload once the
+Where the farm keeps its files in an object store (FARM_STORAGE_URL), the same layout lives in the
+store (``tasks.wire.upload_objects``): the body is received here, counted and hashed as it
+arrives, and moved there once whole; nothing of it stays here. ``farm gc`` removes an upload once the
 results of every job that named it have expired (``workers.retention.expired_uploads``). No
 FastAPI here: the gateway writes this layout and ``farm gc`` reads it, on an install without the
 gateway extra, so it sits beside the artifact store rather than in the gateway.
@@ -22,6 +17,7 @@ gateway extra, so it sits beside the artifact store rather than in the gateway.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mimetypes
@@ -33,11 +29,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mediafarm.config.storage_url import S3Place
-from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import folder_name, job_id_of
+
+if TYPE_CHECKING:
+    from mediafarm.tasks.wire.upload_objects import UploadObjects
 
 META = "meta.json"
 JOBS = "jobs"
@@ -45,10 +42,6 @@ PARTIAL = ".partial-media"
 # The id a job names after ``upload:``: 32 hex digits (a uuid4), so never a path.
 UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
 _EXTENSION = re.compile(r"^\.[A-Za-z0-9]{1,12}$")
-# The folder of the object store (under FARM_STORAGE_URL's prefix) that uploads' media go to. A
-# leading dot: no job's folder has one (``artifacts.folder_name``). Not ``.uploads``: SeaweedFS keeps
-# its multipart uploads in folders of that name and leaves them out of listings.
-UPLOADS_FOLDER = ".gateway-uploads"
 
 
 class UploadTooLarge(ValueError):
@@ -75,8 +68,7 @@ class Upload:
         sha256: Hex digest of the bytes received.
         media_type: What the client said it is, or what its name suggests.
         created: Unix time the upload finished.
-        path: The file on disk, which the job is sent with (where the media is in the object
-            store, where it was received: only its folder is kept).
+        path: The file on disk, which the job is sent with (in the object store: its name).
         url: ``s3://`` URL of the media's object, which the job is sent with instead, where the
             farm keeps its files in an object store; None otherwise.
     """
@@ -106,32 +98,6 @@ def _clean_filename(name: str | None) -> str:
     name = Path(name or "").name  # a client's "../../x" is only ever a label, but keep it a plain one
     name = "".join(ch for ch in name if ch.isprintable())[:255]
     return name or "upload"
-
-
-def uploads_place(storage_url: str) -> S3Place:
-    """The folder of the object store at ``storage_url`` (FARM_STORAGE_URL) that uploads go to."""
-    place = S3Place.parse(storage_url)
-    return S3Place(place.bucket, place.key(UPLOADS_FOLDER))
-
-
-@dataclass(frozen=True)
-class UploadObjects:
-    """Where finished uploads' media go when the farm keeps its files in an object store."""
-
-    store: object_store.ObjectStore
-    place: S3Place  # :func:`uploads_place`
-
-    def holds(self, url: str) -> bool:
-        """Does ``url`` name an object among the uploads?"""
-        return url.startswith(self.place.url(self.place.prefix) + "/")
-
-    def put(self, path: Path, owner: str, upload_id: str, sha256: str, media_type: str) -> str:
-        """The upload's media as a new object; its URL. StoreUnavailable (the gateway answers 503)
-        when the store cannot take it."""
-        key = self.place.key(owner, upload_id, path.name)
-        if not self.store.put_new(path, self.place.bucket, key, {"sha256": sha256, "owner": owner}, media_type):
-            raise object_store.StoreUnavailable(f"{self.place.url(key)} is already in the object store")
-        return self.place.url(key)
 
 
 class UploadWriter:
@@ -169,26 +135,30 @@ class UploadWriter:
             raise ValueError("the upload is empty (0 bytes)")
         path = self.folder / ("media" + self.extension)
         os.replace(self._partial, path)
-        digest, url = self._digest.hexdigest(), None
+        upload = Upload(self.folder.name, self.owner, self.filename, self.size, self._digest.hexdigest(),
+                        self.media_type, time.time(), path)  # fmt: skip
         if self.objects is not None:
             try:
-                url = self.objects.put(path, self.owner, self.folder.name, digest, self.media_type)
+                return self.objects.finish(path, upload)
             except BaseException:
                 self.abort()  # not stored: no upload, and the client is told why (503)
                 raise
-            path.unlink()  # the object is the media now; the folder keeps the count and the record
-        upload = Upload(self.folder.name, self.owner, self.filename, self.size, digest, self.media_type, time.time(),
-                        path, url)  # fmt: skip
-        meta = {**upload.to_json(), "owner": self.owner, "file": path.name, "url": url}
+            finally:
+                shutil.rmtree(self.folder, ignore_errors=True)  # received here only on its way there
+        meta = {**upload.to_json(), "owner": self.owner, "file": path.name}
         temp = self.folder / (META + ".tmp")
         temp.write_text(json.dumps(meta))
         os.replace(temp, self.folder / META)
         return upload
 
     def abort(self) -> None:
-        """Forget this upload: nothing of it is left on disk."""
+        """Forget this upload: nothing of it is left on disk (nor in the store, if it can be
+        reached; else ``farm gc`` removes what is left there as an upload that never finished)."""
         self._file.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.objects is not None:
+            with contextlib.suppress(OSError):
+                self.objects.delete(self.owner, self.folder.name)
 
 
 class UploadStore:
@@ -205,38 +175,47 @@ class UploadStore:
         other: the bound is never passed (at worst both are refused).
         """
         folder = self.root / owner / uuid.uuid4().hex
+        if self.objects is not None:  # counted in the store, where every gateway counts
+            self.objects.begin(owner, folder.name, self.max_count)
+            folder.mkdir(parents=True)
+            return UploadWriter(folder, owner, _clean_filename(filename), media_type, self.max_bytes, self.objects)
         folder.mkdir(parents=True)
         held = sum(1 for p in folder.parent.iterdir() if p.is_dir())
         if held > self.max_count:
             shutil.rmtree(folder, ignore_errors=True)
             raise TooManyUploads(f"{self.max_count} uploads are held for this token already (FARM_UPLOAD_MAX_COUNT); "
                                  "they go as their jobs' results expire, or DELETE /v1/uploads/<id>")  # fmt: skip
-        return UploadWriter(folder, owner, _clean_filename(filename), media_type, self.max_bytes, self.objects)
+        return UploadWriter(folder, owner, _clean_filename(filename), media_type, self.max_bytes)
 
     def get(self, owner: str, upload_id: str) -> Upload:
         """The owner's finished upload ``upload_id``; UnknownUpload otherwise."""
         if not UPLOAD_ID.match(upload_id):
             raise UnknownUpload(f"no upload {upload_id!r}: an upload id is 32 hex digits")
+        if self.objects is not None:
+            return self.objects.get(owner, upload_id)
         folder = self.root / owner / upload_id
         try:
             meta = json.loads((folder / META).read_text())
         except (OSError, ValueError):
             raise UnknownUpload(f"no upload {upload_id!r} (unknown, expired, or another token's)") from None
         return Upload(upload_id, owner, meta["filename"], meta["size"], meta["sha256"], meta["media_type"],
-                      meta["created"], folder / meta["file"], meta.get("url"))  # fmt: skip
+                      meta["created"], folder / meta["file"])  # fmt: skip
 
     def attach(self, upload: Upload, job_id: str) -> None:
         """Note that ``job_id`` names the upload: it is kept as long as that job's result."""
+        if self.objects is not None:
+            self.objects.attach(upload, job_id)
+            return
         jobs = upload.path.parent / JOBS
         jobs.mkdir(exist_ok=True)
         (jobs / folder_name(job_id)).touch()
 
     def delete(self, owner: str, upload_id: str) -> None:
         """Remove the owner's upload (a job already sent with it then fails: its file is gone)."""
-        upload = self.get(owner, upload_id)
-        if upload.url is not None:
-            # The object first: a store away leaves the upload whole (503), to delete again.
-            delete_media_folder(upload.url.rsplit("/", 1)[0], self.objects.store if self.objects else None)
+        self.get(owner, upload_id)
+        if self.objects is not None:
+            self.objects.delete(owner, upload_id)
+            return
         shutil.rmtree(self.root / owner / upload_id, ignore_errors=True)
 
 
@@ -259,18 +238,3 @@ def jobs_naming(folder: Path) -> list[str]:
 def is_finished(folder: Path) -> bool:
     return (folder / META).is_file()
 
-
-def stored_media(folder: Path) -> str | None:
-    """The ``s3://`` URL of the object store folder that holds a finished upload's media, or None
-    (kept in the folder, or not finished)."""
-    try:
-        url = json.loads((folder / META).read_text()).get("url")
-    except (OSError, ValueError):
-        return None
-    return url.rsplit("/", 1)[0] if isinstance(url, str) and url else None
-
-
-def delete_media_folder(folder_url: str, store: object_store.ObjectStore | None = None) -> None:
-    """Remove an upload's objects (``stored_media``'s URL)."""
-    bucket, key = object_store.split_url(folder_url)
-    (store or object_store.store_at()).delete_prefix(bucket, key + "/")

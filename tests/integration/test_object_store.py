@@ -375,63 +375,86 @@ def test_farm_submit_live_follows_segments_and_playlist_from_the_store(s3, s3_wo
 # Uploads: the media in the store, read by a worker that shares no folder with the gateway (item 1)
 
 
-def test_an_upload_goes_to_the_store_and_a_worker_with_no_shared_folder_reads_it(
+def test_uploads_live_in_the_store_for_every_gateway_and_a_worker_with_no_shared_folder_reads_them(
     s3, s3_worker, speech_track, tmp_path: Path
 ) -> None:
     from mediafarm.gateway.common.intake import prepare
     from mediafarm.tasks import registry
-    from mediafarm.workers.retention import expired_uploads, remove
+    from mediafarm.tasks.app import app
+    from mediafarm.tasks.wire import keys
+    from mediafarm.tasks.wire.upload_objects import UploadObjects, uploads_place
+    from mediafarm.tasks.wire.upload_store import UploadStore
+    from mediafarm.workers.retention import expired_upload_objects, remove
 
     data = speech_track.path.read_bytes()
-    config = gateway_config(storage_url=f"s3://{BUCKET}/{PREFIX}", uploads_dir=tmp_path / "gateway-uploads",
-                            upload_max_bytes=len(data))
-    with running_gateway(config) as base, httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
-                                                       timeout=60) as client:  # fmt: skip
-        sent = client.post("/v1/uploads", params={"filename": "talk.wav"}, content=data,
-                           headers={"content-type": "audio/wav"})  # fmt: skip
+    url = f"s3://{BUCKET}/{PREFIX}"
+    place, store = uploads_place(url), object_store.store_at()
+
+    def stored() -> list[str]:
+        return [key for key, _, _ in store.objects(BUCKET, f"{PREFIX}/.gateway-uploads/")]
+
+    def gateway(name: str):  # each with an uploads folder of its own: they share only Redis and the store
+        return running_gateway(gateway_config(storage_url=url, uploads_dir=tmp_path / name, upload_max_count=2,
+                                              upload_max_bytes=len(data)))  # fmt: skip
+
+    def client(base: str) -> httpx.Client:
+        return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+
+    with gateway("a") as a, gateway("b") as b, client(a) as on_a, client(b) as on_b:
+        sent = on_a.post("/v1/uploads", params={"filename": "talk.wav"}, content=data,
+                         headers={"content-type": "audio/wav"})  # fmt: skip
         assert sent.status_code == 201, sent.text
         upload = sent.json()
         assert "url" not in upload and "path" not in upload  # where the farm keeps it is its own business
-        # The object: whole, create-only, its sha256 beside it; the gateway keeps only the record.
-        [(key, size, _)] = object_store.store_at().objects(BUCKET, f"{PREFIX}/.gateway-uploads/")
-        assert key.endswith(f"/{upload['id']}/media.wav") and size == len(data)
-        head = s3.client().head_object(Bucket=BUCKET, Key=key)
+        # Whole in the store, create-only with its sha256, and its record beside it; nothing left on A.
+        [media] = [k for k in stored() if k.endswith("/media.wav")]
+        assert f"/{upload['id']}/" in media and sorted(k.rsplit("/", 1)[1] for k in stored()) == ["media.wav",
+                                                                                                   "meta.json"]
+        head = s3.client().head_object(Bucket=BUCKET, Key=media)
         assert head["Metadata"]["sha256"] == upload["sha256"] == hashlib.sha256(data).hexdigest()
-        [folder] = (tmp_path / "gateway-uploads").glob(f"*/{upload['id']}")
-        assert not (folder / "media.wav").exists()
-        # DELETE takes the object with the record.
-        other = client.post("/v1/uploads", params={"filename": "b.wav"}, content=data[:50_000],
-                            headers={"content-type": "audio/wav"}).json()  # fmt: skip
-        assert client.delete(f"/v1/uploads/{other['id']}").status_code == 204
-        assert [k for k, _, _ in object_store.store_at().objects(BUCKET, PREFIX) if other["id"] in k] == []
-        # By its URL, another caller's upload is refused: only upload:<id> names one.
-        refused = client.post("/v1/jobs/vad", json={"media": f"s3://{BUCKET}/{key}"})
+        assert head["ContentLength"] == len(data) and not [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
+        # Gateway B knows it, and counts it: the token's bound (2) holds across gateways.
+        assert on_b.get(f"/v1/uploads/{upload['id']}").json() == upload
+        second = on_b.post("/v1/uploads", params={"filename": "b.wav"}, content=data[:50_000],
+                           headers={"content-type": "audio/wav"})  # fmt: skip
+        assert second.status_code == 201, second.text
+        third = on_a.post("/v1/uploads", params={"filename": "c.wav"}, content=data[:50_000],
+                          headers={"content-type": "audio/wav"})  # fmt: skip
+        assert third.status_code == 429, third.text
+        # DELETE on A takes what B received.
+        assert on_a.delete(f"/v1/uploads/{second.json()['id']}").status_code == 204
+        assert not [k for k in stored() if second.json()["id"] in k]
+        # By its URL, an upload is refused: only its owner's upload:<id> names one.
+        refused = on_b.post("/v1/jobs/vad", json={"media": f"s3://{BUCKET}/{media}"})
         assert refused.status_code == 422 and "upload:<id>" in refused.text, refused.text
     # A job naming it is sent with the object's URL (the gateway's own check, called here: over HTTP
     # the job would go to the vad family's queue, not this test's worker), and a worker that shares
-    # no folder with the gateway reads it there.
-    from mediafarm.tasks.wire import keys
-    from mediafarm.tasks.wire.upload_store import UploadObjects, UploadStore, uploads_place
-
-    uploads = UploadStore(tmp_path / "gateway-uploads", 1 << 30, 10,
-                          UploadObjects(object_store.store_at(), uploads_place(f"s3://{BUCKET}/{PREFIX}")))  # fmt: skip
-    owner = folder.parent.name
+    # no folder with either gateway reads it there.
+    uploads = UploadStore(tmp_path / "c", len(data), 2, UploadObjects(store, place))
+    owner = media.split("/")[-3]
     intake = prepare(registry.load()["vad"], {"media": upload["ref"]}, owner, uploads, ())
-    assert intake.fields["media"] == f"s3://{BUCKET}/{key}"
+    assert intake.fields["media"] == f"s3://{BUCKET}/{media}"
     job = submit("vad", queue=QUEUE, **intake.fields)
     uploads.attach(intake.uploads[0], job.id)
     by_upload = job.wait(timeout=120)
     by_path = submit("vad", queue=QUEUE, media=str(speech_track.path)).wait(timeout=120)
     assert by_upload["output"]["spans"] == by_path["output"]["spans"] and by_upload["output"]["spans"]
-    # `farm gc` takes the object with the record, once the job's result is gone.
-    from mediafarm.tasks.app import app
+    # `farm gc`, from the store alone: an upload is kept while its job's result is, and goes after;
+    # one whose receiving never finished goes once the grace has passed.
+    folder = f"s3://{BUCKET}/{media.rsplit('/', 1)[0]}"
+    unfinished = f"{PREFIX}/.gateway-uploads/{owner}/{uuid.uuid4().hex}/.receiving"
+    s3.client().put_object(Bucket=BUCKET, Key=unfinished, Body=b"")
 
+    def removals() -> dict[str, str]:
+        return {str(r.path): r.reason for r in expired_upload_objects(place, store, app.backend, ttl=3600, grace=0)}
+
+    assert removals() == {f"s3://{BUCKET}/{unfinished.rsplit('/', 1)[0]}": "an upload that never finished"}
     app.backend.client.delete(app.backend.get_key_for_task(job.id), keys.history(job.id), keys.submitted(job.id))
-    removals = [r for r in expired_uploads(uploads.root, app.backend, ttl=3600, grace=0) if upload["id"] in str(r.path)]
-    assert [str(r.path) for r in removals][0] == f"s3://{BUCKET}/{key.rsplit('/', 1)[0]}"
-    for removal in removals:
+    found = removals()
+    assert found[folder] == "upload whose jobs' results expired" and len(found) == 2
+    for removal in expired_upload_objects(place, store, app.backend, ttl=3600, grace=0):
         remove(removal)
-    assert object_store.store_at().objects(BUCKET, f"{PREFIX}/.gateway-uploads/") == [] and not folder.exists()
+    assert stored() == []
 
 
 # ---------------------------------------------------------------------------------------------
