@@ -29,12 +29,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mediafarm.tasks.wire.artifacts import folder_name, job_id_of
-
-if TYPE_CHECKING:
-    from mediafarm.tasks.wire.upload_objects import UploadObjects
 
 META = "meta.json"
 JOBS = "jobs"
@@ -100,11 +97,21 @@ def _clean_filename(name: str | None) -> str:
     return name or "upload"
 
 
+class UploadsElsewhere(Protocol):
+    """Where uploads live when not in this folder: the object store (``upload_objects.UploadObjects``)."""
+
+    def begin(self, owner: str, upload_id: str, max_count: int) -> None: ...
+    def finish(self, path: Path, upload: Upload) -> Upload: ...
+    def get(self, owner: str, upload_id: str) -> Upload: ...
+    def attach(self, upload: Upload, job_id: str) -> None: ...
+    def delete(self, owner: str, upload_id: str) -> None: ...
+
+
 class UploadWriter:
     """One upload being received: bytes are counted and hashed as they are written."""
 
     def __init__(self, folder: Path, owner: str, filename: str, media_type: str, max_bytes: int,
-                 objects: UploadObjects | None = None) -> None:  # fmt: skip
+                 objects: UploadsElsewhere | None = None) -> None:  # fmt: skip
         self.folder, self.owner, self.filename, self.max_bytes = folder, owner, filename, max_bytes
         self.objects = objects
         suffix = Path(filename).suffix
@@ -165,7 +172,7 @@ class UploadStore:
     """The uploads folder. Attributes: root, max_bytes and max_count (per owner), and objects:
     where the media goes when the farm keeps its files in an object store (None: kept here)."""
 
-    def __init__(self, root: Path, max_bytes: int, max_count: int, objects: UploadObjects | None = None) -> None:
+    def __init__(self, root: Path, max_bytes: int, max_count: int, objects: UploadsElsewhere | None = None) -> None:
         self.root, self.max_bytes, self.max_count, self.objects = Path(root), max_bytes, max_count, objects
 
     def begin(self, owner: str, filename: str | None, media_type: str = "") -> UploadWriter:
