@@ -4,7 +4,7 @@ period): its running job goes back to the queue at once and resumes from its che
 worker is back; a worker killed outright (SIGKILL) and brought back by its restart policy: its job
 goes back within the handback grace and resumes from its checkpoint; a job past the worker
 container's memory limit: the kernel kills the child, the job finishes on its next rung, and the
-container stays up."""
+container stays up; the object store stopped under a running job: the job waits for it."""
 
 from __future__ import annotations
 
@@ -276,3 +276,36 @@ def test_two_workers_a_job_on_the_one_stopped_finishes_on_the_other(cluster: Clu
     finally:
         cluster.podman("rm", "-f", "-t", "0", second, check=False)
         cluster.podman("start", cluster.container("worker-cpu"), check=False)
+
+
+def test_the_object_store_stopped_mid_job_costs_no_job(cluster: Cluster, client: httpx.Client) -> None:
+    """The objects service stopped while a subtitle job runs: the gateway answers 503 for a file
+    it cannot reach (not a bare 500), the running attempt waits for the store (its checkpoint
+    copies are skipped meanwhile) and ends ``ok`` once the store is back, with every file whole."""
+    sent = client.post("/v1/jobs/tts", json={"text": "Before the store goes away."})
+    assert sent.status_code == 202, sent.text
+    before = wait_job(client, sent.json()["id"])
+    assert before["state"] == "SUCCESS", before
+    link = next(iter(before["links"]["artifacts"].values()))
+    media = long_speech(cluster.media / "six-minutes-store.wav", 6)
+    sent = client.post("/v1/jobs/subtitle", json={"media": f"{cluster.media_in_containers}/{media.name}"})
+    assert sent.status_code == 202, sent.text
+    job_id = sent.json()["id"]
+    wait_running(client, job_id)
+    objects = cluster.container("objects")
+    stopped = time.time()
+    cluster.podman("stop", "-t", "5", objects)
+    try:
+        away = client.get(link)
+        assert away.status_code == 503 and away.headers.get("retry-after"), (away.status_code, away.text)
+        assert "object store" in away.text, away.text
+        time.sleep(15)  # the job goes on, or waits at its end, meanwhile
+    finally:
+        cluster.podman("start", objects)
+    done = wait_job(client, job_id, timeout=600)
+    assert done["state"] == "SUCCESS", json.dumps(done, indent=1)[-3000:]
+    ran = [a for a in done["attempts"] if a["outcome"] != "unavailable"]  # not: rungs this pool cannot run
+    assert [a["outcome"] for a in ran] == ["ok"], done["attempts"]  # waited, not failed and run again
+    assert ran[0]["started"] + ran[0]["duration"] > stopped + 15, ran  # the store was away while it ran
+    assert artifacts_match(client, done)
+    assert client.get(link).status_code == 200
