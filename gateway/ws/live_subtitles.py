@@ -74,6 +74,7 @@ class _Live:
     job: JobHandle
     send_lock: anyio.Lock = field(default_factory=anyio.Lock)
     sent: set[str] = field(default_factory=set)  # segment names sent
+    unread: set[str] = field(default_factory=set)  # segment names whose error frame was sent
     holding: bool = False  # a hold frame was sent, no resume yet
 
     async def send_json(self, frame: dict[str, Any]) -> None:
@@ -279,7 +280,9 @@ async def _send_segment(live: _Live, item: dict[str, Any], name: str) -> None:
     try:
         text = await anyio.to_thread.run_sync(read)
     except (UnsafeArtifactName, OSError, UnicodeDecodeError) as exc:
-        await live.send_json(error(f"segment {name} cannot be read: {exc}", code="missing", name=name))
+        if name not in live.unread:  # once: the next looks try it again, quietly
+            live.unread.add(name)
+            await live.send_json(error(f"segment {name} cannot be read: {exc}", code="missing", name=name))
         return
     live.sent.add(name)
     await live.send_json({"type": "segment", "name": name, "vtt": text})

@@ -139,6 +139,8 @@ def submit(
         fail(f"{type(exc).__name__}: {exc.reason}", code=1)
     except TimeoutError as exc:
         fail(str(exc), code=1)
+    except OSError as exc:  # a segment that cannot be read (the store away, the folder not shared); the job goes on
+        fail(f"job {job.id}: {exc} (it goes on: farm status {job.id})", code=1)
     print_envelope(envelope, as_json)
     try:
         _download(job, out, as_json)

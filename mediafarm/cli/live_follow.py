@@ -48,8 +48,17 @@ def follow_live(job: Any, out: Path, *, timeout: float | None, poll: float = 0.2
             listed = fresh[-1].get("playlist")
             data = object_store.store_at().read(*object_store.split_url(listed)) if listed \
                 else store.path(PLAYLIST).read_bytes()  # fmt: skip
-            _write(data, out / PLAYLIST)
+            # Written over `DIR`'s only when DIR holds every segment it names: the playlist may be
+            # newer than the announcements read (the next look brings the segments it lists).
+            if all((out / "chunks" / line).is_file() for line in _segments(data)):
+                _write(data, out / PLAYLIST)
         time.sleep(poll)
+
+
+def _segments(playlist: bytes) -> list[str]:
+    """The segment files an HLS playlist lists (its lines that are not tags), as written beside it."""
+    lines = playlist.decode("utf-8", "replace").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def _write(data: bytes, target: Path) -> None:

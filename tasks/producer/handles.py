@@ -247,15 +247,16 @@ class JobHandle:
         else from the job's folder. A newer attempt clears that folder only after its record is
         written (``tasks.runtime.base``), so a file read while the job still has the attempts the
         partial output was seen with is that attempt's own; the count is read after the file, for
-        that. FileNotFoundError (or another OSError: StoreUnavailable) if the file is not there
-        while no newer attempt began: ``storage_dir`` (default ``FARM_STORAGE_DIR``) is not the
-        workers' shared folder, or the object is gone. UnsafeArtifactName for a name that leaves
+        that. FileNotFoundError (or another OSError: StoreUnavailable, after
+        ``STORE_READ_WAIT_S`` of a store away) if the file is not there while no newer attempt
+        began: ``storage_dir`` (default ``FARM_STORAGE_DIR``) is not the workers' shared folder,
+        or the object is gone. UnsafeArtifactName for a name that leaves
         the job's folder.
         """
         url = partial.get("url")
         try:
             if isinstance(url, str) and url:
-                data: bytes | None = object_store.store_at().read(*object_store.split_url(url))
+                data: bytes | None = _read_object(url)
             else:
                 folder = ArtifactStore(storage_dir or get_settings().storage_dir, self.id)
                 data = folder.path(announced_file(partial) or "").read_bytes()
@@ -504,3 +505,20 @@ class PipelineHandle(JobHandle):
                         reason = f"{part.label} ({part.job_id}) failed, so {plan.then_stage} never ran: {exc.reason}"
                         raise type(exc)(self.id, reason, exc.attempts) from None
         super()._raise_failure(result)
+
+
+# Seconds a reader of a partial output's object waits out a store that cannot be reached (the
+# worker that wrote it waits up to two minutes for the same store: a blip must not end a stream).
+STORE_READ_WAIT_S = 10.0
+
+
+def _read_object(url: str) -> bytes:
+    deadline, pause = time.monotonic() + STORE_READ_WAIT_S, 0.2
+    while True:
+        try:
+            return object_store.store_at().read(*object_store.split_url(url))
+        except object_store.StoreUnavailable:
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import shutil
 from collections.abc import Generator, Mapping
 from functools import partial
 from typing import Any, NoReturn
@@ -248,6 +249,10 @@ class FarmTask(Task):
                 raise
             if isinstance(outcome, Envelope):
                 resuming.ended()
+                if settings.storage_url:
+                    # Every file is in the store now, which readers read: this worker's copies would
+                    # only fill its disk, where no `farm gc` of the store looks.
+                    shutil.rmtree(store.folder, ignore_errors=True)
                 return dataclasses.replace(outcome, trace=trace.end()).to_json()
         except MemoryError:
             # Outside the engine (the engine's own are mapped in run_ladder); Celery must never see

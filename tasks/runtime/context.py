@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from mediafarm.config.settings import FarmSettings, get_settings
 from mediafarm.tasks.runtime import liveness
 from mediafarm.tasks.wire import keys, object_store
-from mediafarm.tasks.wire.artifacts import ArtifactStore, announced_file
+from mediafarm.tasks.wire.artifacts import INPUTS_FOLDER, ArtifactStore, announced_file, folder_name
 from mediafarm.tasks.wire.checkpoint import Checkpoint, CheckpointWriter
 from mediafarm.tasks.wire.errors import Cancelled, PermanentFailure, RungUnavailable, TransientFailure
 from mediafarm.tasks.wire.family import missing_model
@@ -234,6 +234,15 @@ class EngineContext:
             item = {**item, "url": self.uploads.file(self.artifacts.info(name)).url}
         self.channel.publish(item)
 
+    def store_now(self, names: list[str]) -> None:
+        """Where the farm keeps its files in an object store, copy these artifacts there now, ahead
+        of the partial outputs that will announce them (which then do not copy them again): so a
+        file that lists them (``share_live``) never reaches a reader before they do."""
+        liveness.beat()
+        if self.uploads is not None:
+            for name in names:
+                self.uploads.file(self.artifacts.info(name))
+
     def share_live(self, name: str) -> str | None:
         """Where the farm keeps its files in an object store, copy artifact ``name`` as it is now,
         a file the engine rewrites as it runs (a live playlist), and return the copy's URL, to put
@@ -292,15 +301,42 @@ class EngineContext:
         except FileNotFoundError:
             if not self.settings.storage_url or self.backend is None:
                 raise
-        result = self.backend.get_task_meta(job_id).get("result")
+        try:
+            return object_store.store_at().read(*object_store.split_url(self._stored_url(job_id, name)))
+        except object_store.StoreUnavailable as exc:
+            raise TransientFailure(str(exc)) from exc
+
+    def artifact_path_of(self, job_id: str, name: str) -> Path:
+        """A path to another job's artifact ``name`` (a pipeline part's, for its fan-in): its file
+        in this worker's storage folder, else, where the farm keeps its files in an object store,
+        a copy of its object in this job's hidden inputs folder (the part ran on another host).
+        The path may not exist (neither has it: the caller says what is gone); a TransientFailure
+        when the store cannot be reached."""
+        path = self.artifacts.of_job(job_id).path(name)
+        if path.is_file() or not self.settings.storage_url or self.backend is None:
+            return path
+        try:
+            url = self._stored_url(job_id, name)
+        except FileNotFoundError:
+            return path
+        target = self.artifacts.folder / INPUTS_FOLDER / folder_name(job_id) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            object_store.store_at().download(*object_store.split_url(url), target)
+        except object_store.ObjectMissing:
+            return path
+        except object_store.StoreUnavailable as exc:
+            raise TransientFailure(str(exc)) from exc
+        return target
+
+    def _stored_url(self, job_id: str, name: str) -> str:
+        """The object of another job's artifact, as its stored envelope names it."""
+        result = self.backend.get_task_meta(job_id).get("result") if self.backend is not None else None
         artifacts = result.get("artifacts") if isinstance(result, dict) and result.get("job_id") == job_id else None
         url = next((a.get("url") for a in artifacts or [] if isinstance(a, dict) and a.get("name") == name), None)
         if not url:
             raise FileNotFoundError(f"job {job_id!r} has no artifact {name!r} here or in the object store")
-        try:
-            return object_store.store_at().read(*object_store.split_url(url))
-        except object_store.StoreUnavailable as exc:
-            raise TransientFailure(str(exc)) from exc
+        return str(url)
 
     def model_path(self, relative: str) -> Path:
         """A model file or folder under the models dir; RungUnavailable (recorded, skipped) if absent."""

@@ -21,10 +21,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import folder_name, job_id_of
+from mediafarm.tasks.wire.media_urls import UrlNotAllowed, url_parts
 from mediafarm.tasks.wire.upload_store import JOBS, META, UPLOAD_ID, TooManyUploads, UnknownUpload, Upload
 
 # The folder of the store (under FARM_STORAGE_URL's prefix) that uploads go to. A leading dot: no
@@ -49,8 +51,15 @@ class UploadObjects:
     place: S3Place  # :func:`uploads_place`
 
     def holds(self, url: str) -> bool:
-        """Does ``url`` name an object among the uploads?"""
-        return url.startswith(self.place.url(self.place.prefix) + "/")
+        """Does ``url`` name an object among the uploads, however it is spelt (the scheme's and
+        the bucket's case, an empty port, percent-encoding: as a worker would read it)?"""
+        try:
+            parts = url_parts(url)
+        except UrlNotAllowed:
+            return False  # not a URL any worker reads
+        key = unquote(parts.path).lstrip("/")
+        return (parts.scheme.lower() == "s3" and (parts.hostname or "").lower() == self.place.bucket.lower()
+                and (key + "/").startswith(self.place.prefix + "/"))  # fmt: skip
 
     def _key(self, owner: str, upload_id: str, *name: str) -> str:
         return self.place.key(owner, upload_id, *name)

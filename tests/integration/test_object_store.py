@@ -65,10 +65,9 @@ def test_an_artifact_goes_to_the_store_and_is_read_with_no_shared_folder(s3, s3_
     [info] = [ArtifactInfo.from_json(a) for a in envelope["artifacts"]]
     attempt = len(envelope["attempts"]) - 1
     assert info.url == f"s3://{BUCKET}/{PREFIX}/{job.id}/{attempt}/words.txt"
-    # The producer's own storage folder never held it, and the worker's copy is gone too.
+    # The producer's own storage folder never held it, and the worker kept no copy once it was stored.
     assert not (get_settings().storage_dir / job.id).exists()
-    for path in s3_worker.storage.rglob("words.txt"):
-        path.unlink()
+    assert not (s3_worker.storage / job.id).exists()
     got = job.download("words.txt", tmp_path)
     assert got.read_bytes() == b"ONE\nTWO\nTHREE\n"
     assert job.read_artifact("words.txt") == b"ONE\nTWO\nTHREE\n"
@@ -424,9 +423,12 @@ def test_uploads_live_in_the_store_for_every_gateway_and_a_worker_with_no_shared
         # DELETE on A takes what B received.
         assert on_a.delete(f"/v1/uploads/{second.json()['id']}").status_code == 204
         assert not [k for k in stored() if second.json()["id"] in k]
-        # By its URL, an upload is refused: only its owner's upload:<id> names one.
-        refused = on_b.post("/v1/jobs/vad", json={"media": f"s3://{BUCKET}/{media}"})
-        assert refused.status_code == 422 and "upload:<id>" in refused.text, refused.text
+        # By its URL, however spelt, an upload is refused: only its owner's upload:<id> names one.
+        folder_key = media.replace(".gateway-uploads", "%2Egateway-uploads")
+        for spelt in (f"s3://{BUCKET}/{media}", f"S3://{BUCKET}/{media}", f"s3://{BUCKET.upper()}/{media}",
+                      f"s3://{BUCKET}:/{media}", f"s3://{BUCKET}/{folder_key}", f"s3://{BUCKET}//{media}"):  # fmt: skip
+            refused = on_b.post("/v1/jobs/vad", json={"media": spelt})
+            assert refused.status_code == 422 and "upload:<id>" in refused.text, (spelt, refused.text)
     # A job naming it is sent with the object's URL (the gateway's own check, called here: over HTTP
     # the job would go to the vad family's queue, not this test's worker), and a worker that shares
     # no folder with either gateway reads it there.
@@ -514,8 +516,9 @@ def test_a_job_whose_whole_host_dies_resumes_on_another_host_from_the_stored_che
         shutil.rmtree(first_folder)
         second, second_folder = host("b")
         envelope = moved.wait(timeout=150)
-        # A re-render on a host whose folder lacks the source's files reads them from the store.
-        shutil.rmtree(second_folder / moved.id)
+        # A re-render on a host whose folder lacks the source's files reads them from the store:
+        # the worker that finished the job kept no copy of what it put there.
+        assert not (second_folder / moved.id).exists()
         render = submit("subtitle-render", queue=RESUME_QUEUE, source=moved.id, formats=["vtt"])
         rendered = render.wait(timeout=60)
     finally:

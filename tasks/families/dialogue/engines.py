@@ -68,7 +68,7 @@ def assemble(ctx: EngineContext, request: DialogueRequest, params: AssembleParam
             ctx.check_cancelled()
             part = collected.part
             sha = next((a["sha256"] for a in envelope.get("artifacts", []) if a["name"] == result.audio), None)
-            path = ctx.artifacts.of_job(part.job_id).path(result.audio)
+            path = ctx.artifact_path_of(part.job_id, result.audio)  # from the store if it ran elsewhere
             samples, line_rate = read_line_audio(path, sha, f"{part.label} ({part.job_id})")
             samples = resample(samples, line_rate, rate)
             if number > 1 and pause.size:

@@ -334,7 +334,10 @@ def _settle(
     for name, text in segments:
         ctx.artifacts.write_text(f"{CHUNKS}/{name}", text)
     ctx.artifacts.write_text(PLAYLIST, job.playlist(ended=ended))
-    playlist_url = ctx.share_live(PLAYLIST)  # with an object store: where readers on other hosts find it
+    # With an object store: the segments there first, then the playlist that lists them, where
+    # readers on other hosts find it (a reader never holds a playlist naming a segment it cannot get).
+    ctx.store_now([f"{CHUNKS}/{name}" for name, _ in segments])
+    playlist_url = ctx.share_live(PLAYLIST)
     published_at = time.time()
     _measure(job, arrivals, published_at)
     if not ended:
