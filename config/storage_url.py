@@ -26,6 +26,8 @@ class S3Place:
         bucket, _, prefix = url[len(SCHEME) :].partition("/")
         if not bucket or "/" in bucket or not all(c.isalnum() or c in "-._" for c in bucket):
             raise ValueError(f"object store URL {url!r} names no valid bucket (letters, digits, '-', '.', '_')")
+        if bucket != bucket.lower():  # S3's rule; a URL's host is read lower-cased, so one would not match
+            raise ValueError(f"object store URL {url!r}: a bucket name is lower-case")
         return cls(bucket, prefix.strip("/"))
 
     def key(self, *parts: str) -> str:

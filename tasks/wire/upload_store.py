@@ -183,8 +183,12 @@ class UploadStore:
         """
         folder = self.root / owner / uuid.uuid4().hex
         if self.objects is not None:  # counted in the store, where every gateway counts
-            self.objects.begin(owner, folder.name, self.max_count)
             folder.mkdir(parents=True)
+            try:
+                self.objects.begin(owner, folder.name, self.max_count)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
             return UploadWriter(folder, owner, _clean_filename(filename), media_type, self.max_bytes, self.objects)
         folder.mkdir(parents=True)
         held = sum(1 for p in folder.parent.iterdir() if p.is_dir())
