@@ -342,7 +342,7 @@ def test_farm_submit_live_follows_segments_and_playlist_from_the_store(s3, s3_wo
     """`farm submit --live --out` on a host whose folder the worker never wrote: every segment and
     the growing playlist come from the store while the stream plays."""
     from tests.integration.test_subtitle_live_jobs import _started
-    from tests.support.live_stream import free_port, publish_udp
+    from tests.support.live_stream import free_port, playlist_while_playing, publish_udp
     from tests.support.speech import PHRASES, make_track
 
     track = make_track(tmp_path / "udp.wav", gaps=(1.0, 2.0, 2.0, 1.5), phrases=PHRASES[:3])
@@ -357,12 +357,7 @@ def test_farm_submit_live_follows_segments_and_playlist_from_the_store(s3, s3_wo
     job_id = farm.stdout.readline().split(":")[0].strip()
     _started(JobHandle(job_id, "subtitle-live"))
     publisher = publish_udp(track.path, port)
-    playlist = out / "chunks" / "playlist.m3u8"
-    while publisher.poll() is None and not playlist.exists():
-        time.sleep(0.1)
-    assert publisher.poll() is None, "no playlist copied while the stream played"
-    listed = [line for line in playlist.read_text().splitlines() if line.endswith(".vtt")]
-    assert listed and all((out / "chunks" / name).exists() for name in listed)
+    playlist = playlist_while_playing(out, publisher)
     assert publisher.wait(40) == 0
     stdout, _ = farm.communicate(timeout=60)
     assert farm.returncode == 0, stdout

@@ -27,6 +27,7 @@ from tests.support.kills import kill_running
 from tests.support.live_stream import (
     free_port,
     http_folder,
+    playlist_while_playing,
     publish_hls,
     publish_tcp,
     publish_udp,
@@ -343,12 +344,7 @@ def test_farm_submit_live_follows_the_playlist_as_it_grows(cpu_worker, tiny_en, 
     _started(handle(job_id))
     publisher = publish_udp(track.path, port, ts_offset=TS_OFFSET)
     # While the stream plays, DIR holds a playlist whose every segment is already there.
-    playlist = out / "chunks" / "playlist.m3u8"
-    while publisher.poll() is None and not playlist.exists():
-        time.sleep(0.1)
-    assert publisher.poll() is None, "no playlist copied while the stream played"
-    listed = [line for line in playlist.read_text().splitlines() if line.endswith(".vtt")]
-    assert listed and all((out / "chunks" / name).exists() for name in listed)
+    playlist = playlist_while_playing(out, publisher)
     assert "#EXT-X-ENDLIST" not in playlist.read_text()
     assert publisher.wait(40) == 0
     stdout, _ = farm.communicate(timeout=60)

@@ -108,3 +108,15 @@ def real_time_pieces(pcm: bytes, rate: int, piece_seconds: float = 0.1) -> Itera
     for k, i in enumerate(range(0, len(pcm), step)):
         time.sleep(max(0.0, began + k * piece_seconds - time.monotonic()))
         yield pcm[i : i + step]
+
+
+def playlist_while_playing(out: Path, publisher: subprocess.Popen[bytes]) -> Path:
+    """The playlist `farm submit --live --out` keeps in ``out``, once there while ``publisher``
+    still plays the stream; every segment it lists is already in ``out`` (AssertionError otherwise)."""
+    playlist = out / "chunks" / "playlist.m3u8"
+    while publisher.poll() is None and not playlist.exists():
+        time.sleep(0.1)
+    assert publisher.poll() is None, "no playlist copied while the stream played"
+    listed = [line for line in playlist.read_text().splitlines() if line.endswith(".vtt")]
+    assert listed and all((out / "chunks" / name).exists() for name in listed), listed
+    return playlist
