@@ -203,8 +203,12 @@ class ArtifactStore:
 
 
 def _info(name: str, path: Path) -> ArtifactInfo:
-    media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return ArtifactInfo(name, path.stat().st_size, media_type, sha256_of(path), str(path.absolute()))
+    return ArtifactInfo(name, path.stat().st_size, media_type_of(path.name), sha256_of(path), str(path.absolute()))
+
+
+def media_type_of(name: str) -> str:
+    """The MIME type a file name suggests, ``application/octet-stream`` when it suggests none."""
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
 # The keys by which a streaming engine's partial output announces a file it wrote: a TTS chunk's

@@ -1,7 +1,8 @@
 """Job artifacts in an S3-compatible object store (``FARM_STORAGE_URL=s3://bucket/prefix``).
 
 A worker still writes each file into its own job folder first (``tasks.wire.artifacts``: atomic,
-checked names); when an attempt has succeeded, :func:`publish` copies its artifacts to the store,
+checked names); :class:`AttemptPublisher` copies them to the store (as a streaming job announces
+them, and every artifact when the attempt has succeeded),
 and the envelope's ``ArtifactInfo.url`` names each object. Readers (``JobHandle.download``, the
 gateway's artifact route) read the object, so a producer, a gateway and the workers need share
 no folder, only the broker and the store.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import mimetypes
 import os
 import threading
 import time
@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote
 
 from mediafarm.config.storage_url import S3Place
-from mediafarm.tasks.wire.artifacts import folder_name
+from mediafarm.tasks.wire.artifacts import folder_name, media_type_of
 from mediafarm.tasks.wire.errors import TransientFailure
 from mediafarm.tasks.wire.records import ArtifactInfo
 
@@ -353,7 +353,7 @@ class AttemptPublisher:
         attempt's success); its URL."""
         key = attempt_key(self.place, self.job_id, self.attempt, f"{LIVE_FOLDER}/{name}")
         data = (self.folder / name).read_bytes()
-        media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        media_type = media_type_of(name)
         self._retrying(lambda: self.store.put_bytes(data, self.place.bucket, key, media_type),
                        time.monotonic() + self.wait_s)  # fmt: skip
         return self.place.url(key)
@@ -392,18 +392,3 @@ class AttemptPublisher:
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 
-
-def publish(
-    infos: list[ArtifactInfo],
-    folder: Path,
-    place: S3Place,
-    job_id: str,
-    attempt: int,
-    writer: Mapping[str, str],
-    store: ObjectStore,
-    wait_s: float = STORE_WAIT_S,
-    waiting: Callable[[], None] | None = None,
-) -> list[ArtifactInfo]:
-    """Copy an attempt's finished artifacts (``infos``, files under ``folder``) into the store at
-    once; the same infos with their ``url`` (:class:`AttemptPublisher`)."""
-    return AttemptPublisher(folder, place, job_id, attempt, writer, store, wait_s, waiting).artifacts(infos)

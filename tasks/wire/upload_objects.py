@@ -26,7 +26,7 @@ from urllib.parse import unquote
 from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks.wire import object_store
 from mediafarm.tasks.wire.artifacts import folder_name, job_id_of
-from mediafarm.tasks.wire.media_urls import UrlNotAllowed, url_parts
+from mediafarm.tasks.wire.media_urls import S3, UrlNotAllowed, url_parts
 from mediafarm.tasks.wire.upload_store import JOBS, META, UPLOAD_ID, TooManyUploads, UnknownUpload, Upload
 
 # The folder of the store (under FARM_STORAGE_URL's prefix) that uploads go to. A leading dot: no
@@ -58,7 +58,7 @@ class UploadObjects:
         except UrlNotAllowed:
             return False  # not a URL any worker reads
         key = unquote(parts.path).lstrip("/")
-        return (parts.scheme.lower() == "s3" and (parts.hostname or "").lower() == self.place.bucket.lower()
+        return (parts.scheme.lower() == S3 and (parts.hostname or "").lower() == self.place.bucket.lower()
                 and (key + "/").startswith(self.place.prefix + "/"))  # fmt: skip
 
     def _key(self, owner: str, upload_id: str, *name: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import mimetypes
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mediafarm.tasks.wire.artifacts import folder_name, job_id_of
+from mediafarm.tasks.wire.artifacts import folder_name, job_id_of, media_type_of
 
 META = "meta.json"
 JOBS = "jobs"
@@ -116,7 +115,7 @@ class UploadWriter:
         self.objects = objects
         suffix = Path(filename).suffix
         self.extension = suffix.lower() if _EXTENSION.match(suffix) else ""
-        self.media_type = media_type or mimetypes.guess_type(filename)[0] or "application/octet-stream"
+        self.media_type = media_type or media_type_of(filename)
         self.size = 0
         self._digest = hashlib.sha256()
         self._partial = folder / (PARTIAL + self.extension)

@@ -147,22 +147,27 @@ def test_a_stale_write_is_refused_and_the_winners_object_stays(s3, tmp_path: Pat
         return ArtifactInfo("words.txt", len(data), "text/plain", hashlib.sha256(data).hexdigest())
 
     writer = {"rung": "stream", "worker": "a@test"}
-    [first] = object_store.publish([info(winner)], winner, place, job_id, 0, writer, store)
+
+    def publish(infos: list[ArtifactInfo], folder: Path, attempt: int) -> list[ArtifactInfo]:
+        """What an attempt's success copies (a publisher of its own each time, as each attempt has)."""
+        return object_store.AttemptPublisher(folder, place, job_id, attempt, writer, store).artifacts(infos)
+
+    [first] = publish([info(winner)], winner, 0)
     # The same attempt publishing again (its own object): kept, no error.
-    assert object_store.publish([info(winner)], winner, place, job_id, 0, writer, store) == [first]
+    assert publish([info(winner)], winner, 0) == [first]
     # Another process under the same attempt's key, with other bytes: refused, the object unchanged.
     with pytest.raises(TransientFailure, match="written by another process"):
-        object_store.publish([info(stale)], stale, place, job_id, 0, writer, store)
+        publish([info(stale)], stale, 0)
     bucket, key = object_store.split_url(str(first.url))
     assert b"".join(store.get(bucket, key).chunks()) == b"the winner's words\n"
     # A big artifact goes in parts, create-only as well.
     big = tmp_path / "big"
     big.mkdir()
     (big / "words.txt").write_bytes(os.urandom(object_store.MULTIPART_BYTES + 1024))
-    [parts] = object_store.publish([info(big)], big, place, job_id, 1, writer, store)
+    [parts] = publish([info(big)], big, 1)
     assert store.metadata(*object_store.split_url(str(parts.url)))["sha256"] == info(big).sha256
     with pytest.raises(TransientFailure, match="written by another process"):
-        object_store.publish([info(stale)], stale, place, job_id, 1, writer, store)
+        publish([info(stale)], stale, 1)
 
 
 def test_a_worker_refuses_to_start_on_a_store_that_refuses_it(s3, monkeypatch) -> None:
