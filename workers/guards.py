@@ -97,7 +97,7 @@ def startup_problems(
 def storage_problems() -> list[str]:
     """An object store this worker could never write to (FARM_STORAGE_URL): no such bucket, access
     refused, boto3 not installed. A store that cannot be reached yet is no reason to refuse: an
-    attempt waits for it (``tasks.wire.object_store.publish``). A store that answers without the
+    attempt waits for it (``tasks.wire.object_store.AttemptPublisher``). A store that answers without the
     bucket is given ``BUCKET_WAIT_S`` to make it: a cluster started at once (Compose, Kubernetes)
     starts the store and its workers together, and the store makes its bucket as it starts."""
     url = get_settings().storage_url
