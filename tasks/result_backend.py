@@ -112,6 +112,15 @@ class FarmRedisBackend(RedisBackend):
         base = params.get("connection_class") or self.redis.Connection
         return super()._create_client(**{**params, "connection_class": counting_connection(base)})
 
+    def on_task_call(self, producer: Any, task_id: Any) -> None:
+        """Subscribe to a task's result when someone waits for it, not as it is sent.
+
+        Celery subscribes as it sends so that ``apply_async().get()`` is subscribed early; the
+        subscription ends when that ``AsyncResult`` is collected, usually long before anyone waits
+        (``submit`` keeps only the id). A job then paid SUBSCRIBE, UNSUBSCRIBE, and SUBSCRIBE again
+        in ``wait`` (issue #34); a job nobody waits for (the gateway's) paid the first two for
+        nothing. Waiting misses nothing: it subscribes, then reads the stored state once."""
+
     def _store_result(
         self, task_id: Any, result: Any, state: str, traceback: Any = None, request: Any = None, **kwargs: Any
     ) -> Any:
