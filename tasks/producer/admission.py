@@ -16,8 +16,9 @@ producer, through them). Three checks, each with limits from ``config.admission`
 - **pressure**: each worker publishes its memory reading and the queues it consumes
   (``workers.pressure``, every second, with a TTL); a reading of a worker that consumes the job's
   queue below its pool's thresholds refuses the job (:func:`queue_under_pressure`; a pool's own
-  state for its workers: :func:`pool_under_pressure`). A family whose ladder steps down under
-  pressure (``config.ladder_policy``) is not refused: its jobs start on a lighter rung instead.
+  state for its workers: :func:`pool_under_pressure`). The readings too are reused for
+  ``depth_cache`` seconds in a process. A family whose ladder steps down under pressure
+  (``config.ladder_policy``) is not refused: its jobs start on a lighter rung instead.
 
 A refusal writes only its count (``keys.refusals``, for the metrics); a job already accepted (an
 idempotent re-submit of its id) is never refused, and nothing accepted is ever dropped. A limit
@@ -164,18 +165,17 @@ def pool_under_pressure(pool: str, client: Any) -> str | None:
     return None
 
 
-def queue_under_pressure(queue: str, pools: Mapping[str, Pool], client: Any) -> tuple[str, str] | None:
+def queue_under_pressure(
+    queue: str, pools: Mapping[str, Pool], client: Any, reuse_s: float = 0.0
+) -> tuple[str, str] | None:
     """(pool, why) when a worker that consumes ``queue`` is under its pool's memory thresholds, or
-    None. Every declared pool's readings in one round trip; a worker that consumes ``queue`` is one
-    whose reading lists it (its pool's queues, or ``farm worker --queues``), else one of a pool
-    that declares it."""
-    names = list(pools)
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hvals(keys.pressure(name))
+    None. Every declared pool's readings in one round trip, reused for ``reuse_s`` seconds by this
+    process (:class:`_Readings`); a worker that consumes ``queue`` is one whose reading lists it
+    (its pool's queues, or ``farm worker --queues``), else one of a pool that declares it."""
+    names = tuple(pools)
     admission, now = get_admission(), time.time()
     family_queues = None
-    for name, raws in zip(names, pipe.execute(), strict=True):
+    for name, raws in zip(names, _readings.of(client, names, reuse_s), strict=True):
         for reading in _fresh(raws, now):
             if reading.queues:
                 serves = queue in reading.queues
@@ -196,6 +196,35 @@ def family_queues(spec: FamilySpec, queue: str | None, pools: Mapping[str, Pool]
     for pool in pools.values():
         names += [pool_queue(pool.name, spec.queue), *(gpu_queue(g, spec.queue) for g in pool.gpus)]
     return tuple(dict.fromkeys(names))
+
+
+class _Readings:
+    """The pools' memory readings as stored (a list of raw readings per pool), reused for a while
+    per process. A worker publishes its reading once a second (``workers.pressure``), so a look
+    a quarter of a second old is about as fresh as any, and each submit no longer pays a round
+    trip for it (issue #34)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[int, tuple[str, ...]], tuple[float, list[list[bytes]]]] = {}
+
+    def of(self, client: Any, pools: tuple[str, ...], reuse_s: float) -> list[list[bytes]]:
+        """The readings of ``pools`` through ``client``, read again when older than ``reuse_s``."""
+        key = (id(client), pools)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None and time.monotonic() - cached[0] < reuse_s:
+            return cached[1]
+        pipe = client.pipeline(transaction=False)
+        for name in pools:
+            pipe.hvals(keys.pressure(name))
+        raws = pipe.execute()
+        with self._lock:
+            self._cache[key] = (time.monotonic(), raws)
+        return raws
+
+
+_readings = _Readings()
 
 
 class _Depths:
@@ -365,7 +394,7 @@ def admit(
     for spec, queue, ladder_name in named:
         if not _steps_down(spec, ladder_name):
             try:
-                pressed = queue_under_pressure(queue or spec.queue, pools, client)
+                pressed = queue_under_pressure(queue or spec.queue, pools, client, admission.depth_cache)
             except away as exc:
                 _unread("the workers' memory readings", exc)
                 pressed = None

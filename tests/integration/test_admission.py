@@ -138,7 +138,10 @@ def test_a_tenant_at_its_limit_is_refused_while_another_is_taken(worker, backend
     submit("chaos", queue=DEPTH_QUEUE, tenant="t-busy").wait(timeout=30)
 
 
-def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root) -> None:
+def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root, monkeypatch) -> None:
+    # Every submit reads the readings afresh here (test_a_memory_reading_is_reused_for_depth_cache:
+    # how long one is reused).
+    monkeypatch.setattr(admission, "get_admission", lambda: parse({"depth_cache": 0}))
     with pressed(backend, "chaos"):
         why = admission.pool_under_pressure("chaos", backend)
         assert why is not None and "pool 'chaos' is under memory pressure: 10 MiB of 16000 MiB" in why
@@ -169,6 +172,37 @@ def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root
     # A reading older than the TTL is ignored: a stopped worker does not refuse work for ever.
     publish_reading(backend, "chaos", Reading("chaos@test", time.time() - 60, 10.0, 16000.0, {}))
     assert admission.pool_under_pressure("chaos", backend) is None
+
+
+def test_a_memory_reading_is_reused_for_depth_cache_then_read_again(backend, monkeypatch) -> None:
+    """A producer process reads the pools' memory readings once per ``depth_cache`` (one round trip
+    of every pool's HVALS), not once per submit; a reading published meanwhile refuses from the next
+    look on."""
+    reuse_s = 1.0
+    monkeypatch.setattr(admission, "get_admission", lambda: parse({"depth_cache": reuse_s}))
+    pools = len(admission.get_pools())
+
+    def hvals_served() -> int:
+        return int(backend.info("commandstats").get("cmdstat_hvals", {}).get("calls", 0))
+
+    time.sleep(reuse_s)  # whatever an earlier submit of this process read has lapsed
+    before = hvals_served()
+    first = submit("chaos")
+    read_at = time.monotonic()
+    assert take_back(backend, "chaos", first.id)
+    publish_reading(backend, "chaos", Reading("chaos@test", time.time(), 10.0, 16000.0, {}))
+    try:
+        second = submit("chaos")  # within the reuse: the reading from before the pressure stands
+        assert time.monotonic() - read_at < reuse_s, "the machine was too slow to test the reuse"
+        assert take_back(backend, "chaos", second.id)
+        # One look of every pool for both submits (the routing's capability read adds an HVALS a second).
+        assert pools <= hvals_served() - before < 2 * pools
+        time.sleep(max(0.0, reuse_s - (time.monotonic() - read_at)) + 0.05)
+        with pytest.raises(Overloaded, match="pool 'chaos' is under memory pressure"):
+            submit("chaos")
+        assert hvals_served() - before >= 2 * pools
+    finally:
+        backend.delete(keys.pressure("chaos"))
 
 
 def take_back(client: redis.Redis, queue: str, job_id: str) -> bool:
