@@ -153,6 +153,7 @@ def test_flower_sees_the_progress_as_the_jobs_state(cpu_worker, ten_minutes: Pat
     listening, done = threading.Event(), threading.Event()
     seen: list[tuple[str, float | None]] = []
     job_id: list[str] = []
+    ended: list[dict] = []
 
     def on_event(event: dict) -> None:
         state.event(event)
@@ -162,6 +163,7 @@ def test_flower_sees_the_progress_as_the_jobs_state(cpu_worker, ten_minutes: Pat
             task = state.tasks[job_id[0]]
             seen.append((task.state, getattr(task, "fraction", None)))
             if event["type"] in ("task-succeeded", "task-failed"):
+                ended.append(event)
                 done.set()
 
     def listen() -> None:
@@ -180,6 +182,11 @@ def test_flower_sees_the_progress_as_the_jobs_state(cpu_worker, ten_minutes: Pat
     progress = [fraction for st, fraction in seen if st == "PROGRESS"]
     assert len(progress) >= 3 and progress == sorted(progress) and 0 < progress[-1] <= 1, seen
     assert seen[-1][0] == "SUCCESS"
+    # Flower's result: the envelope's repr, cut short (FarmTask.resultrepr_maxsize), still naming
+    # the job, its family and the rung it ran on.
+    shown = ended[-1]["result"]
+    assert len(shown) < 300 and "..." in shown, shown
+    assert f"'job_id': '{job.id}'" in shown and "'family': 'vad'" in shown and "'rung': " in shown, shown
 
 
 def test_a_running_job_can_be_cancelled(cpu_worker, ten_minutes: Path) -> None:
