@@ -79,8 +79,10 @@ class SentMessage:
         return int(self.headers.get(RESENT_HEADER) or 0)
 
     def to_json(self) -> str:
+        """As JSON gives it back: tuples as lists, what JSON cannot carry as its text."""
         return json.dumps({"task": self.task, "queue": self.queue, "headers": self.headers,
-                           "properties": self.properties, "body": self.body, "sent": self.sent})  # fmt: skip
+                           "properties": self.properties, "body": self.body, "sent": self.sent},
+                          default=str)  # fmt: skip
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> SentMessage:
@@ -144,9 +146,10 @@ class LedgerAMQP(AMQP):
         queue_name = getattr(queue, "name", queue) or routing_key
         if not (name.startswith(FARM_TASK_PREFIX) and job_id and queue_name and self._ledger_on()):
             return
-        # The sender filled the properties in (the priority among them) as it published.
-        kept = SentMessage(task=name, queue=str(queue_name), headers=_plain(headers), properties=_plain(properties),
-                           body=_plain(list(body or ())), sent=time.time())  # fmt: skip
+        # The sender filled the properties in (the priority among them) as it published. Celery's
+        # own objects, read once, as ``to_json`` writes them: every send pays this (issue #34).
+        kept = SentMessage(task=name, queue=str(queue_name), headers=headers, properties=properties,
+                           body=list(body or ()), sent=time.time())  # fmt: skip
         try:
             remember(self.app.backend.client, job_id, kept)
         except Exception as exc:  # noqa: BLE001 - the job is sent: only its cover against a lost fetch is missing
@@ -158,7 +161,3 @@ class LedgerAMQP(AMQP):
         return not is_amqp(str(self.app.conf.broker_url or "")) and get_settings().lost_sweep > 0 \
             and hasattr(self.app.backend, "client")  # fmt: skip
 
-
-def _plain(value: Any) -> Any:
-    """``value`` as JSON gives it back (tuples as lists); what JSON cannot carry, as its text."""
-    return json.loads(json.dumps(value, default=str))
