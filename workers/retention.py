@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,8 +70,7 @@ def expired(storage_dir: Path, backend: Any, *, grace: float = 3600.0, now: floa
     if not storage_dir.is_dir():
         return
     folders = [p for p in sorted(storage_dir.iterdir()) if p.is_dir() and (p / MARKER).is_file()]
-    if folders and not _holds_farm_keys(backend.client):
-        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    _check_backend(backend, bool(folders))
     for folder in folders:
         job_id = job_id_of(folder.name)
         if job_id is None or now - _newest_change(folder) < grace:
@@ -102,8 +101,7 @@ def expired_objects(
     """What ``farm gc`` removes from the object store (the rule is in the module's docstring)."""
     now = time.time() if now is None else now
     jobs = [(name, job_id) for name in store.folders(place.bucket, place.prefix) if (job_id := job_id_of(name))]
-    if jobs and not _holds_farm_keys(backend.client):
-        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    _check_backend(backend, bool(jobs))
     for name, job_id in jobs:
         folder = place.key(name) + "/"
         objects = store.objects(place.bucket, folder)
@@ -125,20 +123,14 @@ def expired_uploads(
     backend's ``result_expires``."""
     now = time.time() if now is None else now
     folders = list(upload_folders(uploads_dir))
-    if any(jobs_naming(f) for f in folders) and not _holds_farm_keys(backend.client):
-        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    _check_backend(backend, any(jobs_naming(f) for f in folders))
     for folder in folders:
-        if now - _newest_change(folder) < grace:
-            continue
-        if not is_finished(folder):
-            yield Removal(folder, "an upload that never finished", _size(folder))
-            continue
-        jobs = jobs_naming(folder)
-        if jobs:
-            if not any(_job_known(backend, job_id) for job_id in jobs):
-                yield Removal(folder, "upload whose jobs' results expired", _size(folder))
-        elif now - (folder / META).stat().st_mtime >= ttl:
-            yield Removal(folder, "upload no job named within result_expires", _size(folder))
+        finished = is_finished(folder)
+        why = _upload_expired(backend, changed=_newest_change(folder), finished=finished,
+                              recorded=(folder / META).stat().st_mtime if finished else 0.0,
+                              jobs=jobs_naming(folder), now=now, ttl=ttl, grace=grace)  # fmt: skip
+        if why is not None:
+            yield Removal(folder, why, _size(folder))
 
 
 def expired_upload_objects(
@@ -148,18 +140,35 @@ def expired_upload_objects(
     by the uploads folder's rule (the module's docstring)."""
     now = time.time() if now is None else now
     uploads = list(stored_uploads(place, store))
-    if any(u.jobs for u in uploads) and not _holds_farm_keys(backend.client):
-        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
+    _check_backend(backend, any(u.jobs for u in uploads))
     for upload in uploads:
-        if now - upload.changed < grace:
-            continue
-        if not upload.finished:
-            yield Removal(upload.url, "an upload that never finished", upload.size)
-        elif upload.jobs:
-            if not any(_job_known(backend, job_id) for job_id in upload.jobs):
-                yield Removal(upload.url, "upload whose jobs' results expired", upload.size)
-        elif now - upload.recorded >= ttl:
-            yield Removal(upload.url, "upload no job named within result_expires", upload.size)
+        why = _upload_expired(backend, changed=upload.changed, finished=upload.finished, recorded=upload.recorded,
+                              jobs=upload.jobs, now=now, ttl=ttl, grace=grace)  # fmt: skip
+        if why is not None:
+            yield Removal(upload.url, why, upload.size)
+
+
+def _upload_expired(
+    backend: Any, *, changed: float, finished: bool, recorded: float, jobs: Sequence[str], now: float, ttl: float,
+    grace: float,
+) -> str | None:
+    """Why an upload goes, wherever it is kept, or None: the uploads' rule (the module's docstring).
+    ``changed``: its newest change; ``recorded``: its record's (when finished); ``jobs``: the ids
+    of the jobs that named it."""
+    if now - changed < grace:
+        return None
+    if not finished:
+        return "an upload that never finished"
+    if jobs:
+        return None if any(_job_known(backend, job_id) for job_id in jobs) else "upload whose jobs' results expired"
+    return "upload no job named within result_expires" if now - recorded >= ttl else None
+
+
+def _check_backend(backend: Any, looks_up_jobs: bool) -> None:
+    """Refuse a backend with no farm key at all when jobs are to be looked up in it
+    (``looks_up_jobs``): a wrong database would make every job look expired."""
+    if looks_up_jobs and not _holds_farm_keys(backend.client):
+        raise WrongBackend("the result backend holds no job results or farm keys: is FARM_RESULT_BACKEND right?")
 
 
 def _ended(backend: Any, job_id: str) -> bool:
