@@ -8,7 +8,7 @@ On by default. Operators change them in the ``[admission]`` table of ``FARM_CONF
     max_queued = 1000              # jobs waiting in one family's queues (all priorities)
     max_queued_per_tenant = 200    # jobs one gateway token has submitted that have not started
     retry_after = 5                # seconds a refused producer is told to wait
-    depth_cache = 0.25             # seconds one producer process reuses a queue-depth or memory reading
+    depth_cache = 0.25             # seconds one producer process reuses a queue-depth or memory reading (1 s at most)
 
     [admission.families.tts]
     max_queued = 50                # an interactive family: refuse early rather than queue for minutes

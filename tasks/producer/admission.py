@@ -17,7 +17,7 @@ producer, through them). Three checks, each with limits from ``config.admission`
   (``workers.pressure``, every second, with a TTL); a reading of a worker that consumes the job's
   queue below its pool's thresholds refuses the job (:func:`queue_under_pressure`; a pool's own
   state for its workers: :func:`pool_under_pressure`). The readings too are reused for
-  ``depth_cache`` seconds in a process. A family whose ladder steps down under pressure
+  ``depth_cache`` seconds in a process, 1 s at most. A family whose ladder steps down under pressure
   (``config.ladder_policy``) is not refused: its jobs start on a lighter rung instead.
 
 A refusal writes only its count (``keys.refusals``, for the metrics); a job already accepted (an
@@ -54,6 +54,9 @@ TENANT_HORIZON_S = 24 * 3600
 # A pressure reading older than this is ignored (the worker writes one every second; a stopped
 # worker's reading must not refuse work for ever). The key's own TTL is the same.
 PRESSURE_STALE_S = 5.0
+# The longest a producer process reuses the pools' memory readings (:class:`_Readings`), whatever
+# ``depth_cache`` says: a worker publishes one a second.
+READINGS_REUSE_MAX_S = 1.0
 
 # Prune the tenant's set of jobs that started (their history exists) or ended (their result does),
 # then refuse (return the count) or take the job (return -1). Atomic: racing submits of one tenant
@@ -200,28 +203,43 @@ def family_queues(spec: FamilySpec, queue: str | None, pools: Mapping[str, Pool]
 
 class _Readings:
     """The pools' memory readings as stored (a list of raw readings per pool), reused for a while
-    per process. A worker publishes its reading once a second (``workers.pressure``), so a look
-    a quarter of a second old is about as fresh as any, and each submit no longer pays a round
-    trip for it (issue #34)."""
+    by every thread of a process. A worker publishes its reading once a second
+    (``workers.pressure``), so a look a quarter of a second old is about as fresh as any, and each
+    submit no longer pays a round trip for it (issue #34). Never reused for longer than
+    :data:`READINGS_REUSE_MAX_S`, whatever ``depth_cache`` says: pressure must be seen within a
+    reading or so."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[tuple[int, tuple[str, ...]], tuple[float, list[list[bytes]]]] = {}
+        self._cache: dict[tuple[tuple[Any, ...], tuple[str, ...]], tuple[float, list[list[bytes]]]] = {}
 
     def of(self, client: Any, pools: tuple[str, ...], reuse_s: float) -> list[list[bytes]]:
-        """The readings of ``pools`` through ``client``, read again when older than ``reuse_s``."""
-        key = (id(client), pools)
+        """The readings of ``pools`` through ``client``, read again when older than ``reuse_s``
+        (at most :data:`READINGS_REUSE_MAX_S`; 0: always)."""
+        reuse_s = min(reuse_s, READINGS_REUSE_MAX_S)
+        # By the server the client talks to: Celery keeps a backend, so a client, per thread.
+        key = (_server_of(client), pools)
+        now = time.monotonic()
         with self._lock:
             cached = self._cache.get(key)
-        if cached is not None and time.monotonic() - cached[0] < reuse_s:
+        if cached is not None and now - cached[0] < reuse_s:
             return cached[1]
         pipe = client.pipeline(transaction=False)
         for name in pools:
             pipe.hvals(keys.pressure(name))
         raws = pipe.execute()
-        with self._lock:
-            self._cache[key] = (time.monotonic(), raws)
+        if reuse_s > 0:
+            with self._lock:
+                for old in [k for k, (at, _) in self._cache.items() if now - at >= READINGS_REUSE_MAX_S]:
+                    del self._cache[old]
+                self._cache[key] = (now, raws)
         return raws
+
+
+def _server_of(client: Any) -> tuple[Any, ...]:
+    """Which Redis server and database ``client`` reads (its pool's connection settings)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    return tuple(kwargs.get(k) for k in ("host", "port", "path", "db", "username"))
 
 
 _readings = _Readings()

@@ -176,16 +176,17 @@ def test_memory_pressure_on_a_pool_refuses_its_families_only(backend, media_root
 
 def test_a_memory_reading_is_reused_for_depth_cache_then_read_again(backend, monkeypatch) -> None:
     """A producer process reads the pools' memory readings once per ``depth_cache`` (one round trip
-    of every pool's HVALS), not once per submit; a reading published meanwhile refuses from the next
-    look on."""
-    reuse_s = 1.0
-    monkeypatch.setattr(admission, "get_admission", lambda: parse({"depth_cache": reuse_s}))
+    of every pool's HVALS), not once per submit, and never reuses them past
+    ``READINGS_REUSE_MAX_S`` (1 s) whatever ``depth_cache`` says: a reading published meanwhile
+    refuses from the next look on."""
+    reuse_s = admission.READINGS_REUSE_MAX_S
+    monkeypatch.setattr(admission, "get_admission", lambda: parse({"depth_cache": 10 * reuse_s}))
+    monkeypatch.setattr(admission, "_readings", admission._Readings())  # nothing cached by earlier tests
     pools = len(admission.get_pools())
 
     def hvals_served() -> int:
         return int(backend.info("commandstats").get("cmdstat_hvals", {}).get("calls", 0))
 
-    time.sleep(reuse_s)  # whatever an earlier submit of this process read has lapsed
     before = hvals_served()
     first = submit("chaos")
     read_at = time.monotonic()
@@ -197,6 +198,7 @@ def test_a_memory_reading_is_reused_for_depth_cache_then_read_again(backend, mon
         assert take_back(backend, "chaos", second.id)
         # One look of every pool for both submits (the routing's capability read adds an HVALS a second).
         assert pools <= hvals_served() - before < 2 * pools
+        # Past 1 s, not the 10 s configured, the readings are read again and the pressure refuses.
         time.sleep(max(0.0, reuse_s - (time.monotonic() - read_at)) + 0.05)
         with pytest.raises(Overloaded, match="pool 'chaos' is under memory pressure"):
             submit("chaos")
