@@ -125,12 +125,18 @@ def expired_uploads(
     folders = list(upload_folders(uploads_dir))
     _check_backend(backend, any(jobs_naming(f) for f in folders))
     for folder in folders:
-        finished = is_finished(folder)
-        why = _upload_expired(backend, changed=_newest_change(folder), finished=finished,
-                              recorded=(folder / META).stat().st_mtime if finished else 0.0,
-                              jobs=jobs_naming(folder), now=now, ttl=ttl, grace=grace)  # fmt: skip
-        if why is not None:
-            yield Removal(folder, why, _size(folder))
+        try:
+            changed = _newest_change(folder)
+            if now - changed < grace:  # in use: nothing else of it is read
+                continue
+            finished = is_finished(folder)
+            why = _upload_expired(backend, changed=changed, finished=finished,
+                                  recorded=(folder / META).stat().st_mtime if finished else 0.0,
+                                  jobs=jobs_naming(folder), now=now, ttl=ttl, grace=grace)  # fmt: skip
+            if why is not None:
+                yield Removal(folder, why, _size(folder))
+        except FileNotFoundError:  # removed meanwhile (the gateway's DELETE): nothing left to collect
+            continue
 
 
 def expired_upload_objects(

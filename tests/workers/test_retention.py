@@ -191,6 +191,39 @@ def test_farm_gc_removes_uploads_whose_jobs_results_expired(storage: Path, backe
     assert not forgotten.exists() and kept.exists() and living.exists()
 
 
+def test_an_upload_deleted_while_gc_looks_at_it_is_passed_over(
+    storage: Path, backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's DELETE may take an upload's folder while ``farm gc`` reads it: that upload is
+    passed over and the others are still judged (the scan once ended on FileNotFoundError)."""
+    import shutil
+
+    from mediafarm.tasks.wire.upload_store import UploadStore
+    from mediafarm.workers import retention
+
+    store = UploadStore(storage / ".uploads", max_bytes=1000, max_count=10)
+    folders = []
+    for _ in range(2):
+        writer = store.begin("local", "clip.wav")
+        writer.write(b"RIFF....")
+        upload = writer.finish()
+        store.attach(upload, str(uuid.uuid4()))  # jobs whose results are long gone
+        folders.append(upload.path.parent)
+        _age(folders[-1], 2 * GRACE)
+    deleted, is_finished = folders[0], retention.is_finished
+
+    def deleted_meanwhile(folder: Path) -> bool:
+        finished = is_finished(folder)
+        if folder == deleted:  # between its record being found and read
+            shutil.rmtree(folder)
+        return finished
+
+    monkeypatch.setattr(retention, "is_finished", deleted_meanwhile)
+    removals = list(retention.expired_uploads(storage / ".uploads", backend, ttl=7 * 86400, grace=GRACE))
+    assert [r.path for r in removals] == [folders[1]], removals
+    assert removals[0].reason == "upload whose jobs' results expired"
+
+
 def test_the_checkpoint_of_an_ended_job_goes_and_a_running_jobs_stays(
     storage: Path, backend: Any, new_job: Any
 ) -> None:
