@@ -49,6 +49,9 @@ from mediafarm.tasks.wire.plan import READY, Plan, metas, read_plan, state_of
 from mediafarm.tasks.wire.records import ArtifactInfo, Progress, envelope_in_current_names, in_current_names
 from mediafarm.tasks.wire.trace import Trace
 
+# How long ``JobHandle.wait`` trusts the result's publish before it reads the stored state again.
+REREAD_S = 5.0
+
 # Failure classes (as the client rebuilds them) → what the producer gets. Sorted by class, so a
 # family's own PermanentFailure subclass, sent as PermanentFailure, lands in the right place.
 _FAILURES: tuple[tuple[tuple[type[BaseException], ...], type[JobFailed]], ...] = (
@@ -387,16 +390,29 @@ class JobHandle:
         """
         result = self._result
         if on_progress is None:
-            try:
-                result.get(timeout=timeout, interval=poll, propagate=False, disable_sync_subtasks=False)
-            except CeleryTimeout:
-                raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})") from None
+            self._wait_for_result(result, timeout, poll)
         else:
             self._follow(result, timeout, poll, on_progress)
         if result.successful():
             return envelope_in_current_names(result.result)
         self._raise_failure(result)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _wait_for_result(self, result: AsyncResult, timeout: float | None, poll: float) -> None:
+        """Celery's wait (subscribe to the result, read it once, then wait for its publish), in
+        slices of :data:`REREAD_S` that each read the stored state again: a publish the
+        subscription missed (its connection was down as the result went out, or the SUBSCRIBE
+        reached Redis after the GET) costs at most one slice, never the whole wait."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = REREAD_S if deadline is None else min(REREAD_S, max(0.0, deadline - time.monotonic()))
+            try:
+                result.get(timeout=left, interval=poll, propagate=False, disable_sync_subtasks=False)
+                return
+            except CeleryTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {self.id} not finished after {timeout} s (state {result.state})") \
+                        from None  # fmt: skip
 
     def _follow(
         self, result: AsyncResult, timeout: float | None, poll: float, on_progress: Callable[[Progress], Any]
