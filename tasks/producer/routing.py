@@ -102,8 +102,10 @@ def choose(
     if not order:
         return None
     queues = {pool: pool_queue(pool, family_queue) for _, pools in order for pool in pools}
-    depth = dict(depths(list(queues.values()))) if spill_depth > 0 or len(queues) > 1 else {}
-    waiting = {pool: int(depth.get(queue, 0)) for pool, queue in queues.items()}
+    # One pool runs every rung it could start on: its depth would change nothing, so it is not read
+    # (a round trip to the broker saved on each submit of a one-pool farm, issue #34).
+    depth = dict(depths(list(queues.values()))) if len(queues) > 1 else None
+    waiting = {pool: int((depth or {}).get(queue, 0)) for pool, queue in queues.items()}
 
     best = best_rungs(able)
 
@@ -115,9 +117,10 @@ def choose(
     best_i, best_pools = order[0]
     pool = least(best_pools, best_i)
     rung = rungs[best_i]
+    told = f" ({waiting[pool]} waiting in its queue)" if depth is not None else ", the only pool that can"
     why = (f"pool {pool} runs {rung}, the best rung of the {ladder} ladder a live worker can run"
-           f"{f' in {language!r}' if language else ''} ({waiting[pool]} waiting in its queue)")  # fmt: skip
-    if spill_depth <= 0 or waiting[pool] < spill_depth:
+           f"{f' in {language!r}' if language else ''}{told}")  # fmt: skip
+    if depth is None or spill_depth <= 0 or waiting[pool] < spill_depth:
         return Route(queues[pool], pool, rung, why)
     seen = set(best_pools)
     for i, pools in order[1:]:

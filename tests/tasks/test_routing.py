@@ -52,6 +52,20 @@ def test_without_the_gpu_pool_the_best_is_the_cpu_pools_rung() -> None:
     assert (route.pool, route.rung) == ("cpu", "tiny")
 
 
+def test_one_pool_that_runs_every_rung_is_chosen_without_reading_a_depth() -> None:
+    # Its depth could change nothing: it spills to no one (a broker round trip saved a submit).
+    depths = depths_of({"subtitle@gpu0": 99})
+    route = routing.choose(family="subtitle", family_queue="subtitle", ladder="subtitle", rungs=RUNGS,
+                           records=[GPU], depths=depths, spill_depth=4)  # fmt: skip
+    assert (route.pool, route.rung) == ("gpu0", "large") and route.reason.endswith(", the only pool that can")
+    assert depths.seen == []  # type: ignore[attr-defined]
+    # Two pools: their depths are read, once.
+    depths = depths_of({})
+    routing.choose(family="subtitle", family_queue="subtitle", ladder="subtitle", rungs=RUNGS, records=[GPU, CPU],
+                   depths=depths, spill_depth=4)  # fmt: skip
+    assert depths.seen == [("subtitle@gpu0", "subtitle@cpu")]  # type: ignore[attr-defined]
+
+
 def test_a_full_best_pool_spills_to_the_next_pool_down_saying_why() -> None:
     route = choose([GPU, CPU, PLAIN], {"subtitle@gpu0": 4})
     assert (route.pool, route.rung) == ("cpu", "tiny")
