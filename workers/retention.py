@@ -126,13 +126,12 @@ def expired_uploads(
     _check_backend(backend, any(jobs_naming(f) for f in folders))
     for folder in folders:
         try:
-            changed = _newest_change(folder)
-            if now - changed < grace:  # in use: nothing else of it is read
+            if now - _newest_change(folder) < grace:  # in use: nothing else of it is read
                 continue
             finished = is_finished(folder)
-            why = _upload_expired(backend, changed=changed, finished=finished,
-                                  recorded=(folder / META).stat().st_mtime if finished else 0.0,
-                                  jobs=jobs_naming(folder), now=now, ttl=ttl, grace=grace)  # fmt: skip
+            recorded = (folder / META).stat().st_mtime if finished else 0.0
+            why = _upload_expired(backend, finished=finished, recorded=recorded, jobs=jobs_naming(folder), now=now,
+                                  ttl=ttl)  # fmt: skip
             if why is not None:
                 yield Removal(folder, why, _size(folder))
         except FileNotFoundError:  # removed meanwhile (the gateway's DELETE): nothing left to collect
@@ -148,21 +147,20 @@ def expired_upload_objects(
     uploads = list(stored_uploads(place, store))
     _check_backend(backend, any(u.jobs for u in uploads))
     for upload in uploads:
-        why = _upload_expired(backend, changed=upload.changed, finished=upload.finished, recorded=upload.recorded,
-                              jobs=upload.jobs, now=now, ttl=ttl, grace=grace)  # fmt: skip
+        if now - upload.changed < grace:
+            continue
+        why = _upload_expired(backend, finished=upload.finished, recorded=upload.recorded, jobs=upload.jobs, now=now,
+                              ttl=ttl)  # fmt: skip
         if why is not None:
             yield Removal(upload.url, why, upload.size)
 
 
 def _upload_expired(
-    backend: Any, *, changed: float, finished: bool, recorded: float, jobs: Sequence[str], now: float, ttl: float,
-    grace: float,
+    backend: Any, *, finished: bool, recorded: float, jobs: Sequence[str], now: float, ttl: float
 ) -> str | None:
-    """Why an upload goes, wherever it is kept, or None: the uploads' rule (the module's docstring).
-    ``changed``: its newest change; ``recorded``: its record's (when finished); ``jobs``: the ids
-    of the jobs that named it."""
-    if now - changed < grace:
-        return None
+    """Why an upload unchanged for its grace goes, wherever it is kept, or None: the uploads' rule
+    (the module's docstring). ``recorded``: its record's last change (when finished); ``jobs``: the
+    ids of the jobs that named it."""
     if not finished:
         return "an upload that never finished"
     if jobs:
