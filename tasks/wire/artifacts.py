@@ -100,6 +100,12 @@ def check_name(name: str) -> PurePosixPath:
     return path
 
 
+def sync_file(path: Path) -> None:
+    """``path``'s data on disk (fsync)."""
+    with path.open("rb+") as fh:
+        os.fsync(fh.fileno())
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -128,11 +134,17 @@ class ArtifactStore:
         return target
 
     @contextlib.contextmanager
-    def writing(self, name: str) -> Iterator[Path]:
+    def writing(self, name: str, *, durable: bool = True) -> Iterator[Path]:
         """A temporary path to write ``name`` to; renamed into place when the block ends cleanly.
 
         The temporary name keeps the extension, for libraries that pick a format from it (PyAV,
         soundfile). On an exception the partial file is removed and the exception goes on.
+
+        ``durable`` (the default): the file is on disk (fsync) before the rename makes it visible.
+        False for a partial output that the job's final file supersedes (a TTS chunk): a host that
+        loses power loses the attempt anyway, and a checkpoint that keeps such a file syncs it
+        before its manifest names it (``checkpoint.CheckpointStore.save``). An fsync was most of
+        the cost of a short chunk's file (issue #34).
         """
         final = self.path(name)
         self.ensure_folder()
@@ -140,8 +152,8 @@ class ArtifactStore:
         temp = final.with_name(f".{final.stem}{PARTIAL_MARK}{os.getpid()}{final.suffix}")
         try:
             yield temp
-            with temp.open("rb+") as fh:  # on disk before the rename makes it visible
-                os.fsync(fh.fileno())
+            if durable:
+                sync_file(temp)  # on disk before the rename makes it visible
             os.replace(temp, final)
         except BaseException:
             temp.unlink(missing_ok=True)

@@ -54,7 +54,7 @@ from typing import Any
 
 from mediafarm.config.storage_url import S3Place
 from mediafarm.tasks.wire.artifacts import CHECKPOINT_FOLDER as FOLDER
-from mediafarm.tasks.wire.artifacts import PARTIAL_MARK, ArtifactStore, folder_name, sha256_of
+from mediafarm.tasks.wire.artifacts import PARTIAL_MARK, ArtifactStore, folder_name, sha256_of, sync_file
 from mediafarm.tasks.wire.object_store import ObjectMissing, ObjectStore, StoreUnavailable
 
 MANIFEST = "checkpoint.json"
@@ -229,6 +229,9 @@ class CheckpointStore:
                     # writing the same name): the kept file is not the one its name says.
                     target.unlink(missing_ok=True)
                     raise OSError(f"artifact {name!r} was replaced while it was being kept; checkpoint not written")
+                # On disk before the manifest names it: partial outputs are written unsynced
+                # (ArtifactStore.writing, durable=False).
+                sync_file(target)
             kept[name] = {"stored": stored, "size": status.st_size}
             if self.remote is not None:
                 kept[name]["sha256"] = self.remote.digest(target, stored)

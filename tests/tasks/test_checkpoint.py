@@ -61,6 +61,29 @@ def test_a_rewritten_artifact_keeps_the_content_the_checkpoint_saw(store):
     assert store.path("playlist.m3u8").read_text() == "first"
 
 
+def test_a_partial_output_written_unsynced_is_synced_before_a_manifest_names_it(store, monkeypatch):
+    # A TTS chunk is written without its own fsync (ArtifactStore.writing, durable=False): the
+    # checkpoint that keeps it must put it on disk before its manifest points at it.
+    events: list[tuple[str, object]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_ino)), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace",
+                        lambda a, b: (events.append(("replace", os.path.basename(b))), real_replace(a, b))[1])
+    with store.writing("chunks/chunk_00000.wav", durable=False) as temp:
+        temp.write_bytes(b"RIFF....WAVE")
+    chunk = store.path("chunks/chunk_00000.wav").stat().st_ino
+    assert ("fsync", chunk) not in events  # the write itself did not sync it
+    with store.writing("speech.wav") as temp:
+        temp.write_bytes(b"RIFF")
+    assert ("fsync", store.path("speech.wav").stat().st_ino) in events  # the default still does
+
+    events.clear()
+    CheckpointWriter(store_for(store, "tts", FIELDS), "chars", "espeak", interval=0.0).write(
+        400, {}, files=["chunks/chunk_00000.wav"])
+    assert ("fsync", chunk) in events and ("replace", MANIFEST) in events
+    assert events.index(("fsync", chunk)) < events.index(("replace", MANIFEST))
+
+
 def test_made_says_which_rung_made_which_part_across_resumes(store):
     checkpoints = store_for(store, "subtitle", FIELDS)
     first = CheckpointWriter(checkpoints, "seconds", "big", interval=0.0).write(30, {})

@@ -143,7 +143,8 @@ def speak(ctx: EngineContext, request: TtsRequest, voice: Voice, max_chars: int)
             # feeds it the kept chunk files, and its audio is then this one's.
             pcm = pcm16(samples)
             encoder.write(pcm)
-            with ctx.artifacts.writing(chunk_name(chunk.index)) as chunk_path:
+            # Not synced on its own: the final file supersedes it, and a checkpoint that keeps it syncs it.
+            with ctx.artifacts.writing(chunk_name(chunk.index), durable=False) as chunk_path:
                 encode(chunk_path, "wav", rate, pcm)
             for piece in placed:
                 spans.setdefault(piece.sentence, [piece.start, piece.end])[1] = piece.end
