@@ -108,8 +108,15 @@ def silero_model() -> Any:
     return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
+@functools.cache
 def silero_version() -> str:
+    # Once per child: a package metadata lookup is ~0.3 ms, a share of a short clip's job (issue #34).
     return f"silero-vad {version('silero-vad')} (onnx)"
+
+
+@functools.cache
+def webrtcvad_version() -> str:
+    return f"webrtcvad {version('webrtcvad-wheels')}"
 
 
 def with_context(windows: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -392,7 +399,7 @@ def webrtc(
     if start is not None:
         spans.append(Span(start * frame_s, min(duration, (frames - silent_run) * frame_s)))
     spans = [s for s in spans if s.end - s.start >= params.min_speech_ms / 1000]
-    return own.result(ctx, spans, duration, f"webrtcvad {version('webrtcvad-wheels')}")
+    return own.result(ctx, spans, duration, webrtcvad_version())
 
 
 @answers_no_audio
