@@ -48,6 +48,14 @@ SETTINGS: dict[str, tuple[dict[str, Any], float]] = {
     "whole30": ({"fit_context": False}, 20.0),  # the window is then engines.WINDOW_SECONDS, 28 s
     "batch4": ({"batch_size": 4}, 20.0),
     "beam1-window28": ({"beam_size": 1}, 28.0),
+    "beam1-batch8": ({"beam_size": 1, "batch_size": 8}, 20.0),
+    "beam1-batch16": ({"beam_size": 1, "batch_size": 16}, 20.0),
+    "beam1-batch16-window28": ({"beam_size": 1, "batch_size": 16}, 28.0),
+    # The same decode in smaller batches: the encoder's attention over 16 whole windows at once
+    # took a child's peak RSS from 0.38 GB to 1.4 GB (bench/subtitle.py --parts memory).
+    "beam1-batch8-window28": ({"beam_size": 1, "batch_size": 8}, 28.0),
+    "beam1-batch4-window28": ({"beam_size": 1, "batch_size": 4}, 28.0),
+    "batch8": ({"batch_size": 8}, 20.0),
 }
 
 

