@@ -80,6 +80,7 @@ def subtitle_bench(args: argparse.Namespace, workdir: Path) -> FamilyBench:
 # The peers' names, as the bench reports them.
 BARE, BARE_WORDS = "faster-whisper transcribe vad_filter", "faster-whisper transcribe vad_filter words"
 PIPELINE, ENGINE = "faster-whisper BatchedInferencePipeline", "farm engine in-process, batch_size 4"
+PIPELINE_WORDS = "faster-whisper BatchedInferencePipeline words"
 
 
 def tracks_bench(
@@ -178,7 +179,10 @@ def bare_pipelines(model: Any) -> dict[str, Callable[[str], Words]]:
     def pipeline(path: str) -> Words:
         return spread(batched.transcribe(decode_audio(path), beam_size=1, language="en")[0])
 
-    return {BARE: bare, BARE_WORDS: bare_words, PIPELINE: pipeline}
+    def pipeline_words(path: str) -> Words:
+        return with_words(batched.transcribe(decode_audio(path), beam_size=1, language="en", word_timestamps=True)[0])
+
+    return {BARE: bare, BARE_WORDS: bare_words, PIPELINE: pipeline, PIPELINE_WORDS: pipeline_words}
 
 
 def spread(segments: Any) -> Words:

@@ -122,3 +122,7 @@ def test_the_rule_picks_quality_and_fast_among_settings_with_no_word_in_silence(
     assert (picked["quality"], picked["fast"], picked["bare_wer"]) == ("a", "b", 0.18)
     rows["a"]["wer"] = rows["b"]["wer"] = 0.3
     assert heldout_tune.choose(rows, ["bare", "pipe"])["fast"] == "c"  # none as good as bare: the cheapest
+    # A peer reported beside them (a pipeline timing words) is no setting, and sets no bar unless named.
+    rows["pipe words"] = {"wer": 0.05, "words_in_silence": 0, "cpu_s": 1.0}
+    picked = heldout_tune.choose(rows, ["bare", "pipe", "pipe words"], bar_peers=["bare", "pipe"])
+    assert (picked["fast"], picked["bare_wer"]) == ("c", 0.18)

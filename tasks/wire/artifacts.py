@@ -143,8 +143,8 @@ class ArtifactStore:
         ``durable`` (the default): the file is on disk (fsync) before the rename makes it visible.
         False for a partial output that the job's final file supersedes (a TTS chunk): a host that
         loses power loses the attempt anyway, and a checkpoint that keeps such a file syncs it
-        before its manifest names it (``checkpoint.CheckpointStore.save``). An fsync was most of
-        the cost of a short chunk's file (issue #34).
+        before its manifest names it (``checkpoint.CheckpointStore.save``). An fsync cost about as
+        much as writing a short chunk's file, 0.3 ms median and 2.5 ms p90 here (issue #34).
         """
         final = self.path(name)
         self.ensure_folder()

@@ -171,8 +171,8 @@ class WhisperParams(Params):
     compute_type (CTranslate2's: float16, int8_float16, int8 ...), beam_size, cpu_threads,
     batch_size (recognition windows encoded and decoded together; 1, the default, decodes one
     window at a time, publishes its cues as it is done and re-decodes a window that stopped early;
-    on one CPU thread batches saved 7-16 % of the CPU for 1.6x a child's memory and more, measured
-    in docs/benchmarks/subtitle.md; GPU rungs batch), fit_context (the encoder sees a
+    on one CPU thread batches saved 7-16 % of the CPU, and a batch of 4 held 1.6x a child's memory
+    (docs/benchmarks/subtitle.md); GPU rungs batch), fit_context (the encoder sees a
     window's audio and a few seconds of silence instead of Whisper's whole 30 s, several times
     cheaper for a short window; a decode that then repeats itself is done again with the whole
     30 s: recognisers.encoder_frames; off by default, on for the rung whose model it was measured
