@@ -214,14 +214,16 @@ def piper_bench(args: argparse.Namespace, workdir: Path) -> Any:
 def espeak_bench(args: argparse.Namespace, workdir: Path) -> Any:
     """The :class:`bench.peers.FamilyBench` of the tts family's ``espeak`` rung against bare espeak-ng."""
     from bench.peers import Contender
-    from mediafarm.tasks.families.tts.espeak import WORDS_PER_MINUTE, find_espeak
+    from mediafarm.tasks.families.tts.espeak import WORDS_PER_MINUTE, EspeakVoice, find_espeak
     from mediafarm.tasks.families.tts.speakers import BUILT_IN
     from mediafarm.tasks.families.tts.spec import FAMILY, EspeakParams
 
     params = EspeakParams(**next(r for r in FAMILY.ladder if r.name == "espeak").params)
-    binary, voice = find_espeak(params.binary), BUILT_IN.espeak
+    # The peer is the program a user would run; the rung speaks as shipped (the wheel's library
+    # unless it names a program), which the meta records.
+    binary, voice = find_espeak("espeak-ng"), BUILT_IN.espeak
     if binary is None:
-        raise SystemExit(f"tts-espeak compares the rung with the bare espeak-ng program: {params.binary!r} is not on PATH")
+        raise SystemExit("tts-espeak compares the rung with the bare espeak-ng program: 'espeak-ng' is not on PATH")
 
     def bare(text: Text) -> Speech:
         path = workdir / f"peer-espeak-{text.name}.wav"
@@ -230,7 +232,8 @@ def espeak_bench(args: argparse.Namespace, workdir: Path) -> Any:
         return Speech(path)
 
     found = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
-    meta = {"voice": voice, "espeak-ng": found.split(":")[0].strip()}
+    meta = {"voice": voice, "espeak-ng": found.split(":")[0].strip(),
+            "rung speaks with": EspeakVoice(params.binary, voice, 1.0).label}
     peers = [Contender(f"espeak-ng -w (voice {voice})", bare, cpu=children_cpu),
              Contender("farm engine in-process", engine_in_process(workdir, "espeak", params), cpu=children_cpu)]
     return _bench(args, workdir, "tts-espeak", "espeak", peers, meta)

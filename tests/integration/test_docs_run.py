@@ -7,7 +7,7 @@ storage defaults to, is the test's), `farm up` from the block marked ``<!-- tour
 the block marked ``<!-- tour -->`` in bash with the broker URL `farm up` printed. The working
 folder stands for the repo root: the repo's ``tasks/`` (for the bundled clip) and, as the reader's
 own, a video at ``media/cam.mp4``. No model: the tour's TTS speaks on the espeak rung, from the tts
-extra's libespeak-ng wheel where the espeak-ng program is not installed.
+extra's libespeak-ng wheel.
 """
 
 from __future__ import annotations

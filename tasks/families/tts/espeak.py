@@ -1,14 +1,16 @@
 """espeak-ng as a TTS voice: the rung that is always there (no model; ~8 MB).
 
-Two ways to the same engine: the ``espeak-ng`` program when ``binary`` is on PATH (Debian's
-package, or an operator's wrapper), else libespeak-ng and its voice data from the
-``espeakng-loader`` wheel of the tts extra, in process (:mod:`.libespeak`). Both take the same
-voice names and flags and their audio goes through the same checks, so ``pip install
-'mediafarm[tts]'`` alone speaks on any machine.
+Two ways to the same engine. By default libespeak-ng and its voice data from the
+``espeakng-loader`` wheel of the tts extra, in process (:mod:`.libespeak`): ``pip install
+'mediafarm[tts]'`` alone speaks on any machine, the same samples on every host whatever else is
+installed there, and with no process to start for each chunk (a sentence: about 8 ms in the library,
+loading included, against 11 ms for the program; docs/benchmarks/tts.md). Or a program the rung names
+(``params.binary``: Debian's ``espeak-ng``, an operator's wrapper), where it is on PATH. Both take
+the same voice names and flags and their audio goes through the same checks.
 
 For the program, the text goes on stdin (never on the command line, where a leading ``-`` would read as an
-option). A process costs ~13 ms to start, which for a 100,000-character text (2,000 sentences)
-would be most of the job; so a chunk's pieces go to one process as SSML, separated by a
+option). A process costs ~13 ms to start (a fresh library ~3 ms), which for a 100,000-character
+text (2,000 sentences) would be most of the job; so a chunk's pieces go to one call as SSML, separated by a
 ``BREAK`` of silence, and the waveform is cut back into pieces at the runs of exact zeros that
 long (espeak-ng's own pauses are shorter and never quite zero for that long). Should the count
 of such runs not match the pieces, each piece is spoken on its own instead: times stay exact.
@@ -40,9 +42,10 @@ CUT_SECONDS = 1.2
 TIMEOUT = 60.0
 
 
-def find_espeak(binary: str) -> str | None:
-    """The espeak-ng executable's path; None where it is not on PATH (the wheel's library speaks)."""
-    return shutil.which(binary)
+def find_espeak(binary: str | None) -> str | None:
+    """The path of the espeak-ng program a rung names; None where it names none or the name is not on
+    PATH (the wheel's library speaks)."""
+    return shutil.which(binary) if binary else None
 
 
 @functools.lru_cache(maxsize=4)
@@ -55,12 +58,12 @@ def _version(binary: str) -> str:
 
 
 class EspeakVoice:
-    """One espeak-ng voice (``en-us+m3``) at one pace, by the program on PATH or else the wheel's library.
+    """One espeak-ng voice (``en-us+m3``) at one pace, by the wheel's library or the program named.
 
     Attributes: program (the executable's path, None when the library speaks), voice, wpm, label
     (engine, version and voice: a checkpoint made by one is never resumed by the other), rate."""
 
-    def __init__(self, binary: str, voice: str, speed: float) -> None:
+    def __init__(self, binary: str | None, voice: str, speed: float) -> None:
         self.program, self.voice = find_espeak(binary), voice
         self.wpm = int(round(WORDS_PER_MINUTE * speed))
         if self.program is not None:

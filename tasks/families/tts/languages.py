@@ -7,8 +7,8 @@
 - A Piper voice speaks the language of its ``.onnx.json`` (``language.family``, else
   ``language.code``, else ``espeak.voice``), else of its file name (``en_US-joe-medium.onnx``);
   plus the languages a job's speaker names a Piper voice for.
-- espeak-ng speaks every language of its voice list (``espeak-ng --voices``, or the same list from
-  the wheel's libespeak-ng where the program is not on PATH), Mandarin (``cmn``) included, which
+- espeak-ng speaks every language of its voice list (the wheel's libespeak-ng's, or ``--voices`` of
+  the program a rung names where it is on PATH), Mandarin (``cmn``) included, which
   reads the Latin words of a mixed text as English.
 
 Light: json, a subprocess or ctypes, no TTS package (every farm process imports the spec that names these).
@@ -84,11 +84,11 @@ def piper_languages(params: Any, models_dir: Path | None, request: Any) -> list[
 
 
 @functools.lru_cache(maxsize=8)
-def espeak_voices(binary: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
-    """espeak-ng's voices: (voice name, its (language code, priority) pairs), in its own order: the
-    program's where it is on PATH (the one that will speak), else the wheel's library's; empty when
-    neither is there (the engine says so when it runs)."""
-    path = shutil.which(binary)
+def espeak_voices(binary: str | None) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    """espeak-ng's voices: (voice name, its (language code, priority) pairs), in its own order, of the
+    one that will speak: the program ``binary`` names where it is on PATH, else the wheel's library;
+    empty when neither is there (the engine says so when it runs)."""
+    path = shutil.which(binary) if binary else None
     if path is None:
         from mediafarm.tasks.families.tts.libespeak import library
 
@@ -118,7 +118,7 @@ def espeak_languages(params: Any, models_dir: Path | None, request: Any) -> list
     return [code for _, codes in voices for code, _ in codes]
 
 
-def espeak_voice_for(binary: str, language: str) -> str | None:
+def espeak_voice_for(binary: str | None, language: str) -> str | None:
     """The espeak-ng voice for ``language`` (``zh`` → ``cmn``, ``fr`` → ``fr-fr``): the one that
     claims the code itself at the best priority, as espeak-ng ranks its voices; None if none speaks it."""
     best: tuple[bool, int, int] | None = None

@@ -110,10 +110,11 @@ class PiperParams(Params):
 
 
 class EspeakParams(Params):
-    """Attributes: binary (the espeak-ng program, used where it is on PATH; else the tts extra's
-    libespeak-ng wheel speaks), max_chars."""
+    """Attributes: binary (an espeak-ng program to speak with where it is on PATH, such as Debian's
+    ``espeak-ng`` or an operator's wrapper; None, the default: the tts extra's libespeak-ng wheel, in
+    process), max_chars."""
 
-    binary: str = "espeak-ng"
+    binary: str | None = None
     max_chars: int = Field(400, ge=20, le=5000)
 
 
@@ -146,8 +147,8 @@ FAMILY = FamilySpec(
             f"{ENGINES}:piper", PiperParams, needs=("piper", "onnxruntime", "av", "numpy"), extra="tts",
             languages=piper_languages, languages_by_request=True,
         ),
-        # espeak-ng is the program on PATH where there is one, else the espeakng-loader wheel's
-        # library. The wheel is the need (the tts extra installs it): a pool always has a voice.
+        # espeak-ng is the espeakng-loader wheel's library, in process (or a program the rung names).
+        # The wheel is the need (the tts extra installs it): a pool always has a voice.
         "espeak": EngineSpec(
             f"{ENGINES}:espeak", EspeakParams, needs=("espeakng_loader", "av", "soundfile", "numpy"), extra="tts",
             languages=espeak_languages,

@@ -42,6 +42,36 @@ def test_without_the_program_the_rung_speaks_through_the_wheels_library() -> Non
     assert _maps() == []
 
 
+def test_the_rung_as_shipped_speaks_through_the_library_even_with_a_program_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An espeak-ng on PATH that says so if it is ever run: the default rung must not start it (a
+    # process per chunk, and samples that differ from host to host with what is installed).
+    from mediafarm.tasks.families.tts.spec import EspeakParams
+
+    ran = tmp_path / "ran"
+    program = tmp_path / "espeak-ng"
+    program.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    params = EspeakParams()
+    assert params.binary is None and shutil.which("espeak-ng") == str(program)
+    voice = EspeakVoice(params.binary, "en-us", 1.0)
+    assert voice.program is None and voice.label.startswith("libespeak-ng ")
+    [audio] = voice.speak([PHRASE])
+    assert audio.size > voice.rate
+    espeak_voices.cache_clear()
+    try:
+        assert espeak_voices(params.binary) == libespeak.library().voices()
+        assert espeak_voice_for(params.binary, "zh") == "cmn"
+    finally:
+        espeak_voices.cache_clear()
+    assert not ran.exists()
+    # Named, the program is what speaks (here it fails, and says so).
+    named = EspeakVoice("espeak-ng", "en-us", 1.0)
+    assert named.program == str(program)
+
+
 def test_the_library_speaks_the_same_samples_every_call() -> None:
     # One library kept loaded drifts by a few samples a call (a static pitch-flutter index);
     # loaded afresh each call it speaks as a new program does.
