@@ -243,7 +243,7 @@ class FarmTask(Task):
                 infos = store.list()
                 return output, tuple(uploads.artifacts(infos) if uploads is not None else infos)
 
-            job = self._ladder_run(ladder, fresh, ttl, languages, resuming)
+            job = self._ladder_run(ladder, fresh, ttl, languages, resuming, channel)
             trace.mark("ready")  # the delivery's setup: ladder, language check, policies
             try:
                 outcome: Envelope | RetryRequest = run_ladder(job, run_rung)
@@ -317,9 +317,10 @@ class FarmTask(Task):
         return int(count) <= UNSENT_HANDBACKS
 
     def _ladder_run(self, ladder: Ladder, fresh: bool, ttl: int, languages: LanguageCheck | None,
-                    resuming: Resuming) -> LadderRun:  # fmt: skip
+                    resuming: Resuming, channel: JobChannel) -> LadderRun:  # fmt: skip
         """This delivery of the job as ``run_ladder`` needs it: its records, its rung policies
-        (:meth:`_policies`) and where else it may go before a rung runs (sent back, or moved)."""
+        (:meth:`_policies`), where else it may go before a rung runs (sent back, or moved), and
+        the channel its engines check the cancel flag through."""
         settings, request, spec = get_settings(), self.request, self.spec
         return LadderRun(
             job_id=request.id,
@@ -338,6 +339,7 @@ class FarmTask(Task):
                                    partial(_reroute, spec, ladder, request.hostname or "", self.backend.client)),
             move=_mover(spec, ladder, request, fresh, self.app, languages),
             route=_route_note(request),
+            recorded=channel.attempt_began,
         )
 
     def _policies(self, ladder: Ladder, languages: LanguageCheck | None, resuming: Resuming) -> list[RungPolicy]:

@@ -63,25 +63,41 @@ class JobChannel:
         self._last_cancel_check = 0.0
         self._cancelled = False
         self._published = False  # has this attempt published a partial output yet
+        self._held: Progress | None = None  # reported to go out with the next partial output
+        self._first_look: Callable[[], bool] | None = None
+        self._first_look_at = 0.0
 
-    def report(self, progress: Progress) -> None:
+    def report(self, progress: Progress, *, with_next_output: bool = False) -> None:
+        """Write the attempt's progress (throttled). ``with_next_output``: the engine yields a
+        partial output next, and the progress goes in that output's round trip (:meth:`publish`)."""
         now = time.monotonic()
         if now - self._last_write < PROGRESS_INTERVAL:
             return
         self._last_write = now
+        # A held report goes out with the next output; a newer one, written now, supersedes it.
+        self._held = progress if with_next_output else None
+        if with_next_output:
+            return
         try:
             pipe = self.client.pipeline(transaction=False)
-            pipe.set(keys.progress(self.job_id), json.dumps(progress.to_json()), ex=self.ttl)
-            pipe.publish(keys.bell(self.job_id), keys.BELL_PROGRESS)  # followers wake (``tasks.producer.bells``)
+            self._write_progress(pipe, progress)
             pipe.execute()
-            if self.on_progress is not None:
-                self.on_progress(progress.to_json())
-            if self.send_event is not None:
-                self.send_event("task-progress", fraction=progress.fraction, stage=progress.stage,
-                                media_seconds=progress.media_seconds)  # fmt: skip
+            self._tell_progress(progress)
         except Exception:  # noqa: BLE001 - progress must never fail a job
             self._last_write = time.monotonic() + BACKOFF_AFTER_ERROR
             log.warning("could not report progress of job %s", self.job_id, exc_info=True)
+
+    def _write_progress(self, pipe: Any, progress: Progress) -> None:
+        pipe.set(keys.progress(self.job_id), json.dumps(progress.to_json()), ex=self.ttl)
+        pipe.publish(keys.bell(self.job_id), keys.BELL_PROGRESS)  # followers wake (``tasks.producer.bells``)
+
+    def _tell_progress(self, progress: Progress) -> None:
+        """The progress, once written, to the job's webhook and to Flower."""
+        if self.on_progress is not None:
+            self.on_progress(progress.to_json())
+        if self.send_event is not None:
+            self.send_event("task-progress", fraction=progress.fraction, stage=progress.stage,
+                            media_seconds=progress.media_seconds)  # fmt: skip
 
     def publish(self, item: Any) -> None:
         """Append one partial output (a generator engine's yield) where the client reads it.
@@ -89,21 +105,41 @@ class JobChannel:
         Unlike progress, a partial output is part of what the client was promised: a Redis error
         here is a transient failure (the attempt runs again on the same rung, from a clean list).
         """
+        held, self._held = self._held, None
         pipe = self.client.pipeline(transaction=False)
         pipe.rpush(keys.partials(self.job_id), json.dumps(to_jsonable(item)))
         pipe.expire(keys.partials(self.job_id), self.ttl)
         if not self._published:
             # The attempt's time to first output (the workers' metrics), in the same round trip.
             pipe.set(keys.first_output(self.job_id), repr(wall_clock()), ex=self.ttl)
+        if held is not None:
+            self._write_progress(pipe, held)
         pipe.publish(keys.bell(self.job_id), keys.BELL_PARTIAL)  # followers wake (``tasks.producer.bells``)
         try:
             pipe.execute()
         except RedisError as exc:
             raise TransientFailure(f"could not publish a partial output: {exc}") from exc
         self._published = True
+        if held is not None:
+            try:
+                self._tell_progress(held)
+            except Exception:  # noqa: BLE001 - progress must never fail a job
+                log.warning("could not report progress of job %s", self.job_id, exc_info=True)
+
+    def attempt_began(self, first_look: Callable[[], bool]) -> None:
+        """A new attempt's record was sent, and read the cancel flag as it was written:
+        ``first_look`` answers what it found (``PendingAppend.cancelled``). A cancel check within
+        ``CANCEL_INTERVAL`` of it takes that answer, with no round trip of its own: a short job's
+        one check then costs nothing, and a job cancelled while queued stops at once."""
+        self._first_look, self._first_look_at = first_look, time.monotonic()
 
     def cancelled(self) -> bool:
         now = time.monotonic()
+        look, self._first_look = self._first_look, None
+        if look is not None and not self._cancelled and now - self._first_look_at < CANCEL_INTERVAL:
+            self._last_cancel_check = self._first_look_at
+            self._cancelled = look()
+            return self._cancelled
         if not self._cancelled and now - self._last_cancel_check >= CANCEL_INTERVAL:
             self._last_cancel_check = now
             try:
@@ -118,7 +154,7 @@ class JobChannel:
         pipe = self.client.pipeline(transaction=False)
         pipe.delete(keys.partials(self.job_id), keys.progress(self.job_id), keys.first_output(self.job_id))
         pipe.execute()
-        self._published = False
+        self._published, self._held = False, None
 
 
 def to_jsonable(item: Any) -> Any:
@@ -196,15 +232,21 @@ class EngineContext:
         or model load longer than the family's stall timeout without one is taken for a stuck child."""
         liveness.beat()
 
-    def progress(self, fraction: float | None = None, *, stage: str = "", media_seconds: float | None = None) -> None:
-        """Report how far the attempt is (throttled; cheap enough for an inner loop)."""
+    def progress(self, fraction: float | None = None, *, stage: str = "", media_seconds: float | None = None,
+                 with_next_output: bool = False) -> None:  # fmt: skip
+        """Report how far the attempt is (throttled; cheap enough for an inner loop).
+
+        ``with_next_output``: a generator engine that yields a partial output right after this
+        report says so, and both go to Redis in one round trip instead of two. A report so held
+        that no output follows is dropped (the attempt failed, or the engine returned)."""
         liveness.beat()
         if self.channel is None:
             return
         if fraction is not None:
             low, high = self.share
             fraction = low + (high - low) * min(1.0, max(0.0, fraction))
-        self.channel.report(Progress(fraction, stage, media_seconds, self.attempt, self.rung_index, self.rung))
+        progress = Progress(fraction, stage, media_seconds, self.attempt, self.rung_index, self.rung)
+        self.channel.report(progress, with_next_output=with_next_output)
 
     def part(self, start: float, end: float) -> EngineContext:
         """The same context for one stage of a multi-stage engine: the stage reports its own

@@ -256,6 +256,9 @@ class LadderRun:
             runs here (a job routed to this pool at submit, on its first delivery).
         route: Why the job was sent to this pool's queue (``tasks.producer.routing.choose``), kept in its
             first attempt; empty if it was not routed.
+        recorded: Told, as each attempt's record is sent, how to read the cancel flag as that
+            record found it (``JobChannel.attempt_began``): the engine's first cancel check reads
+            it there, not in a round trip of its own.
     """
 
     job_id: str
@@ -273,6 +276,7 @@ class LadderRun:
     reroute: Callable[[int, list[Attempt]], Reroute | None] | None = None
     move: Callable[[int, list[Attempt]], Route | None] | None = None
     route: str = ""
+    recorded: Callable[[Callable[[], bool]], None] | None = None
 
 
 def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
@@ -342,6 +346,8 @@ def run_ladder(job: LadderRun, run_rung: RunRung) -> Envelope | RetryRequest:
         for policy in job.policies:
             policy.starting(rung, attempt)
         running = _Running(log, attempt, result_key, job.stale_after)
+        if job.recorded is not None:
+            job.recorded(running.pending.cancelled)
         attempts.append(running.attempt)
         finish = _told(running, job.policies, note)
         trace.mark("attempt")  # the rung decided by the policies, its attempt's record sent

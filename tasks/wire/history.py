@@ -8,6 +8,7 @@ the job runs again was cut short: its child was SIGKILLed (the watchdog left its
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from mediafarm.tasks.wire import keys
@@ -147,6 +148,10 @@ class PendingAppend:
 
     def __init__(self, pool: Any, connection: Any) -> None:
         self._pool, self._connection = pool, connection
+        # The engine's first cancel check may read the answer (``JobChannel.attempt_began``), from
+        # whatever thread it checks in: one reader at a time, or the replies go out of step.
+        self._reading = threading.Lock()
+        self._failed: BaseException | None = None
         self._index: int | None = None
         self._cancelled = False
         self._succeeded_before = False
@@ -165,12 +170,20 @@ class PendingAppend:
     def index(self) -> int:
         """Read Redis's answer (once), hand the connection back; the attempt's index (-1: no
         record was written, the job had succeeded)."""
+        with self._reading:
+            return self._read_index()
+
+    def _read_index(self) -> int:
+        if self._failed is not None:
+            # The connection went back to the pool after the failed read: never read it again.
+            raise self._failed
         if self._index is None:
             try:
                 length, cancelled, succeeded = self._connection.read_response()
                 self._cancelled, self._succeeded_before = bool(cancelled), bool(succeeded)
-            except BaseException:
+            except BaseException as exc:
                 self._connection.disconnect()  # its replies are out of step now
+                self._failed = exc
                 raise
             finally:
                 self._pool.release(self._connection)

@@ -114,3 +114,22 @@ def test_farm_submit_tts_out_file_wait(tts_worker, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"saved {target}" in proc.stdout.replace("\n", "") and "rung chattts-cpu" in proc.stdout
     assert sf.info(target).samplerate == 24000 and sf.info(target).duration > 0.3
+
+
+def test_a_job_cancelled_before_it_ran_stops_at_its_engines_first_check_with_nothing_spoken(tts_worker) -> None:
+    # What a worker that missed the revoke sees: the cancel flag alone. The attempt's record reads
+    # it as it is written, and the engine's first check (before its first chunk) takes that answer:
+    # the job ends cancelled by the engine, not after speaking the whole text for nothing.
+    from mediafarm.tasks.producer.client import handle
+    from mediafarm.tasks.wire.errors import JobCancelled
+
+    job_id = f"tts-cancelled-{uuid.uuid4()}"
+    app.backend.client.set(keys.cancel(job_id), "1", ex=600)
+    app.send_task("farm.tts.synthesize", kwargs={"text": TEXT * 20, "ladder": "espeak"}, task_id=job_id, queue=QUEUE)
+    job = handle(job_id)
+    with pytest.raises(JobCancelled) as info:
+        job.wait(timeout=60)
+    [attempt] = info.value.attempts
+    assert attempt["outcome"] == "cancelled" and attempt["rung"] == "espeak"
+    assert attempt["reason"] == f"job {job_id} was cancelled by its producer", attempt  # the engine's own check
+    assert job.partials() == [] and job.progress() is None

@@ -220,3 +220,91 @@ def test_collect_reads_the_parts_results_in_plan_order_and_their_files(tmp_path:
     client.set(app.backend.get_key_for_task(plan.parts[1].job_id), json.dumps({"status": "FAILURE"}), ex=60)
     with pytest.raises(PermanentFailure, match=rf"1 of 2 parts failed: first \({fan_in}.a\): FAILURE"):
         ctx.collect(timeout=0)
+
+
+@pytest.fixture()
+def counted(redis_url: str) -> Iterator[redis.Redis]:
+    """A client whose round trips this thread's ``trace.round_trips`` counts, as a worker's does."""
+    from mediafarm.tasks.wire import trace
+
+    client = redis.Redis.from_url(redis_url, connection_class=trace.counting_connection(redis.Connection))
+    client.ping()  # connected: a new connection's handshake would count as round trips of its own
+    yield client
+    client.close()
+
+
+def _trips() -> int:
+    from mediafarm.tasks.wire import trace
+
+    return trace.round_trips()
+
+
+def test_progress_held_for_the_next_output_goes_in_its_round_trip(
+    counted: redis.Redis, client: redis.Redis, job_id: str, clock: Clock
+) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    channel = JobChannel(counted, job_id, ttl=60, send_event=lambda kind, **fields: events.append((kind, fields)))
+    bells = client.pubsub()
+    bells.subscribe(keys.bell(job_id))
+    assert bells.get_message(timeout=1)["type"] == "subscribe"
+    before = _trips()
+    channel.report(Progress(0.5, "synthesise", 2.5), with_next_output=True)
+    assert _trips() == before and client.get(keys.progress(job_id)) is None and events == []
+    channel.publish({"chunk": 0})
+    assert _trips() == before + 1
+    stored = _stored_progress(client, job_id)
+    assert (stored.fraction, stored.stage) == (0.5, "synthesise")
+    assert json.loads(client.lindex(keys.partials(job_id), 0)) == {"chunk": 0}
+    rung = {bells.get_message(timeout=1)["data"] for _ in range(2)}
+    assert rung == {keys.BELL_PROGRESS.encode(), keys.BELL_PARTIAL.encode()}  # a follower of either wakes
+    assert events == [("task-progress", {"fraction": 0.5, "stage": "synthesise", "media_seconds": 2.5})]
+    # Written once: the next output carries no progress of its own.
+    clock.advance(PROGRESS_INTERVAL)
+    client.delete(keys.progress(job_id))
+    channel.publish({"chunk": 1})
+    assert client.get(keys.progress(job_id)) is None
+    bells.close()
+
+
+def test_a_held_progress_is_superseded_by_a_newer_report_and_dropped_by_a_reset(
+    client: redis.Redis, job_id: str, clock: Clock
+) -> None:
+    channel = JobChannel(client, job_id, ttl=60)
+    channel.report(Progress(0.2, "held"), with_next_output=True)
+    clock.advance(PROGRESS_INTERVAL)
+    channel.report(Progress(0.4, "newer"))
+    channel.publish({"n": 1})
+    assert _stored_progress(client, job_id).stage == "newer"  # the older, held report never overwrites it
+    clock.advance(PROGRESS_INTERVAL)
+    channel.report(Progress(0.9, "of a failed attempt"), with_next_output=True)
+    channel.reset()
+    channel.publish({"n": 1})
+    assert client.get(keys.progress(job_id)) is None
+
+
+def test_the_first_cancel_check_takes_the_attempt_records_answer_without_a_round_trip(
+    counted: redis.Redis, client: redis.Redis, job_id: str, clock: Clock
+) -> None:
+    channel = JobChannel(counted, job_id, ttl=60)
+    asked: list[bool] = []
+    channel.attempt_began(lambda: asked.append(True) or False)
+    client.set(keys.cancel(job_id), 1)  # set after the record read the flag
+    before = _trips()
+    assert channel.cancelled() is False and asked == [True] and _trips() == before
+    assert channel.cancelled() is False and asked == [True]  # throttled from the record's read
+    clock.advance(CANCEL_INTERVAL)
+    assert channel.cancelled() is True and _trips() == before + 1
+    # Cancelled while queued: the record saw the flag, the engine stops at its first check.
+    queued = JobChannel(counted, job_id, ttl=60)
+    queued.attempt_began(lambda: True)
+    assert queued.cancelled() is True
+
+
+def test_a_first_cancel_check_later_than_the_interval_reads_the_flag_itself(
+    client: redis.Redis, job_id: str, clock: Clock
+) -> None:
+    channel = JobChannel(client, job_id, ttl=60)
+    channel.attempt_began(lambda: pytest.fail("a stale answer must not be taken"))
+    clock.advance(CANCEL_INTERVAL)  # a long model load between the record and the first check
+    client.set(keys.cancel(job_id), 1)
+    assert channel.cancelled() is True

@@ -102,3 +102,30 @@ def test_a_new_attempt_takes_the_partials_and_progress_of_the_one_before_in_the_
     assert log.append(mine(rung=1, pid=6161), result_key) == -1
     assert len(client.lrange(keys.partials(job_id), 0, -1)) == 1
     client.delete(keys.partials(job_id))
+
+
+def test_an_appended_records_answer_is_read_once_and_a_failed_read_never_reads_again(log: AttemptLog) -> None:
+    log.client.set(keys.cancel(log.job_id), 1)
+    try:
+        pending = log.append_behind(mine())
+        assert pending.cancelled() is True and pending.index() == 0  # the cancel flag as the record found it
+    finally:
+        log.client.delete(keys.cancel(log.job_id))
+    broken = log.append_behind(mine(pid=4343))
+    connection = broken._connection
+    reads: list[int] = []
+
+    def read_response(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        raise redis.ConnectionError("the socket went before the reply was read")
+
+    connection.read_response = read_response
+    try:
+        with pytest.raises(redis.ConnectionError):
+            broken.index()
+        # Back in the pool and maybe another caller's now: asked again, it raises and reads nothing.
+        with pytest.raises(redis.ConnectionError):
+            broken.index()
+        assert broken.cancelled() is False and broken.succeeded_before() is False and reads == [1]
+    finally:
+        del connection.read_response  # the pool's connection reads as any other again

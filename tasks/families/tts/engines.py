@@ -149,7 +149,9 @@ def speak(ctx: EngineContext, request: TtsRequest, voice: Voice, max_chars: int)
             for piece in placed:
                 spans.setdefault(piece.sentence, [piece.start, piece.end])[1] = piece.end
             done_chars += chunk.chars
-            ctx.progress(done_chars / total_chars, stage="synthesise", media_seconds=joiner.samples / rate)
+            # In the round trip of the chunk's partial output, yielded next: one a chunk, not two.
+            ctx.progress(done_chars / total_chars, stage="synthesise", media_seconds=joiner.samples / rate,
+                         with_next_output=True)  # fmt: skip
             checkpoints.after(chunk.index, joiner, spans)
             yield announce(chunk.index, first, joiner.samples)
     return TtsResult(
