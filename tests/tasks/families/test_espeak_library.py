@@ -6,6 +6,7 @@ compare the two also check the library against it (same voices, same audio for a
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -136,3 +137,82 @@ def test_without_the_wheel_the_rung_is_unavailable_naming_the_extra(monkeypatch:
     assert espeak.missing() is None
     monkeypatch.setitem(sys.modules, "espeakng_loader", None)  # find_spec answers None: not installed
     assert espeak.missing() == "package 'espeakng_loader' is not installed on this pool: pip install 'mediafarm[tts]'"
+
+
+def _prepared(lib: libespeak.Library, voice: str, timeout: float = 10.0) -> bool:
+    """Has the thread after the last call prepared a library in ``voice``? (Waits for it.)"""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with lib._lock:
+            if lib._ready is not None:
+                return lib._ready[1] == voice
+        time.sleep(0.01)
+    return False
+
+
+def test_a_library_prepared_after_a_call_speaks_the_next_one_sample_for_sample_as_a_fresh_one() -> None:
+    lib = libespeak.library()
+    with lib._loaded():  # whatever was prepared is gone: the next call loads afresh
+        pass
+    assert lib._ready is None
+    fresh = lib.synth(PHRASE, "en-us+f3", 175)  # a voice with breath noise, from the seeded generator
+    assert _prepared(lib, "en-us+f3")
+    assert np.array_equal(lib.synth(PHRASE, "en-us+f3", 175), fresh)  # spoken by the prepared one
+    assert _prepared(lib, "en-us+f3")
+    faster = lib.synth(PHRASE, "en-us+f3", 220)  # another pace in the same voice: the prepared one too
+    with lib._loaded():
+        pass
+    assert faster.size < 0.9 * fresh.size and np.array_equal(lib.synth(PHRASE, "en-us+f3", 220), faster)
+    # Another voice unloads the prepared library first: one copy loaded, never two sharing state.
+    lib.synth("Something else, in another voice.", "en-gb", 175)
+    assert _prepared(lib, "en-gb")
+    assert len(lib.voices()) > 100 and lib._ready is None  # the voice list too starts from a fresh library
+    assert np.array_equal(lib.synth(PHRASE, "en-us+f3", 175), fresh)
+    assert _prepared(lib, "en-us+f3") and _maps()
+    with lib._loaded():
+        pass
+    assert _maps() == []  # the prepared copy was unloaded, not left behind by the one loaded after it
+
+
+def test_a_fork_waits_for_the_preparing_thread_and_the_child_speaks_alike() -> None:
+    # A child forked while the preparing thread was inside dlopen would inherit the loader's lock
+    # held and hang at its own first dlopen; the fork waits for the library's lock instead.
+    import threading
+    import time
+
+    lib = libespeak.library()
+    here = lib.synth(PHRASE, "en-us", 175)
+    held, release = threading.Event(), threading.Event()
+
+    def prepare_slowly() -> None:  # stands in for a preparing thread caught mid-dlopen
+        with lib._lock:
+            held.set()
+            release.wait(10)
+
+    threading.Thread(target=prepare_slowly, daemon=True).start()
+    assert held.wait(10)
+    threading.Timer(0.3, release.set).start()
+    read, write = os.pipe()
+    asked = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: speak (with the copy prepared before the fork, or afresh), report, exit
+        try:
+            os.close(read)
+            same = np.array_equal(libespeak.library().synth(PHRASE, "en-us", 175), here)
+            os.write(write, b"same" if same else b"differs")
+        finally:
+            os._exit(0)
+    waited = time.monotonic() - asked
+    os.close(write)
+    import select
+
+    ready, _, _ = select.select([read], [], [], 30)
+    answer = os.read(read, 16) if ready else b"hung"
+    os.close(read)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert waited >= 0.25, "the fork went ahead while the library's lock was held"
+    assert answer == b"same"
